@@ -1,0 +1,84 @@
+"""Decisions: everything the core asks the engine to do.
+
+Every decision carries ``reason``: one sentence a person can read ("gpu0 needs
+14.2 GiB for llm-big; stopping idle tts (cheapest to reload)"). The same
+reasons answer "why is my request still waiting?" in the API and dashboard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """Base of every decision."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartBackend(Decision):
+    """Start the backend's process, placed on ``gpus`` (empty: host only).
+
+    measure: this is a first load, alone on its devices: the engine samples
+        memory through start-up and warm-up and reports a ``ProfileMeasured``.
+    """
+
+    backend: str
+    gpus: tuple[str, ...] = ()
+    measure: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopBackend(Decision):
+    """Stop the backend (SIGTERM to its group, SIGKILL after a grace period),
+    then report ``BackendStopped`` once its memory is free."""
+
+    backend: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dispatch(Decision):
+    """Send the request to the backend now; it holds one of its slots."""
+
+    request_id: str
+    backend: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reject(Decision):
+    """End the request with an error; it leaves the core for good.
+
+    status: the HTTP status (404, 413, 503, 502, 504...).
+    code: a stable error code (``does_not_fit``, ``deadline_missed``,
+        ``deadline_infeasible``, ``queue_full``, ``backend_failed``,
+        ``model_not_found``...).
+    message: what happened and what to do, for the client.
+    retry_after_s: for 503s, when trying again makes sense.
+    """
+
+    request_id: str
+    status: int
+    code: str
+    message: str
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Requeue(Decision):
+    """The request's backend died of an out-of-memory that yard caused; the
+    request is back in the queue at its original place (once, never twice).
+    Whoever holds it waits for the next ``Dispatch``."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Flag(Decision):
+    """Informational, changes nothing: a deadline that will be missed but was
+    accepted because the request allows lateness; a backend using more memory
+    than its profile; a start that is waiting for memory to be freed."""
+
+    request_id: str | None = None
+    backend: str | None = None

@@ -1,0 +1,153 @@
+"""What the core is told about the machine and the backends, and what it learns.
+
+These records are static facts (devices, backends, scheduler settings) and the
+measured profile of a backend. They are plain data: the configuration loader
+builds them from TOML, the simulator builds them from a scenario, and the core
+never reads a file or the clock to get them.
+
+Units: memory in bytes, time in seconds on the engine's clock (a monotonic
+number of seconds; the core never asks what the wall-clock time is),
+priorities in "priority points" (higher goes first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+HOST = "host"
+"""The name of the host-RAM device. Every backend holds some host memory."""
+
+DeviceKind = Literal["gpu", "host"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceSpec:
+    """One memory pool the core places backends into.
+
+    name: ``"gpu0"``, ``"gpu1"``, ... or :data:`HOST`.
+    kind: ``"gpu"`` or ``"host"``.
+    total_bytes: the capacity of the pool.
+    reserve_bytes: kept free at all times (for the driver, the desktop, spikes).
+    exclusive: at most one backend at a time on this device (LocalAI's
+        "single active backend"), whatever the memory would allow.
+    """
+
+    name: str
+    kind: DeviceKind
+    total_bytes: int
+    reserve_bytes: int = 0
+    exclusive: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a device needs a name")
+        if self.total_bytes < 0 or self.reserve_bytes < 0:
+            raise ValueError(f"device {self.name}: memory sizes cannot be negative")
+        if self.kind == "host" and self.name != HOST:
+            raise ValueError(f"the host device must be called {HOST!r}, not {self.name!r}")
+
+    @property
+    def usable_bytes(self) -> int:
+        """Capacity minus the reserve: what backends and foreign users may fill."""
+        return max(0, self.total_bytes - self.reserve_bytes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendSpec:
+    """One model server the core may start, feed and stop.
+
+    name: unique; requests name the backend they need (the HTTP layer maps the
+        ``model`` an app sends to the backend serving it).
+    gpus: the GPUs this backend may be placed on (empty: host memory only).
+    gpu_count: how many of ``gpus`` one running instance occupies (usually 1).
+    slots: how many requests it serves at once.
+    idle_ttl_s: stop it after this long without work (None: keep it until the
+        memory is needed).
+    pinned: always loaded; never evicted to make room.
+    """
+
+    name: str
+    gpus: tuple[str, ...] = ()
+    gpu_count: int = 1
+    slots: int = 1
+    idle_ttl_s: float | None = None
+    pinned: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a backend needs a name")
+        if self.slots < 1:
+            raise ValueError(f"backend {self.name}: slots must be at least 1")
+        if self.gpus and not 1 <= self.gpu_count <= len(self.gpus):
+            raise ValueError(
+                f"backend {self.name}: gpu_count {self.gpu_count} must be between 1 and "
+                f"the {len(self.gpus)} GPUs it may use"
+            )
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"backend {self.name}: a GPU is listed twice")
+
+    @property
+    def uses_gpu(self) -> bool:
+        return bool(self.gpus)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profile:
+    """What one backend was measured to need.
+
+    gpu_bytes: peak memory on each GPU it occupies (0 for host-only backends).
+    host_bytes: peak anonymous + shared resident host memory of its process tree.
+    load_s: measured time from start to ready (warm-up included).
+    """
+
+    gpu_bytes: int
+    host_bytes: int
+    load_s: float
+
+    def __post_init__(self) -> None:
+        if self.gpu_bytes < 0 or self.host_bytes < 0 or self.load_s < 0:
+            raise ValueError("a profile cannot hold negative figures")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    """The knobs of the policy. Defaults are what ``yard serve`` uses.
+
+    aging_rate: priority points a waiting request gains per second.
+    min_priority, max_priority: the range apps may ask for (the wait bound
+        depends on its width).
+    deadline_boost: priority points an urgent deadline request gains. Bounded,
+        so that deadlines cannot starve anybody (see the wait bound).
+    urgency_window_s: a deadline request becomes urgent this long before its
+        latest start (deadline minus the expected time to start it).
+    batch_bound: how many times a request at the head of the queue may be
+        overtaken by requests for an already-loaded backend while its own
+        swap waits ("swap batching"). 0 turns batching off.
+    queue_limit: most requests waiting at once; more are refused (503).
+    profile_margin: factor applied to measured peaks to get a reservation.
+    default_load_s: assumed load time for a backend never measured.
+    default_service_s: assumed service time before one was measured.
+    lost_grace_s: how long a request whose upstream connection broke waits for
+        the backend's exit report before it fails as ``backend_failed``.
+    """
+
+    aging_rate: float = 1.0
+    min_priority: float = 0.0
+    max_priority: float = 100.0
+    deadline_boost: float = 200.0
+    urgency_window_s: float = 30.0
+    batch_bound: int = 4
+    queue_limit: int = 10_000
+    profile_margin: float = 1.10
+    default_load_s: float = 30.0
+    default_service_s: float = 10.0
+    lost_grace_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.aging_rate <= 0:
+            raise ValueError("aging_rate must be positive, or requests could wait forever")
+        if self.max_priority < self.min_priority:
+            raise ValueError("max_priority must not be below min_priority")
+        if self.deadline_boost < 0 or self.batch_bound < 0 or self.queue_limit < 1:
+            raise ValueError("deadline_boost and batch_bound >= 0, queue_limit >= 1")

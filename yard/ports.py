@@ -1,0 +1,134 @@
+"""The edges of yard: small interfaces through which the outside world enters.
+
+The engine talks to processes, meters and stores only through these
+protocols. Each has a real implementation (``yard.supervisor``,
+``yard.memory``, ``yard.store``) and a fake beside it (``sim``, tests), and
+both are tested against the same expectations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from yard.core.spec import Profile
+
+
+class BackendStartError(Exception):
+    """A backend exited or failed its health check before it became ready.
+
+    ``oom`` tells whether it shows signs of running out of memory.
+    """
+
+    def __init__(self, detail: str, *, oom: bool = False) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.oom = oom
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExitStatus:
+    """How a backend process ended.
+
+    code: exit code, negative for a signal (-9: SIGKILL), None if unknown.
+    oom: signs of out-of-memory (kernel OOM kill, "out of memory" in the log).
+    detail: a line for people, with the last log lines where useful.
+    """
+
+    code: int | None
+    oom: bool = False
+    detail: str = ""
+
+
+class BackendProcess(Protocol):
+    """One running instance of a backend, as started by a :class:`Launcher`."""
+
+    @property
+    def name(self) -> str:
+        """The backend's configured name."""
+        ...
+
+    @property
+    def base_url(self) -> str:
+        """Where it listens, e.g. ``http://127.0.0.1:41234``."""
+        ...
+
+    @property
+    def pid(self) -> int | None:
+        """Root pid of its process tree (None for simulated backends)."""
+        ...
+
+    async def wait_ready(self) -> None:
+        """Return once it answers its health check (and warm-up, if any).
+
+        Raises :class:`BackendStartError` if it exits first. The caller bounds
+        the wait with ``trio.fail_after`` (the start-up timeout).
+        """
+        ...
+
+    async def wait_exit(self) -> ExitStatus:
+        """Return when the process has exited, however that happened."""
+        ...
+
+    async def stop(self) -> ExitStatus:
+        """SIGTERM to the process group, SIGKILL after the grace period;
+        return once every process of the group is gone."""
+        ...
+
+
+class Launcher(Protocol):
+    """Starts backend processes."""
+
+    async def launch(self, backend: str, gpus: tuple[str, ...]) -> BackendProcess:
+        """Start ``backend`` placed on ``gpus`` and return at once (not ready yet).
+
+        Raises :class:`BackendStartError` if it cannot even be spawned.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceReading:
+    """One device at one moment.
+
+    used_bytes: in use by everybody (GPU: NVML v2 "used"; host: total minus
+        available).
+    backends: bytes held on this device by each backend's process tree
+        (backend name -> bytes).
+    """
+
+    device: str
+    total_bytes: int
+    used_bytes: int
+    backends: Mapping[str, int]
+
+
+class Meter(Protocol):
+    """Reads memory, per device and per backend process tree."""
+
+    def device_totals(self) -> Mapping[str, int]:
+        """Capacity of every device it can see (``"host"`` always included)."""
+        ...
+
+    async def read(self, pids: Mapping[str, int]) -> list[DeviceReading]:
+        """Read every device now. ``pids`` maps backend name to root pid."""
+        ...
+
+
+class ProfileStore(Protocol):
+    """Durable profiles, keyed by everything that changes a footprint. The
+    implementation computes the key from the backend's configuration (command,
+    arguments, model file, devices, server version)."""
+
+    async def get(self, backend: str) -> Profile | None:
+        """The stored profile for the backend's current footprint, if any."""
+        ...
+
+    async def put(self, backend: str, profile: Profile) -> None:
+        """Store (replace) the profile for the backend's current footprint."""
+        ...
+
+    async def forget(self, backend: str) -> None:
+        """Drop it, so that the next load is measured again."""
+        ...
