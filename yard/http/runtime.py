@@ -1,0 +1,75 @@
+"""What every HTTP part of yard is handed: the running gateway's parts.
+
+``yard serve`` builds one :class:`Runtime` and gives it to the app factory
+(:func:`yard.http.app.create_app`); Quart blueprints (jobs, dashboard, admin,
+metrics) read it with :func:`current_runtime` inside a request, or keep the one
+they were given by ``register(app, runtime)``.
+
+Jobs plug into the proxy through :class:`JobService`: a request sent with
+``Prefer: respond-async`` is parsed and checked by the proxy exactly like a
+synchronous one, then handed over as a :class:`~yard.http.proxy.ProxyRequest`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from yard.config import Config
+    from yard.engine import Engine
+    from yard.http.proxy import ProxyRequest, UpstreamPool
+
+RUNTIME_KEY = "yard.runtime"
+"""Where the runtime sits in ``app.extensions`` (and ``app.config``)."""
+
+
+class JobService(Protocol):
+    """The async-job side of yard, as the proxy sees it."""
+
+    async def submit(self, request: ProxyRequest, *, rerun_safe: bool) -> dict[str, object]:
+        """Record ``request`` as a job and return its JSON (it has an ``"id"``).
+
+        ``rerun_safe``: the client said the request may run again after a
+        restart interrupted it (``Prefer: respond-async, rerun-safe``).
+        Raises ``yard.engine.Rejected`` when the job cannot be accepted; the
+        proxy answers with that error.
+        """
+        ...
+
+
+@dataclass(kw_only=True)
+class Runtime:
+    """The parts of one running yard.
+
+    config: the loaded configuration.
+    engine: the scheduler loop (``yard.engine.Engine``).
+    launcher: the supervisor that starts backends (for logs and status), if any.
+    jobs: the job service, or None when jobs are not available (the proxy
+        then answers ``Prefer: respond-async`` with 501).
+    started_at: wall-clock time (``time.time()``) yard started serving.
+    upstream: the connection pool every call to a backend goes through.
+    """
+
+    config: Config
+    engine: Engine
+    launcher: Any = None
+    jobs: JobService | None = None
+    started_at: float = 0.0
+    upstream: UpstreamPool = field(default_factory=lambda: _default_pool())
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def _default_pool() -> UpstreamPool:
+    from yard.http.proxy import UpstreamPool
+
+    return UpstreamPool()
+
+
+def current_runtime() -> Runtime:
+    """The runtime of the app serving the current Quart request."""
+    from quart import current_app
+
+    runtime = current_app.extensions[RUNTIME_KEY]
+    assert isinstance(runtime, Runtime)
+    return runtime
