@@ -1,0 +1,525 @@
+"""The configuration loader: every key, every class of error, and `yard check`."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from yard import cli
+from yard.config import (
+    DEFAULT_STARTUP_TIMEOUT_S,
+    Config,
+    ConfigError,
+    load_config,
+    parse_listen,
+    parse_size,
+)
+from yard.core.spec import BackendSpec, DeviceSpec, SchedulerConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+MINIMAL_BACKEND = """
+[backends.llm]
+models = ["m1"]
+command = ["server", "--port", "{port}"]
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "yard.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def load(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> Config:
+    return load_config(write(tmp_path, text), env=env or {})
+
+
+def errors_of(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, text, env)
+    return info.value.errors
+
+
+def test_every_key_of_the_full_example_is_read(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        """
+        [server]
+        listen = "0.0.0.0:9000"
+        data_dir = "state"
+        admin_key_env = "ADMIN"
+        max_body_bytes = "1MiB"
+        default_priority = 30
+        stop_grace_s = 3
+        log_level = "DEBUG"
+
+        [scheduler]
+        aging_rate = 2.5
+        min_priority = -10
+        max_priority = 90
+        deadline_boost = 150
+        urgency_window_s = 12
+        batch_bound = 0
+        queue_limit = 7
+        profile_margin = 1.25
+        default_load_s = 4
+        default_service_s = 2
+        lost_grace_s = 1.5
+
+        [devices.host]
+        reserve = "2GiB"
+        [devices.gpu1]
+        reserve = 1000
+        exclusive = true
+
+        [apps.web]
+        key = "k-web"
+        default_priority = 40
+        max_priority = 60
+        [apps.batch]
+        key_env = "BATCH_KEY"
+
+        [backends.llm]
+        models = ["a", "b"]
+        command = ["{python}", "srv", "--port", "{port}", "--host", "{host}", "-m", "{model_file}"]
+        env = { X = "{data_dir}/x", Y = "plain" }
+        cwd = "work"
+        health_path = "/ready"
+        startup_timeout_s = 42
+        idle_ttl_s = 300
+        slots = 3
+        gpus = ["gpu1", 2]
+        gpu_count = 2
+        pinned = true
+        api = "openai"
+        model_file = "{data_dir}/m.gguf"
+        stop_grace_s = 0.5
+        [backends.llm.warmup]
+        method = "post"
+        path = "/v1/completions"
+        json = { prompt = "hi", max_tokens = 8 }
+
+        [backends.raw]
+        api = "plain"
+        command = ["raw"]
+        """,
+        env={"ADMIN": "admin-secret", "BATCH_KEY": "k-batch"},
+    )
+    s = config.server
+    assert (s.listen_host, s.listen_port) == ("0.0.0.0", 9000)
+    assert s.data_dir == tmp_path / "state"
+    assert s.admin_key == "admin-secret"
+    assert s.max_body_bytes == 2**20
+    assert (s.default_priority, s.stop_grace_s, s.log_level) == (30.0, 3.0, "debug")
+    assert config.scheduler == SchedulerConfig(
+        aging_rate=2.5,
+        min_priority=-10,
+        max_priority=90,
+        deadline_boost=150,
+        urgency_window_s=12,
+        batch_bound=0,
+        queue_limit=7,
+        profile_margin=1.25,
+        default_load_s=4,
+        default_service_s=2,
+        lost_grace_s=1.5,
+    )
+    assert config.devices["host"].reserve_bytes == 2 * 2**30
+    assert config.devices["gpu1"].exclusive
+    assert config.apps["web"].default_priority == 40
+    assert config.apps["web"].max_priority == 60
+    # An app without its own figures gets the server default and the scheduler max.
+    assert config.apps["batch"].key == "k-batch"
+    assert config.apps["batch"].default_priority == 30
+    assert config.apps["batch"].max_priority == 90
+    llm = config.backends["llm"]
+    assert llm.models == ("a", "b")
+    assert llm.command[0] == "{python}"
+    assert llm.env == {"X": "{data_dir}/x", "Y": "plain"}
+    assert llm.cwd == tmp_path / "work"
+    assert llm.health_path == "/ready"
+    assert (llm.startup_timeout_s, llm.idle_ttl_s, llm.slots) == (42.0, 300.0, 3)
+    assert (llm.gpus, llm.gpu_count, llm.pinned, llm.api) == (("gpu1", "gpu2"), 2, True, "openai")
+    assert llm.model_file == tmp_path / "state" / "m.gguf"
+    assert llm.stop_grace_s == 0.5
+    assert llm.warmup is not None
+    assert (llm.warmup.method, llm.warmup.path) == ("POST", "/v1/completions")
+    assert llm.warmup.json == {"prompt": "hi", "max_tokens": 8}
+    raw = config.backends["raw"]
+    assert (raw.api, raw.models, raw.stop_grace_s, raw.health_path) == ("plain", (), 3.0, "/health")
+
+
+def test_defaults_of_a_minimal_file(tmp_path: Path) -> None:
+    config = load(tmp_path, MINIMAL_BACKEND)
+    assert (config.server.listen_host, config.server.listen_port) == ("127.0.0.1", 8080)
+    assert config.server.data_dir == tmp_path / "data"
+    assert config.server.admin_key is None
+    assert config.scheduler == SchedulerConfig()
+    llm = config.backends["llm"]
+    assert (llm.slots, llm.gpus, llm.idle_ttl_s, llm.warmup, llm.cwd) == (1, (), None, None, None)
+
+
+def test_an_empty_file_is_a_valid_config_with_nothing_to_serve(tmp_path: Path) -> None:
+    config = load(tmp_path, "")
+    assert config.backends == {} and config.apps == {}
+
+
+def test_unknown_keys_are_errors_with_the_nearest_known_key(tmp_path: Path) -> None:
+    errors = errors_of(
+        tmp_path,
+        """
+        [server]
+        lisen = "127.0.0.1:1"
+        [scheduler]
+        aging = 1.0
+        [backends.llm]
+        models = ["m"]
+        command = ["x"]
+        idle_ttl = 5
+        [extra]
+        """,
+    )
+    path = tmp_path / "yard.toml"
+    assert any(f"{path}: server.lisen: unknown key; did you mean 'listen'?" in e for e in errors)
+    assert any("scheduler.aging: unknown key; did you mean 'aging_rate'?" in e for e in errors)
+    assert any(
+        "backends.llm.idle_ttl: unknown key; did you mean 'idle_ttl_s'?" in e for e in errors
+    )
+    assert any(e.startswith(f"{path}: extra: unknown key") for e in errors)
+    assert len(errors) == 4
+
+
+def test_every_error_is_reported_at_once(tmp_path: Path) -> None:
+    errors = errors_of(
+        tmp_path,
+        """
+        [server]
+        stop_grace_s = "soon"
+        max_body_bytes = "12 parsecs"
+        [apps.a]
+        key = "same"
+        [apps.b]
+        key = "same"
+        [backends.llm]
+        models = ["m"]
+        command = ["x", "{prot}"]
+        slots = 0
+        """,
+    )
+    assert len(errors) == 5
+    joined = "\n".join(errors)
+    assert "server.stop_grace_s: must be a number, got a string ('soon')" in joined
+    assert "server.max_body_bytes: unknown unit 'parsecs'" in joined
+    assert "apps.b.key: the same key is already used by app 'a'" in joined
+    assert "backends.llm.command[1]: unknown placeholder {prot}" in joined
+    assert "backends.llm.slots: must be at least 1, got 0" in joined
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[server]\nlisten = 8080\n", "server.listen: must be a string, got an integer (8080)"),
+        ("[server]\nlisten = 'nohost'\n", "server.listen: expected HOST:PORT"),
+        ("[server]\nlisten = '1.2.3.4:99999'\n", "out of range"),
+        ("[server]\nlog_level = 'loud'\n", "server.log_level: must be one of debug"),
+        ("[server]\ndefault_priority = 500\n", "outside the scheduler's range [0.0, 100.0]"),
+        ("[scheduler]\nbatch_bound = 1.5\n", "scheduler.batch_bound: must be an integer"),
+        ("[scheduler]\naging_rate = 0\n", "scheduler: aging_rate must be positive"),
+        ("[scheduler]\nqueue_limit = true\n", "scheduler.queue_limit: must be an integer, got a b"),
+        ("[devices.host]\nreserve = '2 GiBs'\n", "devices.host.reserve: unknown unit 'GiBs'"),
+        ("[devices.host]\nreserve = -1\n", "devices.host.reserve: a size cannot be negative"),
+        ("[devices.tpu0]\n", "devices.tpu0: devices are called 'host' or 'gpu0'"),
+        ("[devices.gpu0]\nexclusive = 'yes'\n", "devices.gpu0.exclusive: must be true or false"),
+        ("[apps.a]\ndefault_priority = 1\n", "apps.a: needs key"),
+        ("[apps.a]\nkey = 'k'\nmax_priority = 101\n", "apps.a.max_priority: 101.0 is outside"),
+        (
+            "[apps.a]\nkey = 'k'\nmax_priority = 10\ndefault_priority = 20\n",
+            "apps.a.default_priority: 20.0 is above this app's max_priority 10.0",
+        ),
+        ("[apps.a]\nkey = 'k'\nkey_env = 'K'\n", "apps.a: give either key or key_env, not both"),
+        ("[backends.b]\ncommand = ['x']\n", "backends.b.models: is missing"),
+        ("[backends.b]\nmodels = ['m']\n", "backends.b.command: is missing"),
+        (
+            "[backends.b]\nmodels = ['m']\ncommand = 'srv --port {port}'\n",
+            'never a shell line; e.g. command = ["srv", "--port", "{port}"]',
+        ),
+        ("[backends.b]\nmodels = ['m']\ncommand = []\n", "backends.b.command: must not be empty"),
+        ("[backends.b]\nmodels = ['m']\ncommand = ['x', '{port']\n", "literal braces"),
+        (
+            "[backends.b]\nmodels = ['m']\ncommand = ['{model_file}']\n",
+            "uses {model_file} but the backend has no model_file",
+        ),
+        (
+            "[backends.b]\nmodels = ['m']\ncommand = ['x']\nenv = { A = '{gpu}' }\n",
+            "backends.b.env.A: unknown placeholder {gpu} in '{gpu}'; did you mean {gpus}?",
+        ),
+        ("[backends.b]\nmodels = ['m']\ncommand = ['x']\nenv = { A = 1 }\n", "env.A: must be a s"),
+        ("[backends.b]\nmodels = ['m']\ncommand = ['x']\ncwd = '{port}'\n", "placeholder {port}"),
+        ("[backends.b]\nmodels = ['m']\ncommand = ['x']\napi = 'grpc'\n", "must be 'openai'"),
+        ("[backends.b]\nmodels = ['m']\ncommand = ['x']\nhealth_path = 'h'\n", "start with '/'"),
+        ("[backends.b]\nmodels = ['m']\ncommand = ['x']\nidle_ttl_s = 0\n", "greater than 0"),
+        ("[backends.b]\nmodels = ['m']\ncommand = ['x']\ngpus = ['cuda:0']\n", "gpus[0]: must"),
+        ("[backends.b]\nmodels = ['m']\ncommand = ['x']\ngpus = [0, 'gpu0']\n", "a GPU twice"),
+        ("[backends.b]\nmodels = ['m']\ncommand = ['x']\ngpu_count = 2\n", "gpus is empty"),
+        (
+            "[backends.b]\nmodels = ['m']\ncommand = ['x']\ngpus = [0]\ngpu_count = 2\n",
+            "gpu_count: must be between 1 and the 1 GPUs",
+        ),
+        (
+            "[backends.b]\nmodels = ['m']\ncommand = ['x']\n[backends.b.warmup]\nbody = 1\n",
+            "backends.b.warmup.body: unknown key",
+        ),
+        (
+            "[backends.b]\nmodels = ['m']\ncommand = ['x']\n[backends.b.warmup]\nmethod = 'GET'\n",
+            "backends.b.warmup.path: is missing",
+        ),
+        ("[backends.'a b']\nmodels = ['m']\ncommand = ['x']\n", "backend names use letters"),
+        ("server = 1\n", "server: must be a table ([server]), got an integer (1)"),
+    ],
+)
+def test_each_class_of_error_names_the_key_and_the_problem(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    errors = errors_of(tmp_path, text)
+    assert any(message in e for e in errors), errors
+    assert all(e.startswith(f"{tmp_path / 'yard.toml'}: ") for e in errors)
+
+
+def test_a_model_served_by_two_backends_is_an_error(tmp_path: Path) -> None:
+    errors = errors_of(
+        tmp_path,
+        """
+        [backends.one]
+        models = ["shared", "a"]
+        command = ["x"]
+        [backends.two]
+        models = ["b", "shared"]
+        command = ["y"]
+        """,
+    )
+    assert errors == [
+        f"{tmp_path / 'yard.toml'}: backends.two.models: model 'shared' is already served by "
+        "backend 'one'; a model name must lead to one backend"
+    ]
+
+
+def test_a_missing_environment_variable_is_named(tmp_path: Path) -> None:
+    text = """
+    [server]
+    admin_key_env = "YARD_ADMIN"
+    [apps.a]
+    key_env = "APP_A_KEY"
+    """
+    errors = errors_of(tmp_path, text, env={"YARD_ADMIN": "x"})
+    assert errors == [
+        f"{tmp_path / 'yard.toml'}: apps.a.key_env: environment variable APP_A_KEY is not set; "
+        "export APP_A_KEY=... before starting yard"
+    ]
+    empty = errors_of(tmp_path, text, env={"YARD_ADMIN": "", "APP_A_KEY": "k"})
+    assert empty == [
+        f"{tmp_path / 'yard.toml'}: server.admin_key_env: environment variable YARD_ADMIN is empty"
+    ]
+
+
+def test_an_app_key_equal_to_the_admin_key_is_an_error(tmp_path: Path) -> None:
+    errors = errors_of(tmp_path, "[server]\nadmin_key = 'k'\n[apps.a]\nkey = 'k'\n")
+    assert errors == [
+        f"{tmp_path / 'yard.toml'}: apps.a.key: is the same as the admin key; give each its own"
+    ]
+
+
+def test_a_network_address_without_any_key_is_refused(tmp_path: Path) -> None:
+    errors = errors_of(tmp_path, "[server]\nlisten = '0.0.0.0:8080'\n")
+    assert len(errors) == 1
+    assert "server.listen: 0.0.0.0 is reachable from the network but no keys" in errors[0]
+    # Loopback needs no key; a key of either kind opens the network.
+    for text in (
+        "[server]\nlisten = '[::1]:8080'\n",
+        "[server]\nlisten = 'localhost:8080'\n",
+        "[server]\nlisten = '0.0.0.0:8080'\nadmin_key = 'a'\n",
+        "[server]\nlisten = '0.0.0.0:8080'\n[apps.a]\nkey = 'k'\n",
+    ):
+        load(tmp_path, text)
+
+
+def test_listen_override_keeps_the_loopback_rule(tmp_path: Path) -> None:
+    config = load(tmp_path, MINIMAL_BACKEND)
+    moved = config.with_overrides(listen="127.0.0.1:0", data_dir=Path("rel"))
+    assert (moved.server.listen_host, moved.server.listen_port) == ("127.0.0.1", 0)
+    assert moved.server.data_dir == (Path.cwd() / "rel").resolve()
+    with pytest.raises(ConfigError) as info:
+        config.with_overrides(listen="192.168.1.5:80")
+    assert info.value.errors[0].startswith("--listen: 192.168.1.5 is reachable from the network")
+
+
+def test_a_missing_file_and_bad_toml_are_reported_with_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "nope.toml", env={})
+    assert info.value.errors == [f"{tmp_path / 'nope.toml'}: no such file"]
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, "[server\n")
+    assert info.value.errors[0].startswith(f"{tmp_path / 'yard.toml'}: not valid TOML: ")
+    assert "line 1" in info.value.errors[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        (0, 0),
+        (123, 123),
+        ("2GiB", 2 * 2**30),
+        ("512 MiB", 512 * 2**20),
+        ("1.5GB", 1_500_000_000),
+        ("10kb", 10_000),
+        ("7", 7),
+        ("3B", 3),
+        ("1TiB", 2**40),
+    ],
+)
+def test_sizes_accept_bytes_and_units(text: object, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("bad", ["", "GiB", "2 GiBs", "-1MiB", True, 1.5, None, -3])
+def test_bad_sizes_are_refused(bad: object) -> None:
+    with pytest.raises(ValueError):
+        parse_size(bad)
+
+
+def test_listen_addresses() -> None:
+    assert parse_listen("127.0.0.1:8080") == ("127.0.0.1", 8080)
+    assert parse_listen("[::1]:9") == ("::1", 9)
+    assert parse_listen("localhost:0") == ("localhost", 0)
+    with pytest.raises(ValueError):
+        parse_listen("127.0.0.1:http")
+
+
+def test_lookups_by_model_and_key(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        MINIMAL_BACKEND + "[apps.a]\nkey = 'ka'\n[apps.b]\nkey = 'kb'\n",
+    )
+    backend = config.backend_for_model("m1")
+    assert backend is not None and backend.name == "llm"
+    assert config.backend_for_model("m2") is None
+    app = config.app_for_key("kb")
+    assert app is not None and app.name == "b"
+    assert config.app_for_key(None) is None
+    assert config.app_for_key("") is None
+    assert config.app_for_key("nope") is None
+
+
+def test_specs_for_the_core(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        """
+        [devices.host]
+        reserve = "1GiB"
+        [devices.gpu0]
+        reserve = "1MiB"
+        exclusive = true
+        [backends.llm]
+        models = ["m"]
+        command = ["x"]
+        gpus = [0, 1]
+        slots = 2
+        idle_ttl_s = 9
+        pinned = true
+        """,
+    )
+    assert config.backend_specs() == [
+        BackendSpec(
+            name="llm", gpus=("gpu0", "gpu1"), gpu_count=1, slots=2, idle_ttl_s=9, pinned=True
+        )
+    ]
+    specs = config.device_specs({"host": 8 * 2**30, "gpu0": 2**34, "gpu1": 2**33})
+    assert specs == [
+        DeviceSpec(name="host", kind="host", total_bytes=8 * 2**30, reserve_bytes=2**30),
+        DeviceSpec(name="gpu0", kind="gpu", total_bytes=2**34, reserve_bytes=2**20, exclusive=True),
+        DeviceSpec(name="gpu1", kind="gpu", total_bytes=2**33),
+    ]
+    with pytest.raises(ConfigError) as info:
+        config.device_specs({"host": 2**33})
+    assert len(info.value.errors) == 3  # devices.gpu0, and gpu0 and gpu1 of the backend
+    assert "backends.llm.gpus: gpu1 is not on this machine (seen: host)" in info.value.errors[2]
+
+
+def test_startup_timeout_is_derived_from_the_measured_load_time(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        MINIMAL_BACKEND + "[backends.fixed]\napi='plain'\ncommand=['x']\nstartup_timeout_s = 7\n",
+    )
+    llm, fixed = config.backends["llm"], config.backends["fixed"]
+    assert llm.startup_timeout(None) == DEFAULT_STARTUP_TIMEOUT_S
+    assert llm.startup_timeout(5.0) == 60.0
+    assert llm.startup_timeout(100.0) == 300.0
+    assert fixed.startup_timeout(100.0) == 7.0
+
+
+def test_the_shipped_example_is_valid_and_uses_every_key(tmp_path: Path) -> None:
+    example = REPO / "config" / "example.toml"
+    config = load_config(example, env={})
+    assert len(config.backends) == 2
+    text = example.read_text()
+    from yard import config as config_module
+
+    every_key = (
+        config_module.SERVER_KEYS
+        + config_module.SCHEDULER_KEYS
+        + config_module.DEVICE_KEYS
+        + config_module.APP_KEYS
+        + config_module.BACKEND_KEYS
+        + config_module.WARMUP_KEYS
+    )
+    missing = [key for key in every_key if f"{key} =" not in text and f".{key}]" not in text]
+    assert missing == []
+
+
+def test_yard_check_prints_a_summary_and_exits_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, MINIMAL_BACKEND + "[apps.a]\nkey = 'k'\n")
+    assert cli.main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{path}: OK" in out
+    assert "backends: 1 (llm)" in out
+    assert "models:   1 (m1)" in out
+    assert "apps:     1 (a)" in out
+    assert "devices:  host" in out
+
+
+def test_yard_check_prints_every_error_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, "[server]\nlisen = 1\n[backends.b]\nmodels = ['m']\n")
+    assert cli.main(["check", str(path)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"{path}: server.lisen: unknown key; did you mean 'listen'? (known here: "
+        "listen, data_dir, admin_key, admin_key_env, max_body_bytes, default_priority, "
+        "stop_grace_s, log_level)",
+        f'{path}: backends.b.command: is missing: the argv to start it, e.g. ["llama-server", ...]',
+        "2 errors",
+    ]
+
+
+def test_yard_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for name in ("serve", "check", "probe", "status", "jobs"):
+        assert name in out
+
+
+def test_a_subcommand_whose_module_is_missing_fails_only_when_used(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setitem(cli.COMMANDS, "ghost", cli.Command("yard.no_such_module", "not here"))
+    assert cli.main(["ghost"]) == 2
+    assert "yard.no_such_module is missing" in capsys.readouterr().err
+    path = write(tmp_path, "")
+    assert cli.main(["check", str(path)]) == 0

@@ -1,0 +1,1010 @@
+"""The configuration: one TOML file, validated completely before anything starts.
+
+Rules this module keeps:
+
+- Every error is collected, not only the first; each names the file, the key
+  path and what is wrong, and where possible what to do
+  (``"yard.toml: backends.llm.slots: must be at least 1, got 0"``).
+- Unknown keys are errors (a typo must not silently fall back to a default),
+  with the nearest known key suggested.
+- Secrets may come from the environment (``key_env``, ``admin_key_env``); a
+  variable that is named but not set is an error that names it.
+- With no app keys and no admin key, yard listens on loopback only: anybody on
+  the network could otherwise use the GPU.
+- Paths in the file are relative to the file's own directory.
+
+The loaded :class:`Config` is plain frozen data; :meth:`Config.backend_specs`
+and :meth:`Config.device_specs` turn it into the records the core takes.
+
+``yard check FILE`` (:func:`add_arguments` / :func:`run`) validates a file
+without starting anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import ipaddress
+import math
+import re
+import string
+import sys
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar, cast
+
+from yard.core.spec import HOST, BackendSpec, DeviceSpec, SchedulerConfig
+
+__all__ = [
+    "PLACEHOLDERS",
+    "AppConfig",
+    "BackendConfig",
+    "Config",
+    "ConfigError",
+    "DeviceConfig",
+    "ServerConfig",
+    "WarmupConfig",
+    "add_arguments",
+    "load_config",
+    "parse_listen",
+    "parse_size",
+    "run",
+    "summary",
+]
+
+PLACEHOLDERS: Mapping[str, str] = {
+    "port": "the free loopback port yard chose for this backend",
+    "host": "the address it must listen on (127.0.0.1)",
+    "model": "the first model name the backend serves",
+    "model_file": "the backend's model_file, as an absolute path",
+    "gpus": "the CUDA indices of the GPUs it was placed on, comma-separated",
+    "data_dir": "yard's data directory, absolute",
+    "config_dir": "the directory of the configuration file, absolute",
+    "python": "the Python interpreter running yard (to start Python backends)",
+}
+"""Placeholders allowed in ``command`` and ``env`` values, with their meaning."""
+
+PATH_PLACEHOLDERS = ("data_dir", "config_dir")
+"""Placeholders allowed in ``cwd`` and ``model_file`` (known before any launch)."""
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_GPU = re.compile(r"^gpu(\d+)$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+T = TypeVar("T")
+
+DEFAULT_STARTUP_TIMEOUT_S = 600.0
+"""Start-up timeout of a backend whose load time was never measured."""
+
+
+class ConfigError(Exception):
+    """The configuration is invalid.
+
+    ``errors``: every problem found, each ``"FILE: key.path: what is wrong,
+    what to do"``.
+    """
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+# -- the records --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    """``[server]``: how yard itself runs.
+
+    listen_host, listen_port: where the HTTP gateway listens.
+    data_dir: jobs, profiles, backend logs and pid files (absolute).
+    admin_key: guards the admin API; None: no admin key (admin API from
+        loopback only).
+    max_body_bytes: largest request body accepted (413 above).
+    default_priority: priority of requests from apps without their own default.
+    stop_grace_s: default time between SIGTERM and SIGKILL for backends, and
+        the grace given to in-flight requests at shutdown.
+    log_level: yard's own log level.
+    """
+
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8080
+    data_dir: Path = Path("data")
+    admin_key: str | None = None
+    max_body_bytes: int = 64 * 2**20
+    default_priority: float = 50.0
+    stop_grace_s: float = 10.0
+    log_level: str = "info"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceConfig:
+    """``[devices.host]`` / ``[devices.gpuN]``: settings of one memory pool."""
+
+    name: str
+    reserve_bytes: int = 0
+    exclusive: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppConfig:
+    """``[apps.NAME]``: one client application, told apart by its API key."""
+
+    name: str
+    key: str
+    default_priority: float
+    max_priority: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarmupConfig:
+    """A request sent once the health check passes, before the backend counts
+    as ready; it should exercise the worst case (longest context), so that the
+    memory profile measured on first load is the real peak."""
+
+    method: str = "POST"
+    path: str = "/"
+    json: object = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendConfig:
+    """``[backends.NAME]``: one model server yard may start and stop.
+
+    command: argv (never a shell), with placeholders (see :data:`PLACEHOLDERS`).
+    api: ``"openai"`` (routed by the ``model`` field) or ``"plain"`` (reached
+        at ``/backends/NAME/...``).
+    startup_timeout_s: None: derived from the measured load time
+        (:meth:`startup_timeout`).
+    stop_grace_s: time between SIGTERM and SIGKILL.
+    """
+
+    name: str
+    models: tuple[str, ...]
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+    health_path: str = "/health"
+    startup_timeout_s: float | None = None
+    idle_ttl_s: float | None = None
+    slots: int = 1
+    gpus: tuple[str, ...] = ()
+    gpu_count: int = 1
+    pinned: bool = False
+    api: Literal["openai", "plain"] = "openai"
+    warmup: WarmupConfig | None = None
+    model_file: Path | None = None
+    stop_grace_s: float = 10.0
+
+    def startup_timeout(self, load_s: float | None) -> float:
+        """How long a start may take before it counts as failed.
+
+        The configured ``startup_timeout_s`` if set; otherwise
+        ``max(60, 3 × load_s)`` from the measured load time, or
+        :data:`DEFAULT_STARTUP_TIMEOUT_S` while it was never measured.
+        """
+        if self.startup_timeout_s is not None:
+            return self.startup_timeout_s
+        if load_s is None:
+            return DEFAULT_STARTUP_TIMEOUT_S
+        return max(60.0, 3.0 * load_s)
+
+    def gpu_indices(self, gpus: tuple[str, ...]) -> str:
+        """``("gpu0", "gpu2")`` -> ``"0,2"`` (for CUDA_VISIBLE_DEVICES and {gpus})."""
+        return ",".join(gpu.removeprefix("gpu") for gpu in gpus)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """A validated configuration (see ``config/example.toml`` for every key)."""
+
+    path: Path
+    server: ServerConfig
+    scheduler: SchedulerConfig
+    devices: Mapping[str, DeviceConfig]
+    apps: Mapping[str, AppConfig]
+    backends: Mapping[str, BackendConfig]
+
+    @property
+    def config_dir(self) -> Path:
+        """The directory holding the file; relative paths start here."""
+        return self.path.parent
+
+    def backend_for_model(self, model: str) -> BackendConfig | None:
+        """The openai-style backend serving ``model``, or None."""
+        for backend in self.backends.values():
+            if model in backend.models:
+                return backend
+        return None
+
+    def app_for_key(self, key: str | None) -> AppConfig | None:
+        """The app whose API key is ``key``, or None (no key, unknown key)."""
+        if not key:
+            return None
+        for app in self.apps.values():
+            if app.key == key:
+                return app
+        return None
+
+    def models(self) -> list[tuple[str, str]]:
+        """Every (model, backend name), in file order."""
+        return [(model, b.name) for b in self.backends.values() for model in b.models]
+
+    def backend_specs(self) -> list[BackendSpec]:
+        """The backends as the core sees them."""
+        return [
+            BackendSpec(
+                name=b.name,
+                gpus=b.gpus,
+                gpu_count=b.gpu_count,
+                slots=b.slots,
+                idle_ttl_s=b.idle_ttl_s,
+                pinned=b.pinned,
+            )
+            for b in self.backends.values()
+        ]
+
+    def device_specs(self, totals: Mapping[str, int]) -> list[DeviceSpec]:
+        """The devices as the core sees them.
+
+        ``totals`` maps each device the meter sees (``"host"``, ``"gpu0"``, ...)
+        to its capacity in bytes. Every device in ``totals`` is returned, with
+        its reserve and exclusivity from the file (none if not configured).
+
+        Raises :class:`ConfigError` if the file names a GPU (under
+        ``[devices]`` or in a backend's ``gpus``) that the meter does not see.
+        """
+        errors = []
+        for name in self.devices:
+            if name not in totals:
+                errors.append(
+                    f"{self.path}: devices.{name}: no such device on this machine "
+                    f"(seen: {', '.join(sorted(totals)) or 'none'})"
+                )
+        for b in self.backends.values():
+            for gpu in b.gpus:
+                if gpu not in totals:
+                    errors.append(
+                        f"{self.path}: backends.{b.name}.gpus: {gpu} is not on this machine "
+                        f"(seen: {', '.join(sorted(totals)) or 'none'}); without NVML yard "
+                        "sees the host only"
+                    )
+        if errors:
+            raise ConfigError(errors)
+        specs = []
+        for name, total in totals.items():
+            device = self.devices.get(name, DeviceConfig(name=name))
+            specs.append(
+                DeviceSpec(
+                    name=name,
+                    kind="host" if name == HOST else "gpu",
+                    total_bytes=total,
+                    reserve_bytes=device.reserve_bytes,
+                    exclusive=device.exclusive,
+                )
+            )
+        return specs
+
+    def with_overrides(self, *, listen: str | None = None, data_dir: Path | None = None) -> Config:
+        """The same configuration with ``--listen`` / ``--data-dir`` applied
+        (command-line values; a relative ``data_dir`` is relative to the current
+        directory). Raises :class:`ConfigError` if the result breaks a rule (a
+        non-loopback address with no keys)."""
+        server = self.server
+        errors: list[str] = []
+        if listen is not None:
+            try:
+                host, port = parse_listen(listen)
+            except ValueError as exc:
+                raise ConfigError([f"--listen: {exc}"]) from None
+            server = dataclasses.replace(server, listen_host=host, listen_port=port)
+            _check_exposure(server, self.apps, errors, "--listen")
+            if errors:
+                raise ConfigError(errors)
+        if data_dir is not None:
+            server = dataclasses.replace(server, data_dir=data_dir.resolve())
+        return dataclasses.replace(self, server=server)
+
+
+# -- sizes, addresses ---------------------------------------------------------
+
+
+def parse_size(value: object) -> int:
+    """Bytes from an int or a string such as ``"2GiB"``, ``"512 MiB"``,
+    ``"1.5GB"``. Binary units: KiB MiB GiB TiB; decimal: KB MB GB TB.
+
+    Raises ValueError with a message saying what is accepted.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size like 2GiB or a number of bytes, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a size cannot be negative, got {value}")
+        return value
+    if isinstance(value, str):
+        match = _SIZE.match(value)
+        if match:
+            number, unit = match.groups()
+            factor = _UNITS.get(unit.lower())
+            if factor is not None:
+                return int(float(number) * factor)
+            raise ValueError(
+                f"unknown unit {unit!r} in {value!r}; use B, KiB, MiB, GiB, TiB "
+                "(or KB, MB, GB, TB for powers of ten)"
+            )
+    raise ValueError(f"expected a size like 2GiB or a number of bytes, got {value!r}")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:8080"`` / ``"[::1]:8080"`` / ``"localhost:8080"`` -> (host, port)."""
+    if value.startswith("["):
+        host, sep, port_text = value[1:].partition("]:")
+    else:
+        host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected HOST:PORT such as 127.0.0.1:8080, got {value!r}")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"the port in {value!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"the port in {value!r} is out of range (0-65535)")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_exposure(
+    server: ServerConfig, apps: Mapping[str, AppConfig], errors: list[str], where: str
+) -> None:
+    if server.admin_key is None and not apps and not is_loopback(server.listen_host):
+        errors.append(
+            f"{where}: {server.listen_host} is reachable from the network but no keys are "
+            "configured; listen on 127.0.0.1, or set server.admin_key(_env) or give the apps "
+            "keys under [apps.NAME]"
+        )
+
+
+# -- the loader ---------------------------------------------------------------
+
+
+class _Reader:
+    """Walks the TOML tree, collecting every error with its key path."""
+
+    def __init__(self, path: Path, env: Mapping[str, str]) -> None:
+        self.path = path
+        self.env = env
+        self.errors: list[str] = []
+
+    def error(self, key: str, message: str) -> None:
+        self.errors.append(f"{self.path}: {key}: {message}")
+
+    def table(self, data: Mapping[str, Any], key: str, name: str) -> dict[str, Any]:
+        """The sub-table ``name`` of ``data`` (``{}`` if absent or wrong)."""
+        value = data.get(name, {})
+        if not isinstance(value, dict):
+            self.error(
+                _join(key, name), f"must be a table ([{_join(key, name)}]), got {_kind(value)}"
+            )
+            return {}
+        return value
+
+    def known(self, data: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> None:
+        """Report every key of ``data`` not in ``allowed``, suggesting the nearest."""
+        for name in data:
+            if name not in allowed:
+                near = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                self.error(
+                    _join(key, name),
+                    f"unknown key{hint} (known here: {', '.join(allowed)})",
+                )
+
+    def get(
+        self,
+        data: Mapping[str, Any],
+        key: str,
+        name: str,
+        kind: type[T] | tuple[type, ...],
+        default: T,
+        check: Callable[[Any], str | None] | None = None,
+    ) -> T:
+        """``data[name]`` if present and of the right type, else ``default``
+        (after recording an error if present but wrong)."""
+        if name not in data:
+            return default
+        value = data[name]
+        types = kind if isinstance(kind, tuple) else (kind,)
+        if float in types and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        # TOML booleans are ints to Python; never accept one for a number.
+        wrong_bool = isinstance(value, bool) and bool not in types
+        if wrong_bool or not isinstance(value, types):
+            self.error(_join(key, name), f"must be {_describe(types)}, got {_kind(value)}")
+            return default
+        if isinstance(value, float) and not math.isfinite(value):
+            self.error(_join(key, name), f"must be a finite number, got {value}")
+            return default
+        if check is not None:
+            problem = check(value)
+            if problem:
+                self.error(_join(key, name), problem)
+                return default
+        return cast(T, value)
+
+    def optional(
+        self, data: Mapping[str, Any], key: str, name: str, check: Callable[[Any], str | None]
+    ) -> float | None:
+        """An optional number: None when absent (or wrong, after an error)."""
+        if name not in data:
+            return None
+        before = len(self.errors)
+        value = self.get(data, key, name, float, 0.0, check)
+        return value if len(self.errors) == before else None
+
+    def size(self, data: Mapping[str, Any], key: str, name: str, default: int) -> int:
+        if name not in data:
+            return default
+        try:
+            return parse_size(data[name])
+        except ValueError as exc:
+            self.error(_join(key, name), str(exc))
+            return default
+
+    def secret(self, data: Mapping[str, Any], key: str, inline: str, from_env: str) -> str | None:
+        """A secret given inline (``inline``) or by environment variable name
+        (``from_env``); None if neither is given."""
+        if inline in data and from_env in data:
+            self.error(key, f"give either {inline} or {from_env}, not both")
+            return None
+        value = self.get(data, key, inline, str, "", _non_empty)
+        if value:
+            return value
+        var = self.get(data, key, from_env, str, "", _non_empty)
+        if not var:
+            return None
+        secret = self.env.get(var)
+        if secret is None:
+            self.error(
+                _join(key, from_env),
+                f"environment variable {var} is not set; export {var}=... before starting yard",
+            )
+            return None
+        if not secret:
+            self.error(_join(key, from_env), f"environment variable {var} is empty")
+            return None
+        return secret
+
+
+def _join(key: str, name: str) -> str:
+    return f"{key}.{name}" if key else name
+
+
+def _kind(value: object) -> str:
+    names = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a table",
+    }
+    return f"{names.get(type(value), type(value).__name__)} ({value!r})"
+
+
+def _describe(types: tuple[type, ...]) -> str:
+    names = {
+        bool: "true or false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a table",
+    }
+    return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+def _non_empty(value: str) -> str | None:
+    return None if value else "must not be empty"
+
+
+def _positive(value: float) -> str | None:
+    return None if value > 0 else f"must be greater than 0, got {value}"
+
+
+def _non_negative(value: float) -> str | None:
+    return None if value >= 0 else f"must not be negative, got {value}"
+
+
+def _placeholders(text: str, allowed: tuple[str, ...] | Mapping[str, str]) -> str | None:
+    """None if ``text`` is a valid format string using only ``allowed`` fields."""
+    try:
+        fields = [
+            name for _, name, spec, conv in string.Formatter().parse(text) if name is not None
+        ]
+    except ValueError as exc:
+        return f"{exc} in {text!r}; write {{{{ and }}}} for literal braces"
+    for name in fields:
+        if name not in allowed:
+            near = difflib.get_close_matches(name, list(allowed), n=1)
+            hint = f"; did you mean {{{near[0]}}}?" if near else ""
+            return (
+                f"unknown placeholder {{{name}}} in {text!r}{hint} "
+                f"(known: {', '.join('{' + p + '}' for p in allowed)})"
+            )
+    return None
+
+
+SERVER_KEYS = (
+    "listen",
+    "data_dir",
+    "admin_key",
+    "admin_key_env",
+    "max_body_bytes",
+    "default_priority",
+    "stop_grace_s",
+    "log_level",
+)
+DEVICE_KEYS = ("reserve", "exclusive")
+APP_KEYS = ("key", "key_env", "default_priority", "max_priority")
+BACKEND_KEYS = (
+    "models",
+    "command",
+    "env",
+    "cwd",
+    "health_path",
+    "startup_timeout_s",
+    "idle_ttl_s",
+    "slots",
+    "gpus",
+    "gpu_count",
+    "pinned",
+    "api",
+    "warmup",
+    "model_file",
+    "stop_grace_s",
+)
+WARMUP_KEYS = ("method", "path", "json")
+TOP_KEYS = ("server", "scheduler", "devices", "apps", "backends")
+SCHEDULER_KEYS = tuple(f.name for f in dataclasses.fields(SchedulerConfig))
+
+
+def load_config(path: Path, *, env: Mapping[str, str] | None = None) -> Config:
+    """Read and validate the TOML file at ``path``.
+
+    ``env`` is where ``key_env`` / ``admin_key_env`` variables are looked up
+    (default: ``os.environ``). Raises :class:`ConfigError` listing every
+    problem found (including a missing file or a TOML syntax error).
+    """
+    if env is None:
+        import os
+
+        env = os.environ
+    path = path.resolve() if path.is_absolute() else (Path.cwd() / path).resolve()
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError([f"{path}: no such file"]) from None
+    except IsADirectoryError:
+        raise ConfigError([f"{path}: is a directory, not a TOML file"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot be read: {exc.strerror}"]) from None
+    r = _Reader(path, env)
+    config = _build(r, data)
+    if r.errors:
+        raise ConfigError(r.errors)
+    return config
+
+
+def _build(r: _Reader, data: dict[str, Any]) -> Config:
+    r.known(data, "", TOP_KEYS)
+    scheduler = _scheduler(r, r.table(data, "", "scheduler"))
+    server = _server(r, r.table(data, "", "server"), scheduler)
+    devices = _devices(r, r.table(data, "", "devices"))
+    apps = _apps(r, r.table(data, "", "apps"), server, scheduler)
+    backends = _backends(r, r.table(data, "", "backends"), server)
+    if server.admin_key is not None:
+        for app in apps.values():
+            if app.key == server.admin_key:
+                r.error(f"apps.{app.name}.key", "is the same as the admin key; give each its own")
+    _check_exposure(server, apps, r.errors, f"{r.path}: server.listen")
+    return Config(
+        path=r.path,
+        server=server,
+        scheduler=scheduler,
+        devices=devices,
+        apps=apps,
+        backends=backends,
+    )
+
+
+def _scheduler(r: _Reader, data: dict[str, Any]) -> SchedulerConfig:
+    r.known(data, "scheduler", SCHEDULER_KEYS)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(SchedulerConfig):
+        if f.name not in data:
+            continue
+        kind: type[int] | type[float] = int if f.type in ("int", int) else float
+        before = len(r.errors)
+        value = r.get(data, "scheduler", f.name, kind, 0)
+        if len(r.errors) == before:
+            values[f.name] = value
+    try:
+        return SchedulerConfig(**values)
+    except ValueError as exc:
+        r.error("scheduler", str(exc))
+        return SchedulerConfig()
+
+
+def _server(r: _Reader, data: dict[str, Any], scheduler: SchedulerConfig) -> ServerConfig:
+    r.known(data, "server", SERVER_KEYS)
+    defaults = ServerConfig()
+    host, port = defaults.listen_host, defaults.listen_port
+    listen = r.get(data, "server", "listen", str, "")
+    if listen:
+        try:
+            host, port = parse_listen(listen)
+        except ValueError as exc:
+            r.error("server.listen", str(exc))
+    data_dir_text = r.get(data, "server", "data_dir", str, str(defaults.data_dir), _non_empty)
+    data_dir = _path(r, "server.data_dir", data_dir_text, None) or r.path.parent / "data"
+    default_priority = r.get(data, "server", "default_priority", float, defaults.default_priority)
+    if not scheduler.min_priority <= default_priority <= scheduler.max_priority:
+        r.error(
+            "server.default_priority",
+            f"{default_priority} is outside the scheduler's range "
+            f"[{scheduler.min_priority}, {scheduler.max_priority}]",
+        )
+    max_body = r.size(data, "server", "max_body_bytes", defaults.max_body_bytes)
+    if "max_body_bytes" in data and max_body == 0:
+        r.error("server.max_body_bytes", "must be greater than 0")
+    level = r.get(data, "server", "log_level", str, defaults.log_level).lower()
+    if level not in LOG_LEVELS:
+        r.error("server.log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+        level = defaults.log_level
+    return ServerConfig(
+        listen_host=host,
+        listen_port=port,
+        data_dir=data_dir,
+        admin_key=r.secret(data, "server", "admin_key", "admin_key_env"),
+        max_body_bytes=max_body,
+        default_priority=default_priority,
+        stop_grace_s=r.get(
+            data, "server", "stop_grace_s", float, defaults.stop_grace_s, _non_negative
+        ),
+        log_level=level,
+    )
+
+
+def _path(r: _Reader, key: str, text: str, data_dir: Path | None) -> Path | None:
+    """An absolute path from ``text`` (relative to the config file), with
+    ``{config_dir}`` and, when known, ``{data_dir}`` filled in."""
+    allowed = PATH_PLACEHOLDERS if data_dir is not None else ("config_dir",)
+    problem = _placeholders(text, allowed)
+    if problem:
+        r.error(key, problem)
+        return None
+    values = {"config_dir": str(r.path.parent), "data_dir": str(data_dir)}
+    expanded = Path(text.format_map(values)).expanduser()
+    return expanded if expanded.is_absolute() else (r.path.parent / expanded).resolve()
+
+
+def _devices(r: _Reader, data: dict[str, Any]) -> dict[str, DeviceConfig]:
+    devices = {}
+    for name in data:
+        key = f"devices.{name}"
+        if name != HOST and not _GPU.match(name):
+            r.error(key, f"devices are called {HOST!r} or 'gpu0', 'gpu1', ...; got {name!r}")
+            continue
+        table = r.table(data, "devices", name)
+        r.known(table, key, DEVICE_KEYS)
+        devices[name] = DeviceConfig(
+            name=name,
+            reserve_bytes=r.size(table, key, "reserve", 0),
+            exclusive=r.get(table, key, "exclusive", bool, False),
+        )
+    return devices
+
+
+def _apps(
+    r: _Reader, data: dict[str, Any], server: ServerConfig, scheduler: SchedulerConfig
+) -> dict[str, AppConfig]:
+    apps: dict[str, AppConfig] = {}
+    owner_of_key: dict[str, str] = {}
+    for name in data:
+        key = f"apps.{name}"
+        if not _NAME.match(name):
+            r.error(key, "app names use letters, digits, '_', '.', '-'")
+        table = r.table(data, "apps", name)
+        r.known(table, key, APP_KEYS)
+        secret = r.secret(table, key, "key", "key_env")
+        if secret is None and "key" not in table and "key_env" not in table:
+            r.error(key, 'needs key = "..." or key_env = "VARIABLE" (apps are told apart by key)')
+        max_priority = r.get(table, key, "max_priority", float, scheduler.max_priority)
+        default_priority = r.get(
+            table, key, "default_priority", float, min(server.default_priority, max_priority)
+        )
+        low, high = scheduler.min_priority, scheduler.max_priority
+        for field_name, value in (
+            ("max_priority", max_priority),
+            ("default_priority", default_priority),
+        ):
+            if field_name in table and not low <= value <= high:
+                r.error(
+                    f"{key}.{field_name}",
+                    f"{value} is outside the scheduler's range [{low}, {high}]",
+                )
+        if default_priority > max_priority:
+            r.error(
+                f"{key}.default_priority",
+                f"{default_priority} is above this app's max_priority {max_priority}",
+            )
+        if secret is None:
+            continue
+        if secret in owner_of_key:
+            r.error(
+                f"{key}.key",
+                f"the same key is already used by app {owner_of_key[secret]!r}; "
+                "keys tell apps apart, give each its own",
+            )
+            continue
+        owner_of_key[secret] = name
+        apps[name] = AppConfig(
+            name=name, key=secret, default_priority=default_priority, max_priority=max_priority
+        )
+    return apps
+
+
+def _backends(
+    r: _Reader,
+    data: dict[str, Any],
+    server: ServerConfig,
+) -> dict[str, BackendConfig]:
+    backends: dict[str, BackendConfig] = {}
+    owner_of_model: dict[str, str] = {}
+    for name in data:
+        key = f"backends.{name}"
+        if not _NAME.match(name):
+            r.error(key, "backend names use letters, digits, '_', '.', '-' (they appear in URLs)")
+        table = r.table(data, "backends", name)
+        r.known(table, key, BACKEND_KEYS)
+        backend = _backend(r, name, key, table, server)
+        if backend is None:
+            continue
+        for model in backend.models:
+            if model in owner_of_model:
+                r.error(
+                    f"{key}.models",
+                    f"model {model!r} is already served by backend {owner_of_model[model]!r}; "
+                    "a model name must lead to one backend",
+                )
+            else:
+                owner_of_model[model] = name
+        backends[name] = backend
+    return backends
+
+
+def _backend(
+    r: _Reader, name: str, key: str, table: dict[str, Any], server: ServerConfig
+) -> BackendConfig | None:
+    ok = True
+    api = r.get(table, key, "api", str, "openai")
+    if api not in ("openai", "plain"):
+        r.error(f"{key}.api", f"must be 'openai' (routed by model) or 'plain', got {api!r}")
+        api = "openai"
+
+    models = _str_list(r, table, key, "models")
+    if api == "openai" and not models and "models" not in table:
+        r.error(
+            f"{key}.models",
+            "is missing: an openai backend needs the model names apps send, "
+            'e.g. models = ["llama-3-8b"] (or api = "plain")',
+        )
+        ok = False
+
+    command: tuple[str, ...] = ()
+    if "command" not in table:
+        r.error(f"{key}.command", 'is missing: the argv to start it, e.g. ["llama-server", ...]')
+        ok = False
+    elif isinstance(table["command"], str):
+        r.error(
+            f"{key}.command",
+            "must be a list of arguments (argv), never a shell line; "
+            f"e.g. command = {_as_toml_list(table['command'].split())}",
+        )
+        ok = False
+    else:
+        command = _str_list(r, table, key, "command")
+        if not command:
+            r.error(f"{key}.command", "must not be empty")
+            ok = False
+        for i, arg in enumerate(command):
+            problem = _placeholders(arg, PLACEHOLDERS)
+            if problem:
+                r.error(f"{key}.command[{i}]", problem)
+
+    env: dict[str, str] = {}
+    env_table = r.get(table, key, "env", dict, {})
+    for var, value in env_table.items():
+        if not isinstance(value, str):
+            r.error(f"{key}.env.{var}", f"must be a string, got {_kind(value)}")
+            continue
+        problem = _placeholders(value, PLACEHOLDERS)
+        if problem:
+            r.error(f"{key}.env.{var}", problem)
+            continue
+        env[var] = value
+
+    cwd_text = r.get(table, key, "cwd", str, "", _non_empty)
+    cwd = _path(r, f"{key}.cwd", cwd_text, server.data_dir) if cwd_text else None
+    model_file_text = r.get(table, key, "model_file", str, "", _non_empty)
+    model_file = (
+        _path(r, f"{key}.model_file", model_file_text, server.data_dir) if model_file_text else None
+    )
+    if model_file is None and any("{model_file}" in arg for arg in command):
+        r.error(f"{key}.command", "uses {model_file} but the backend has no model_file")
+
+    health_path = r.get(table, key, "health_path", str, "/health", _url_path)
+
+    gpus: tuple[str, ...] = ()
+    raw_gpus = table.get("gpus", [])
+    if not isinstance(raw_gpus, list):
+        r.error(f"{key}.gpus", f'must be a list such as ["gpu0"] or [0, 1], got {_kind(raw_gpus)}')
+    else:
+        names = []
+        for i, gpu in enumerate(raw_gpus):
+            if isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0:
+                names.append(f"gpu{gpu}")
+            elif isinstance(gpu, str) and _GPU.match(gpu):
+                names.append(gpu)
+            else:
+                r.error(f"{key}.gpus[{i}]", f"must be 'gpuN' or an index N, got {gpu!r}")
+        if len(set(names)) != len(names):
+            r.error(f"{key}.gpus", "lists a GPU twice")
+        else:
+            gpus = tuple(names)
+    gpu_count = r.get(table, key, "gpu_count", int, 1)
+    if gpus and not 1 <= gpu_count <= len(gpus):
+        r.error(
+            f"{key}.gpu_count",
+            f"must be between 1 and the {len(gpus)} GPUs listed in gpus, got {gpu_count}",
+        )
+        gpu_count = 1
+    elif not gpus and "gpu_count" in table:
+        r.error(f"{key}.gpu_count", "is set but gpus is empty; list the GPUs it may use")
+
+    warmup = None
+    if "warmup" in table:
+        w = r.get(table, key, "warmup", dict, {})
+        if w:
+            wkey = f"{key}.warmup"
+            r.known(w, wkey, WARMUP_KEYS)
+            method = r.get(w, wkey, "method", str, "POST").upper()
+            if method not in ("GET", "POST", "PUT"):
+                r.error(f"{wkey}.method", f"must be GET, POST or PUT, got {method!r}")
+            if "path" not in w:
+                r.error(f"{wkey}.path", "is missing: the path to request, e.g. /v1/completions")
+            warmup = WarmupConfig(
+                method=method,
+                path=r.get(w, wkey, "path", str, "/", _url_path),
+                json=w.get("json"),
+            )
+
+    slots = r.get(table, key, "slots", int, 1)
+    if slots < 1:
+        r.error(f"{key}.slots", f"must be at least 1, got {slots}")
+        slots = 1
+    if not ok:
+        return None
+    return BackendConfig(
+        name=name,
+        models=models,
+        command=command,
+        env=env,
+        cwd=cwd,
+        health_path=health_path,
+        startup_timeout_s=r.optional(table, key, "startup_timeout_s", _positive),
+        idle_ttl_s=r.optional(table, key, "idle_ttl_s", _positive),
+        slots=slots,
+        gpus=gpus,
+        gpu_count=gpu_count,
+        pinned=r.get(table, key, "pinned", bool, False),
+        api=api,  # type: ignore[arg-type]
+        warmup=warmup,
+        model_file=model_file,
+        stop_grace_s=r.get(table, key, "stop_grace_s", float, server.stop_grace_s, _non_negative),
+    )
+
+
+def _str_list(r: _Reader, table: Mapping[str, Any], key: str, name: str) -> tuple[str, ...]:
+    value = table.get(name, [])
+    if not isinstance(value, list):
+        r.error(f"{key}.{name}", f"must be a list of strings, got {_kind(value)}")
+        return ()
+    items = []
+    for i, item in enumerate(value):
+        if isinstance(item, str) and item:
+            items.append(item)
+        else:
+            r.error(f"{key}.{name}[{i}]", f"must be a non-empty string, got {_kind(item)}")
+    return tuple(items)
+
+
+def _url_path(value: str) -> str | None:
+    return None if value.startswith("/") else f"must start with '/', got {value!r}"
+
+
+def _as_toml_list(items: list[str]) -> str:
+    return "[" + ", ".join(f'"{item}"' for item in items) + "]"
+
+
+# -- yard check ---------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``yard check CONFIG``."""
+    parser.description = (
+        "Validate a configuration file without starting anything: print every problem "
+        "(file, key, what is wrong) and exit 1, or a short summary and exit 0."
+    )
+    parser.add_argument("config", type=Path, help="the TOML configuration file")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the errors of ``args.config`` (exit 1) or a summary (exit 0)."""
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        for line in exc.errors:
+            print(line, file=sys.stderr)
+        count = len(exc.errors)
+        print(f"{count} error{'s' if count != 1 else ''}", file=sys.stderr)
+        return 1
+    print(summary(config))
+    return 0
+
+
+def summary(config: Config) -> str:
+    """A few lines describing a valid configuration (what ``yard check`` prints)."""
+    server = config.server
+    models = config.models()
+    devices = sorted(
+        {HOST, *config.devices, *(gpu for b in config.backends.values() for gpu in b.gpus)}
+    )
+    lines = [
+        f"{config.path}: OK",
+        f"  listen:   {server.listen_host}:{server.listen_port}   data_dir: {server.data_dir}",
+        f"  backends: {len(config.backends)} ({', '.join(config.backends) or 'none'})",
+        f"  models:   {len(models)} ({', '.join(m for m, _ in models) or 'none'})",
+        f"  apps:     {len(config.apps)} ({', '.join(config.apps) or 'none'})",
+        f"  devices:  {', '.join(devices)}",
+    ]
+    return "\n".join(lines)
