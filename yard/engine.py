@@ -1,0 +1,962 @@
+"""The engine: the Trio loop that feeds the scheduler core and carries out its decisions.
+
+Theory of operation
+-------------------
+Everything that happens in the world becomes an :class:`~yard.core.events.Event` and is
+sent, without blocking, into ONE unbounded memory channel. One task (the loop) takes
+events out in order, calls ``scheduler.handle(event, trio.current_time())`` and carries
+out the returned decisions in order. Nobody else calls the scheduler's ``handle``, so
+the core needs no locks and sees one totally ordered history (llama-swap's "one run
+loop, no locks").
+
+Carrying out a decision is either immediate (wake the :class:`Admission` of a request
+that was dispatched, rejected or requeued) or a task (start or stop a backend process
+through the :class:`~yard.ports.Launcher`). A task reports back by sending an event, so
+its outcome reaches the core through the same channel.
+
+Rules this module keeps:
+
+- It reaches processes, meters and stores only through the ports (``yard.ports``).
+- Sync callers (the HTTP layer, a job runner) never block on the engine: ``submit``,
+  ``report`` and ``cancel`` are plain functions.
+- Every request ends exactly once for its holder: dispatched and reported, rejected, or
+  cancelled. A report that belongs to a dispatch the core has since taken back (a
+  requeue after a self-caused out-of-memory) is dropped, never sent twice.
+- It is cheap per event: no task and no cancel scope per request, only per backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import trio
+
+from yard.core.decisions import (
+    Decision,
+    Dispatch,
+    Flag,
+    Reject,
+    Requeue,
+    StartBackend,
+    StopBackend,
+)
+from yard.core.events import (
+    BackendExited,
+    BackendReady,
+    BackendStartFailed,
+    BackendStopped,
+    Event,
+    MemoryMeasured,
+    Outcome,
+    ProfileMeasured,
+    RequestArrived,
+    RequestCancelled,
+    RequestFinished,
+    Tick,
+)
+from yard.core.spec import HOST, Profile
+from yard.ports import (
+    BackendProcess,
+    BackendStartError,
+    DeviceReading,
+    Launcher,
+    Meter,
+    ProfileStore,
+)
+
+if TYPE_CHECKING:
+    from yard.core.views import QueuedView, Snapshot
+
+__all__ = [
+    "Admission",
+    "Assignment",
+    "Engine",
+    "EngineStatistics",
+    "LoggedDecision",
+    "Policy",
+    "Rejected",
+]
+
+log = logging.getLogger("yard.engine")
+
+# A core that keeps asking for a wake-up in the past would spin the loop; after one
+# Tick at an instant, the next comes at least this much later.
+_MIN_TICK_GAP_S = 1e-3
+# Bound on how long to wait for a stopped backend's memory to show as free.
+_RELEASE_WAIT_S = 10.0
+
+
+class Policy(Protocol):
+    """What the engine needs from a scheduler. :class:`yard.core.Scheduler` is one; the
+    simulator's baseline policies (``sim.baselines``) are others, driven by the same
+    engine so that comparisons differ only in the policy."""
+
+    def handle(self, event: Event, now: float) -> list[Decision]: ...
+
+    def next_wakeup(self) -> float | None: ...
+
+    def snapshot(self, now: float, limit: int = 200) -> Snapshot: ...
+
+    def explain(self, request_id: str, now: float) -> QueuedView | None: ...
+
+    def profile(self, backend: str) -> Profile | None: ...
+
+
+class Rejected(Exception):
+    """The request ended without being served (the core refused it, its deadline
+    passed, its backend failed, it was cancelled, or yard is shutting down).
+
+    status: the HTTP status to answer with. code: a stable error code.
+    message: what happened and what to do. retry_after_s: for 503s.
+    """
+
+    def __init__(
+        self, *, status: int, code: str, message: str, retry_after_s: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+    def __repr__(self) -> str:
+        return f"Rejected(status={self.status}, code={self.code!r}, message={self.message!r})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Assignment:
+    """Where a dispatched request goes: the backend and the URL it listens on."""
+
+    request_id: str
+    backend: str
+    base_url: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoggedDecision:
+    """A decision and the engine time it was made at."""
+
+    at: float
+    decision: Decision
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineStatistics:
+    """A snapshot of the engine's counters and gauges (for ``/metrics`` and the
+    dashboard).
+
+    requests: requests ended, by outcome: ``ok``, ``error`` (reported by the holder),
+        ``rejected`` (by the core), ``cancelled`` (by the client).
+    submitted: requests handed to :meth:`Engine.submit`.
+    loads: backend starts ordered; load_failures: starts that never became ready.
+    stops: backend stops ordered; evictions: stops ordered while requests waited
+        (a stop to make room, as opposed to an idle timeout or an operator's unload).
+    ooms: backends that died or failed to start with signs of out-of-memory.
+    requeues: requests put back in the queue after a self-caused out-of-memory.
+    deadline_misses: requests ended with ``deadline_missed``.
+    rejects: rejections by error code.
+    queue_length: requests waiting (queued, or between a lost upstream and the core's
+        verdict); inflight: requests dispatched and not yet reported.
+    backends_running: backend processes the engine holds (starting, ready, stopping).
+    events, decisions: how many the loop has handled and carried out.
+    """
+
+    requests: Mapping[str, int]
+    submitted: int
+    loads: int
+    load_failures: int
+    stops: int
+    evictions: int
+    ooms: int
+    requeues: int
+    deadline_misses: int
+    rejects: Mapping[str, int]
+    queue_length: int
+    inflight: int
+    backends_running: int
+    events: int
+    decisions: int
+
+
+_State = Literal["queued", "dispatched", "lost", "done", "rejected", "cancelled"]
+
+
+class Admission:
+    """One request's handle, returned by :meth:`Engine.submit`.
+
+    The holder awaits :meth:`wait_dispatched`, sends the request to the
+    :class:`Assignment`'s URL, then calls :meth:`report` once with the outcome. If the
+    upstream connection broke before anything reached the client, it reports
+    ``"upstream_lost"`` and calls :meth:`wait_dispatched` again: the core either
+    requeues the request (yard caused the crash; the next dispatch is returned) or ends
+    it (:class:`Rejected` with ``backend_failed``).
+    """
+
+    __slots__ = (
+        "_assignment",
+        "_engine",
+        "_rejected",
+        "_state",
+        "_wakeup",
+        "arrived_at",
+        "backend",
+        "queued_s",
+        "request_id",
+    )
+
+    def __init__(self, engine: Engine, request_id: str, backend: str, arrived_at: float) -> None:
+        self._engine = engine
+        self.request_id = request_id
+        self.backend = backend
+        self.arrived_at = arrived_at
+        self.queued_s = 0.0
+        self._state: _State = "queued"
+        self._assignment: Assignment | None = None
+        self._rejected: Rejected | None = None
+        self._wakeup: trio.Event | None = None
+
+    @property
+    def state(self) -> str:
+        """``queued``, ``dispatched``, ``lost`` (awaiting the core's verdict after an
+        ``upstream_lost`` report), ``done``, ``rejected`` or ``cancelled``."""
+        return self._state
+
+    async def wait_dispatched(self) -> Assignment:
+        """Wait until the core dispatches the request and return where it goes.
+
+        Raises :class:`Rejected` if the core ends it instead, if it was cancelled, or
+        if the engine shuts down. After a requeue it returns the next dispatch. Called
+        again while dispatched, it returns the same assignment. Calling it after a
+        final report is a programming error (``RuntimeError``).
+        """
+        await trio.lowlevel.checkpoint()
+        while True:
+            state = self._state
+            if state == "dispatched":
+                assert self._assignment is not None
+                return self._assignment
+            if state == "rejected":
+                assert self._rejected is not None
+                raise self._rejected
+            if state == "cancelled":
+                raise Rejected(status=499, code="cancelled", message="the request was cancelled")
+            if state == "done":
+                raise RuntimeError(f"request {self.request_id} was already reported finished")
+            if self._wakeup is None:
+                self._wakeup = trio.Event()
+            await self._wakeup.wait()
+
+    def report(self, outcome: Outcome = "ok", detail: str = "") -> None:
+        """The dispatched request is over (see :class:`~yard.core.events.RequestFinished`
+        for the outcomes). A no-op unless the request is currently dispatched."""
+        if self._state != "dispatched":
+            return
+        engine = self._engine
+        engine._inflight -= 1
+        if outcome == "upstream_lost":
+            self._state = "lost"
+            engine._queued += 1
+        else:
+            self._state = "done"
+            engine._count_outcome(outcome)
+            engine._admissions.pop(self.request_id, None)
+        engine._send_event(
+            RequestFinished(request_id=self.request_id, outcome=outcome, detail=detail)
+        )
+
+    def cancel(self) -> None:
+        """The client is gone (disconnect, job deleted). Idempotent; a no-op once the
+        request has ended."""
+        state = self._state
+        if state in ("done", "rejected", "cancelled"):
+            return
+        engine = self._engine
+        if state == "dispatched":
+            engine._inflight -= 1
+        else:
+            engine._queued -= 1
+        self._state = "cancelled"
+        engine._count_outcome("cancelled")
+        engine._admissions.pop(self.request_id, None)
+        engine._send_event(RequestCancelled(request_id=self.request_id))
+        self._wake()
+
+    # -- driven by the engine ------------------------------------------------
+
+    def _wake(self) -> None:
+        wakeup = self._wakeup
+        if wakeup is not None:
+            self._wakeup = None
+            wakeup.set()
+
+    def _dispatched(self, assignment: Assignment, now: float) -> bool:
+        if self._state != "queued" and self._state != "lost":
+            return False
+        self._state = "dispatched"
+        self._assignment = assignment
+        self.queued_s = now - self.arrived_at
+        self._wake()
+        return True
+
+    def _requeued(self) -> bool:
+        if self._state != "dispatched" and self._state != "lost":
+            return False
+        self._state = "queued"
+        self._assignment = None
+        self._wake()
+        return True
+
+    def _reject(self, rejected: Rejected) -> None:
+        self._state = "rejected"
+        self._rejected = rejected
+        self._assignment = None
+        self._wake()
+
+
+class _Backend:
+    """The engine's record of one backend process it started."""
+
+    __slots__ = (
+        "gpus",
+        "launched_at",
+        "measure",
+        "name",
+        "peaks",
+        "process",
+        "ready",
+        "scope",
+        "stop_requested",
+    )
+
+    def __init__(self, name: str, gpus: tuple[str, ...], measure: bool) -> None:
+        self.name = name
+        self.gpus = gpus
+        self.measure = measure
+        self.process: BackendProcess | None = None
+        self.stop_requested = False
+        self.ready = False
+        self.scope: trio.CancelScope | None = None
+        self.launched_at = 0.0
+        # Peak bytes per device while a first load is being measured.
+        self.peaks: dict[str, int] = {}
+
+
+class Engine:
+    """Feeds one scheduler with events and carries out its decisions.
+
+    scheduler: the core (:class:`yard.core.Scheduler`) or another :class:`Policy`.
+    launcher: starts backend processes. meter: reads memory (None: no measurements,
+        e.g. in unit tests). profiles: durable profiles (None: nothing persisted).
+    start_timeout_s: per backend, how long start-up plus warm-up may take.
+    meter_interval_s: how often the meter is read while serving.
+    profile_interval_s: how often it is read during a measured first load.
+    log_size: how many recent decisions :meth:`decisions` keeps.
+    shutdown_grace_s: on shutdown, how long stopping the backends may take.
+    subscriber_buffer: decisions a live subscriber may fall behind before it is dropped.
+
+    Start it with ``await nursery.start(engine.run)``; it is ready for
+    :meth:`submit` once that returns, and serves until cancelled.
+    """
+
+    def __init__(
+        self,
+        *,
+        scheduler: Policy,
+        launcher: Launcher,
+        meter: Meter | None = None,
+        profiles: ProfileStore | None = None,
+        start_timeout_s: Callable[[str], float] = lambda backend: 600.0,
+        meter_interval_s: float = 1.0,
+        profile_interval_s: float = 0.2,
+        log_size: int = 1000,
+        shutdown_grace_s: float = 30.0,
+        subscriber_buffer: int = 1000,
+    ) -> None:
+        self._scheduler = scheduler
+        self._launcher = launcher
+        self._meter = meter
+        self._profiles = profiles
+        self._start_timeout_s = start_timeout_s
+        self._meter_interval_s = meter_interval_s
+        self._profile_interval_s = profile_interval_s
+        self._shutdown_grace_s = shutdown_grace_s
+        self._subscriber_buffer = subscriber_buffer
+        self._send, self._receive = trio.open_memory_channel[Event](math.inf)
+        self._log: deque[LoggedDecision] = deque(maxlen=log_size)
+        self._subscribers: list[trio.MemorySendChannel[LoggedDecision]] = []
+        self._admissions: dict[str, Admission] = {}
+        self._backends: dict[str, _Backend] = {}
+        self._raised: dict[str, tuple[int, int]] = {}
+        self._nursery: trio.Nursery | None = None
+        self._started = False
+        self._closed = False
+        self._last_tick = -math.inf
+        # Counters and gauges for statistics().
+        self._queued = 0
+        self._inflight = 0
+        self._submitted = 0
+        self._outcomes: dict[str, int] = {}
+        self._rejects: dict[str, int] = {}
+        self._loads = 0
+        self._load_failures = 0
+        self._stops = 0
+        self._evictions = 0
+        self._ooms = 0
+        self._requeues = 0
+        self._events = 0
+        self._decisions = 0
+        self._apply_by_type: dict[type[Decision], Callable[[Any, float], None]] = {
+            Dispatch: self._apply_dispatch,
+            Reject: self._apply_reject,
+            Requeue: self._apply_requeue,
+            StartBackend: self._apply_start,
+            StopBackend: self._apply_stop,
+            Flag: self._apply_flag,
+        }
+
+    # -- the public surface ------------------------------------------------------
+
+    def now(self) -> float:
+        """The engine clock (``trio.current_time()``)."""
+        return trio.current_time()
+
+    def submit(
+        self,
+        *,
+        backend: str,
+        priority: float,
+        app: str = "",
+        request_id: str | None = None,
+        start_by: float | None = None,
+        allow_late: bool = False,
+        arrived_at: float | None = None,
+        requeued: bool = False,
+    ) -> Admission:
+        """Hand a request to the scheduler and return its :class:`Admission`.
+
+        Times are on the engine clock. ``arrived_at`` is for requests that arrived
+        before now (a job restored after a restart); ``requeued`` for one that was
+        already requeued once. Never blocks. After shutdown the admission is already
+        rejected (503, ``shutting_down``).
+        """
+        if request_id is None:
+            request_id = uuid.uuid4().hex
+        now = trio.current_time()
+        admission = Admission(self, request_id, backend, now if arrived_at is None else arrived_at)
+        self._submitted += 1
+        if self._closed:
+            admission._reject(_shutting_down())
+            return admission
+        if request_id in self._admissions:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self._admissions[request_id] = admission
+        self._queued += 1
+        self._send.send_nowait(
+            RequestArrived(
+                request_id=request_id,
+                backend=backend,
+                priority=priority,
+                app=app,
+                arrived_at=arrived_at,
+                start_by=start_by,
+                allow_late=allow_late,
+                requeued=requeued,
+            )
+        )
+        return admission
+
+    def send(self, event: Event) -> None:
+        """Send an event to the core (admin events: AdminLoad, AdminPin, ...)."""
+        self._send_event(event)
+
+    def snapshot(self, limit: int = 200) -> Snapshot:
+        """The core's view of devices, backends and the queue, now."""
+        return self._scheduler.snapshot(trio.current_time(), limit)
+
+    def explain(self, request_id: str) -> QueuedView | None:
+        """A queued request's place and the reason it waits (None if not queued)."""
+        return self._scheduler.explain(request_id, trio.current_time())
+
+    def decisions(self) -> list[LoggedDecision]:
+        """The most recent decisions (up to ``log_size``), oldest first."""
+        return list(self._log)
+
+    def subscribe(self) -> trio.MemoryReceiveChannel[LoggedDecision]:
+        """A live feed of decisions from now on. A subscriber that falls more than
+        ``subscriber_buffer`` decisions behind is dropped (its channel ends); the
+        engine never waits for anybody."""
+        send, receive = trio.open_memory_channel[LoggedDecision](self._subscriber_buffer)
+        self._subscribers.append(send)
+        return receive
+
+    def statistics(self) -> EngineStatistics:
+        """Counters and gauges, as a frozen record."""
+        return EngineStatistics(
+            requests=dict(self._outcomes),
+            submitted=self._submitted,
+            loads=self._loads,
+            load_failures=self._load_failures,
+            stops=self._stops,
+            evictions=self._evictions,
+            ooms=self._ooms,
+            requeues=self._requeues,
+            deadline_misses=self._rejects.get("deadline_missed", 0),
+            rejects=dict(self._rejects),
+            queue_length=self._queued,
+            inflight=self._inflight,
+            backends_running=len(self._backends),
+            events=self._events,
+            decisions=self._decisions,
+        )
+
+    def backend_log(self, backend: str) -> list[str]:
+        """The last log lines of the backend, if the launcher keeps them
+        (a ``backend_log(name)`` method on the launcher, or ``log_lines()`` on the
+        running process); otherwise empty."""
+        from_launcher = getattr(self._launcher, "backend_log", None)
+        if callable(from_launcher):
+            return [str(line) for line in from_launcher(backend)]
+        record = self._backends.get(backend)
+        if record is not None and record.process is not None:
+            from_process = getattr(record.process, "log_lines", None)
+            if callable(from_process):
+                return [str(line) for line in from_process()]
+        return []
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled.
+
+        Loads the stored profiles of every backend the scheduler knows, starts the
+        meter, then reports ready. On cancellation it stops every backend it started
+        (shielded, within ``shutdown_grace_s``) and ends every waiting request with
+        503 ``shutting_down``.
+        """
+        if self._started:
+            raise RuntimeError("an Engine runs once")
+        self._started = True
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await self._load_stored_profiles()
+                if self._meter is not None:
+                    nursery.start_soon(self._meter_loop)
+                task_status.started()
+                await self._loop()
+        finally:
+            self._closed = True
+            with trio.CancelScope(shield=True) as cleanup:
+                cleanup.deadline = trio.current_time() + self._shutdown_grace_s
+                await self._stop_everything()
+            self._end_everything()
+
+    # -- the loop ------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        receive = self._receive
+        next_wakeup = self._scheduler.next_wakeup
+        while True:
+            wake = next_wakeup()
+            if wake is None:
+                event = await receive.receive()
+            else:
+                wake = max(wake, self._last_tick + _MIN_TICK_GAP_S)
+                if wake <= trio.current_time():
+                    await trio.lowlevel.checkpoint()
+                    self._tick()
+                    continue
+                with trio.move_on_at(wake):
+                    event = await receive.receive()
+                    self._handle(event)
+                    continue
+                self._tick()
+                continue
+            self._handle(event)
+
+    def _tick(self) -> None:
+        self._last_tick = trio.current_time()
+        self._handle(Tick())
+
+    def _handle(self, event: Event) -> None:
+        now = trio.current_time()
+        self._events += 1
+        decisions = self._scheduler.handle(event, now)
+        if decisions:
+            apply = self._apply_by_type
+            for decision in decisions:
+                self._record(decision, now)
+                apply[type(decision)](decision, now)
+
+    def _record(self, decision: Decision, now: float) -> None:
+        self._decisions += 1
+        logged = LoggedDecision(at=now, decision=decision)
+        self._log.append(logged)
+        if self._subscribers:
+            for subscriber in list(self._subscribers):
+                try:
+                    subscriber.send_nowait(logged)
+                except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._subscribers.remove(subscriber)
+                    subscriber.close()
+
+    def _send_event(self, event: Event) -> None:
+        if self._closed:
+            return
+        self._send.send_nowait(event)
+
+    def _count_outcome(self, outcome: str) -> None:
+        self._outcomes[outcome] = self._outcomes.get(outcome, 0) + 1
+
+    # -- decisions -------------------------------------------------------------------
+
+    def _apply_dispatch(self, decision: Dispatch, now: float) -> None:
+        admission = self._admissions.get(decision.request_id)
+        if admission is None:
+            # Cancelled while the core was deciding; its RequestCancelled is on the way.
+            return
+        record = self._backends.get(decision.backend)
+        if record is None or record.process is None or not record.ready:
+            # A core bug; fail this request loudly rather than send it nowhere.
+            log.error(
+                "core dispatched %s to %s, which is not ready; failing the request",
+                decision.request_id,
+                decision.backend,
+            )
+            del self._admissions[decision.request_id]
+            self._queued -= 1
+            self._count_outcome("rejected")
+            admission._reject(
+                Rejected(
+                    status=502,
+                    code="backend_failed",
+                    message=f"backend {decision.backend} was not ready",
+                )
+            )
+            self._send_event(
+                RequestFinished(
+                    request_id=decision.request_id,
+                    outcome="error",
+                    detail=f"backend {decision.backend} was not ready",
+                )
+            )
+            return
+        assignment = Assignment(
+            request_id=decision.request_id,
+            backend=decision.backend,
+            base_url=record.process.base_url,
+        )
+        if admission._dispatched(assignment, now):
+            self._queued -= 1
+            self._inflight += 1
+
+    def _apply_reject(self, decision: Reject, now: float) -> None:
+        self._rejects[decision.code] = self._rejects.get(decision.code, 0) + 1
+        admission = self._admissions.pop(decision.request_id, None)
+        if admission is None:
+            return
+        if admission._state == "dispatched":
+            self._inflight -= 1
+        else:
+            self._queued -= 1
+        self._count_outcome("rejected")
+        admission._reject(
+            Rejected(
+                status=decision.status,
+                code=decision.code,
+                message=decision.message,
+                retry_after_s=decision.retry_after_s,
+            )
+        )
+
+    def _apply_requeue(self, decision: Requeue, now: float) -> None:
+        self._requeues += 1
+        admission = self._admissions.get(decision.request_id)
+        if admission is None:
+            return
+        was = admission._state
+        if admission._requeued() and was == "dispatched":
+            self._inflight -= 1
+            self._queued += 1
+
+    def _apply_flag(self, decision: Flag, now: float) -> None:
+        log.info("flag: %s", decision.reason)
+
+    def _apply_start(self, decision: StartBackend, now: float) -> None:
+        if decision.backend in self._backends:
+            log.error("core started %s, which is already running; ignored", decision.backend)
+            return
+        assert self._nursery is not None
+        self._loads += 1
+        record = _Backend(decision.backend, decision.gpus, decision.measure)
+        self._backends[decision.backend] = record
+        self._nursery.start_soon(self._run_backend, record)
+
+    def _apply_stop(self, decision: StopBackend, now: float) -> None:
+        self._stops += 1
+        if self._queued > 0:
+            self._evictions += 1
+        record = self._backends.get(decision.backend)
+        if record is None:
+            log.error("core stopped %s, which is not running", decision.backend)
+            self._send_event(BackendStopped(backend=decision.backend))
+            return
+        if record.stop_requested:
+            return
+        record.stop_requested = True
+        if record.scope is not None:
+            record.scope.cancel()
+
+    # -- backend processes -------------------------------------------------------
+
+    async def _run_backend(self, record: _Backend) -> None:
+        """One backend's life: launch, wait ready, watch for exit, stop on request."""
+        name = record.name
+        record.launched_at = trio.current_time()
+        try:
+            process = await self._launcher.launch(name, record.gpus)
+        except BackendStartError as exc:
+            self._backends.pop(name, None)
+            self._started_failed(record, exc.detail, exc.oom)
+            return
+        record.process = process
+        failure: tuple[str, bool] | None = None
+        if not record.stop_requested:
+            async with trio.open_nursery() as sampling:
+                if record.measure and self._meter is not None:
+                    sampling.start_soon(self._sample_first_load, record)
+                with trio.CancelScope() as record.scope:
+                    if record.stop_requested:
+                        record.scope.cancel()
+                    try:
+                        with trio.fail_after(self._start_timeout_s(name)):
+                            await process.wait_ready()
+                    except BackendStartError as exc:
+                        failure = (exc.detail, exc.oom)
+                    except trio.TooSlowError:
+                        timeout = self._start_timeout_s(name)
+                        failure = (f"{name} did not become ready within {timeout:g} s", False)
+                record.scope = None
+                sampling.cancel_scope.cancel()
+        if record.stop_requested:
+            await self._stop_process(record)
+            return
+        if failure is not None:
+            # The process may still be alive (a hang); make sure it is gone.
+            status = await process.stop()
+            self._backends.pop(name, None)
+            self._started_failed(record, failure[0], failure[1] or status.oom)
+            return
+        record.ready = True
+        measured = self._finish_measurement(record) if record.measure else None
+        self._send_event(BackendReady(backend=name))
+        if measured is not None:
+            self._nursery_start(self._store_profile, name, measured)
+        with trio.CancelScope() as record.scope:
+            if record.stop_requested:
+                record.scope.cancel()
+            status = await process.wait_exit()
+            if not record.stop_requested:
+                self._backends.pop(name, None)
+                if status.oom:
+                    self._ooms += 1
+                self._send_event(
+                    BackendExited(
+                        backend=name, exit_code=status.code, oom=status.oom, detail=status.detail
+                    )
+                )
+                return
+        record.scope = None
+        await self._stop_process(record)
+
+    def _nursery_start(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
+
+    def _started_failed(self, record: _Backend, detail: str, oom: bool) -> None:
+        self._load_failures += 1
+        if oom:
+            self._ooms += 1
+        if record.stop_requested:
+            self._send_event(BackendStopped(backend=record.name))
+        else:
+            self._send_event(BackendStartFailed(backend=record.name, detail=detail, oom=oom))
+
+    async def _stop_process(self, record: _Backend) -> None:
+        process = record.process
+        if process is not None:
+            await process.stop()
+            await self._wait_memory_released(record)
+        self._backends.pop(record.name, None)
+        self._send_event(BackendStopped(backend=record.name))
+
+    async def _wait_memory_released(self, record: _Backend) -> None:
+        """After a stop, wait (bounded) until the meter no longer sees the backend's
+        memory, so that the next load on its devices starts from what is really free."""
+        if self._meter is None or record.process is None or record.process.pid is None:
+            return
+        pids = {record.name: record.process.pid}
+        with trio.move_on_after(_RELEASE_WAIT_S):
+            while True:
+                readings = await self._meter.read(pids)
+                if not any(reading.backends.get(record.name, 0) for reading in readings):
+                    return
+                await trio.sleep(self._profile_interval_s)
+
+    # -- memory ------------------------------------------------------------------
+
+    def _pids(self) -> dict[str, int]:
+        pids: dict[str, int] = {}
+        for name, record in self._backends.items():
+            if record.process is not None and record.process.pid is not None:
+                pids[name] = record.process.pid
+        return pids
+
+    async def _sample_first_load(self, record: _Backend) -> None:
+        assert self._meter is not None
+        while True:
+            readings = await self._meter.read(self._pids())
+            _track_peaks(record, readings)
+            await trio.sleep(self._profile_interval_s)
+
+    def _finish_measurement(self, record: _Backend) -> Profile:
+        """Turn the peaks seen during a first load into a profile and tell the core."""
+        load_s = trio.current_time() - record.launched_at
+        gpu = max((b for d, b in record.peaks.items() if d != HOST), default=0)
+        profile = Profile(gpu_bytes=gpu, host_bytes=record.peaks.get(HOST, 0), load_s=load_s)
+        record.measure = False
+        self._raised.pop(record.name, None)
+        self._send_event(
+            ProfileMeasured(
+                backend=record.name,
+                gpu_bytes=profile.gpu_bytes,
+                host_bytes=profile.host_bytes,
+                load_s=profile.load_s,
+                source="measured",
+            )
+        )
+        return profile
+
+    async def _store_profile(self, backend: str, profile: Profile) -> None:
+        if self._profiles is None:
+            return
+        try:
+            await self._profiles.put(backend, profile)
+        except Exception:
+            # Persisting is best effort: the core already has the figure.
+            log.exception("could not store the profile of %s", backend)
+
+    async def _load_stored_profiles(self) -> None:
+        if self._profiles is None:
+            return
+        now = trio.current_time()
+        for view in self._scheduler.snapshot(now, 0).backends:
+            profile = await self._profiles.get(view.name)
+            if profile is not None:
+                self._handle(
+                    ProfileMeasured(
+                        backend=view.name,
+                        gpu_bytes=profile.gpu_bytes,
+                        host_bytes=profile.host_bytes,
+                        load_s=profile.load_s,
+                        source="stored",
+                    )
+                )
+
+    async def _meter_loop(self) -> None:
+        assert self._meter is not None
+        meter = self._meter
+        while True:
+            readings = await meter.read(self._pids())
+            self._take_readings(readings)
+            await trio.sleep(self._meter_interval_s)
+
+    def _take_readings(self, readings: list[DeviceReading]) -> None:
+        live: dict[str, tuple[int, int]] = {}
+        for reading in readings:
+            self._send_event(
+                MemoryMeasured(
+                    device=reading.device,
+                    used_bytes=reading.used_bytes,
+                    backends=tuple(sorted(reading.backends.items())),
+                )
+            )
+            host = reading.device == HOST
+            for name, used in reading.backends.items():
+                gpu_bytes, host_bytes = live.get(name, (0, 0))
+                if host:
+                    live[name] = (gpu_bytes, max(host_bytes, used))
+                else:
+                    live[name] = (max(gpu_bytes, used), host_bytes)
+        for name, (gpu_bytes, host_bytes) in live.items():
+            record = self._backends.get(name)
+            if record is None:
+                continue
+            if record.measure:
+                _track_peaks(record, readings)
+                continue
+            profile = self._scheduler.profile(name)
+            if profile is None:
+                continue
+            known_gpu, known_host = self._raised.get(name, (0, 0))
+            known_gpu = max(known_gpu, profile.gpu_bytes)
+            known_host = max(known_host, profile.host_bytes)
+            if gpu_bytes <= known_gpu and host_bytes <= known_host:
+                continue
+            raised = Profile(
+                gpu_bytes=max(gpu_bytes, known_gpu),
+                host_bytes=max(host_bytes, known_host),
+                load_s=profile.load_s,
+            )
+            self._raised[name] = (raised.gpu_bytes, raised.host_bytes)
+            self._send_event(
+                ProfileMeasured(
+                    backend=name,
+                    gpu_bytes=raised.gpu_bytes,
+                    host_bytes=raised.host_bytes,
+                    load_s=raised.load_s,
+                    source="raised",
+                )
+            )
+            self._nursery_start(self._store_profile, name, raised)
+
+    # -- shutdown ------------------------------------------------------------------
+
+    async def _stop_everything(self) -> None:
+        processes = [r.process for r in self._backends.values() if r.process is not None]
+        async with trio.open_nursery() as nursery:
+            for process in processes:
+                nursery.start_soon(process.stop)
+        self._backends.clear()
+
+    def _end_everything(self) -> None:
+        for admission in list(self._admissions.values()):
+            admission._reject(_shutting_down())
+        self._admissions.clear()
+        self._queued = 0
+        self._inflight = 0
+        for subscriber in self._subscribers:
+            subscriber.close()
+        self._subscribers.clear()
+        self._send.close()
+
+
+def _track_peaks(record: _Backend, readings: list[DeviceReading]) -> None:
+    peaks = record.peaks
+    for reading in readings:
+        used = reading.backends.get(record.name)
+        if used is not None and used > peaks.get(reading.device, 0):
+            peaks[reading.device] = used
+
+
+def _shutting_down() -> Rejected:
+    return Rejected(
+        status=503,
+        code="shutting_down",
+        message="yard is shutting down; try again once it is back",
+        retry_after_s=5.0,
+    )
