@@ -1,0 +1,62 @@
+"""Durable async jobs: hand a request in now, fetch its result later.
+
+Layout:
+
+- ``store``: the SQLite record of jobs (``data_dir/jobs.sqlite``), their
+  requests and results.
+- ``service``: :class:`Jobs`, the :class:`~yard.http.runtime.JobService` the
+  proxy hands ``Prefer: respond-async`` requests to, with one runner task per
+  job and the reaper that expires old results.
+- ``restore``: what a restart does with the jobs the last run left.
+- ``api``: the ``/v1/jobs`` blueprint; ``cli``: ``yard jobs``.
+
+``yard serve`` uses it like this (after the engine has started)::
+
+    async with open_jobs(engine=engine, data_dir=config.server.data_dir,
+                         pool=runtime.upstream) as jobs:
+        runtime.jobs = jobs
+        await nursery.start(jobs.run)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+
+from yard.http.proxy import UpstreamPool
+from yard.jobs.service import EngineLike, Jobs, JobsConfig
+from yard.jobs.store import JobStore
+
+__all__ = ["JOBS_FILE", "JobStore", "Jobs", "JobsConfig", "open_jobs"]
+
+JOBS_FILE = "jobs.sqlite"
+
+
+@asynccontextmanager
+async def open_jobs(
+    *,
+    engine: EngineLike,
+    data_dir: Path,
+    pool: UpstreamPool | None = None,
+    config: JobsConfig | None = None,
+    wall: Callable[[], float] | None = None,
+) -> AsyncIterator[Jobs]:
+    """Open the job store in ``data_dir`` and yield the job service (not yet
+    running: start ``jobs.run`` with ``nursery.start``). The store is closed
+    on the way out."""
+    store = await JobStore.open(data_dir / JOBS_FILE)
+    try:
+        yield Jobs(
+            engine=engine,
+            store=store,
+            pool=pool,
+            config=config or JobsConfig(),
+            wall=wall or time.time,
+        )
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.close()

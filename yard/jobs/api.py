@@ -1,0 +1,181 @@
+"""The jobs API: ``/v1/jobs`` (a Quart blueprint the gateway mounts there).
+
+- ``GET /v1/jobs/ID[?wait=SECONDS]``: the job (status, place in the queue,
+  why it waits, estimated start, error); ``wait`` long-polls until it ends.
+- ``GET /v1/jobs/ID/result[?wait=SECONDS]``: the backend's answer exactly as
+  it was sent (status, headers, bytes). A job that failed before the backend
+  answered gets the error a synchronous request would have got.
+- ``DELETE /v1/jobs/ID``: cancel (leave the queue, or cancel the upstream call).
+- ``GET /v1/jobs?status=queued,running&limit=20&after=ID``: the caller's
+  jobs, newest first.
+
+A job belongs to the app whose key handed it in; to every other app it does
+not exist (404). The admin key sees every job.
+"""
+
+from __future__ import annotations
+
+import math
+
+import trio
+from quart import Blueprint, Response, request
+from werkzeug.datastructures import Headers
+
+from yard.http.errors import ApiError, error_body, error_headers
+from yard.http.gateway import authenticate
+from yard.http.proxy import HOP_BY_HOP
+from yard.http.runtime import current_runtime
+from yard.jobs.service import JobFinished, JobNotFound, Jobs
+from yard.jobs.store import STATUSES, JobRecord, Status
+
+blueprint = Blueprint("jobs", __name__)
+"""Mounted by the gateway with ``url_prefix="/v1/jobs"``."""
+
+_MAX_LIMIT = 100
+# Set again by Quart or meaningless for a stored answer.
+_RESULT_DROPPED = HOP_BY_HOP | {b"content-length", b"date", b"server"}
+
+
+def _caller() -> tuple[Jobs, str | None]:
+    """The job service and the caller's app (None: the admin, who sees all)."""
+    runtime = current_runtime()
+    jobs = runtime.jobs
+    if not isinstance(jobs, Jobs):
+        raise ApiError(
+            501, "jobs_unavailable", "this yard runs without the job service; no jobs exist"
+        )
+    header = request.headers.get("authorization")
+    authorization = None if header is None else header.encode("latin-1")
+    admin_key = runtime.config.server.admin_key
+    if admin_key and authorization is not None:
+        scheme, _, key = authorization.decode("latin-1").partition(" ")
+        if scheme.lower() == "bearer" and key.strip() == admin_key:
+            return jobs, None
+    app, _ = authenticate(runtime.config, authorization)
+    return jobs, app.name
+
+
+def _wait_arg(jobs: Jobs) -> float:
+    text = request.args.get("wait")
+    if text is None:
+        return 0.0
+    try:
+        wait = float(text)
+    except ValueError:
+        wait = math.nan
+    if not math.isfinite(wait) or wait < 0:
+        raise ApiError(400, "invalid_wait", f"wait must be a number of seconds >= 0, got {text!r}")
+    return min(wait, jobs.config.max_wait_s)
+
+
+async def _job_after_wait(jobs: Jobs, job_id: str, app: str | None) -> JobRecord:
+    job = await jobs.get(job_id, app=app)
+    wait = _wait_arg(jobs)
+    if wait > 0 and not job.finished:
+        with trio.move_on_after(wait):
+            job = await jobs.wait_ended(job_id, app=app)
+        if not job.finished:
+            job = await jobs.get(job_id, app=app)
+    return job
+
+
+@blueprint.errorhandler(ApiError)
+async def _api_error(error: ApiError) -> Response:
+    body = error_body(error.status, error.code, error.message)
+    headers = [
+        (n.decode("latin-1"), v.decode("latin-1"))
+        for n, v in error_headers(body, error.retry_after_s)
+        if n != b"content-length"
+    ]
+    return Response(body, status=error.status, headers=Headers(headers))
+
+
+@blueprint.errorhandler(JobNotFound)
+async def _not_found(error: JobNotFound) -> Response:
+    return await _api_error(
+        ApiError(404, "job_not_found", f"no job {error.args[0]!r} for this API key")
+    )
+
+
+@blueprint.errorhandler(JobFinished)
+async def _finished(error: JobFinished) -> Response:
+    return await _api_error(ApiError(409, "job_finished", str(error)))
+
+
+@blueprint.get("", strict_slashes=False)
+async def list_jobs() -> dict[str, object]:
+    jobs, app = _caller()
+    statuses: list[Status] = []
+    for text in request.args.getlist("status"):
+        for word in text.split(","):
+            word = word.strip()
+            if not word:
+                continue
+            if word not in STATUSES:
+                raise ApiError(
+                    400,
+                    "invalid_status",
+                    f"status {word!r} is not one of {', '.join(STATUSES)}",
+                )
+            statuses.append(word)
+    limit_text = request.args.get("limit", "20")
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= _MAX_LIMIT:
+        raise ApiError(400, "invalid_limit", f"limit must be a whole number from 1 to {_MAX_LIMIT}")
+    after = request.args.get("after") or None
+    try:
+        page, has_more = await jobs.list_jobs(
+            app=app, statuses=statuses, limit=int(limit_text), after=after
+        )
+    except JobNotFound:
+        raise ApiError(400, "invalid_cursor", f"after={after!r} names no job of yours") from None
+    data = [jobs.describe(job) for job in page]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": page[0].id if page else None,
+        "last_id": page[-1].id if page else None,
+        "has_more": has_more,
+    }
+
+
+@blueprint.get("/<job_id>")
+async def get_job(job_id: str) -> dict[str, object]:
+    jobs, app = _caller()
+    return jobs.describe(await _job_after_wait(jobs, job_id, app))
+
+
+@blueprint.delete("/<job_id>")
+async def cancel_job(job_id: str) -> dict[str, object]:
+    jobs, app = _caller()
+    return jobs.describe(await jobs.cancel(job_id, app=app))
+
+
+@blueprint.get("/<job_id>/result")
+async def job_result(job_id: str) -> Response:
+    jobs, app = _caller()
+    job = await _job_after_wait(jobs, job_id, app)
+    if not job.finished:
+        raise ApiError(
+            409,
+            "job_not_finished",
+            f"job {job.id} is {job.status}; GET /v1/jobs/{job.id}/result?wait=60 waits for it",
+        )
+    if job.status == "expired":
+        raise ApiError(
+            410, "job_expired", f"job {job.id} ended long ago and its result has been deleted"
+        )
+    _, result = await jobs.result(job_id, app=app)
+    if result is None:
+        error = job.error
+        if error is None or job.status == "cancelled":
+            raise ApiError(409, "cancelled", f"job {job.id} was cancelled; it has no result")
+        raise ApiError(error.status if error.status >= 400 else 500, error.code, error.message)
+    headers = [
+        (n.decode("latin-1"), v.decode("latin-1"))
+        for n, v in result.headers
+        if n.lower() not in _RESULT_DROPPED
+    ]
+    headers.append(("x-yard-job-id", job.id))
+    if job.queued_s is not None:
+        headers.append(("x-yard-queue-ms", str(round(job.queued_s * 1000))))
+    return Response(result.body, status=result.status, headers=Headers(headers))

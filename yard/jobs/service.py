@@ -1,0 +1,636 @@
+"""The job service: hand a request in now, fetch its result later.
+
+Theory of operation. A job is a proxied request that does not hold its HTTP
+connection. :meth:`Jobs.submit` writes it to the store (synced to disk) and
+only then enqueues it into the engine, exactly like a synchronous request
+(same queue, same priority order); the proxy answers 202. A runner task per
+job holds its :class:`~yard.engine.Admission`: it waits for the dispatch,
+marks the job running (durably, before a byte goes upstream), forwards the
+request with the gateway's :func:`~yard.http.proxy.forward`, reads the whole
+answer (up to ``max_result_bytes``), stores it and reports the outcome.
+
+Rules it keeps:
+
+- yard never retries. The only second run of a job is the one the core
+  decides after a self-caused out-of-memory (the Admission is dispatched
+  again; the job's ``requeued`` flag is stored so it never happens twice, even
+  across restarts), or the one rerun after a restart for a job the client
+  marked rerun-safe (see :mod:`yard.jobs.restore`).
+- A job ends exactly once: the store's conditional update decides between a
+  runner finishing and a client cancelling at the same moment.
+- Times shown to people are wall-clock (RFC 3339); times given to the engine
+  are on its clock, converted at the moment of the call.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+import trio
+
+from yard.config import AppConfig
+from yard.core.events import Outcome
+from yard.core.views import QueuedView
+from yard.engine import Rejected
+from yard.http.proxy import ProxyRequest, UpstreamError, UpstreamPool, forward
+from yard.jobs.store import (
+    JobError,
+    JobRecord,
+    JobStore,
+    Status,
+    StoredRequest,
+    StoredResult,
+)
+
+log = logging.getLogger("yard.jobs")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobsConfig:
+    """Settings of the job service (``[jobs]`` in the configuration).
+
+    result_ttl_s: how long a finished job keeps its result; then it becomes
+        ``expired`` and the bytes are deleted.
+    record_ttl_s: how long an expired job is still listed, after that.
+    max_result_bytes: the largest backend answer a job stores; a larger one
+        fails the job with ``result_too_large``.
+    max_request_bytes: the largest request body a job stores (None: the
+        server's ``max_body_bytes`` already limits it).
+    reap_interval_s: how often expired results are deleted.
+    max_wait_s: the longest ``?wait=`` long-poll allowed.
+    """
+
+    result_ttl_s: float = 24 * 3600.0
+    record_ttl_s: float = 7 * 24 * 3600.0
+    max_result_bytes: int = 256 * 2**20
+    max_request_bytes: int | None = None
+    reap_interval_s: float = 60.0
+    max_wait_s: float = 300.0
+
+
+class AdmissionLike(Protocol):
+    """What a runner needs of :class:`yard.engine.Admission`."""
+
+    request_id: str
+    queued_s: float
+
+    @property
+    def state(self) -> str: ...
+
+    async def wait_dispatched(self) -> AssignmentLike: ...
+
+    def report(self, outcome: Outcome = "ok", detail: str = "") -> None: ...
+
+    def cancel(self) -> None: ...
+
+
+class UpstreamResponseLike(Protocol):
+    """What a runner reads of :class:`yard.http.proxy.UpstreamResponse`."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+
+Upstream = Callable[[ProxyRequest, str], AbstractAsyncContextManager[UpstreamResponseLike]]
+"""Sends a request to a backend's base URL: :func:`yard.http.proxy.forward`
+(with the gateway's pool), or a fake in tests. Raises ``UpstreamError``."""
+
+
+class AssignmentLike(Protocol):
+    @property
+    def base_url(self) -> str: ...
+
+
+class EngineLike(Protocol):
+    """What the job service needs of :class:`yard.engine.Engine`."""
+
+    def submit(
+        self,
+        *,
+        backend: str,
+        priority: float,
+        app: str = "",
+        request_id: str | None = None,
+        start_by: float | None = None,
+        allow_late: bool = False,
+        arrived_at: float | None = None,
+        requeued: bool = False,
+    ) -> AdmissionLike: ...
+
+    def now(self) -> float: ...
+
+    def explain(self, request_id: str) -> QueuedView | None: ...
+
+
+class JobNotFound(Exception):
+    """No such job for this app (another app's job is not found either)."""
+
+
+class JobFinished(Exception):
+    """The job has already ended; it cannot be cancelled."""
+
+    def __init__(self, job: JobRecord) -> None:
+        super().__init__(f"job {job.id} has already ended ({job.status})")
+        self.job = job
+
+
+class _ResultTooLarge(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class _Running:
+    admission: AdmissionLike
+    scope: trio.CancelScope
+    cancelled: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobsStatistics:
+    """Counters since start (for /metrics and the dashboard)."""
+
+    submitted: int
+    restored: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    interrupted: int
+    reruns: int
+    requeues: int
+    expired: int
+    active: int
+
+
+class Jobs:
+    """The job service. Build it, then start :meth:`run` with
+    ``nursery.start`` after the engine is running; :meth:`submit` works once
+    ``run`` has started (it restores the jobs of the last run first).
+
+    engine: the engine (``yard.engine.Engine``) jobs are enqueued into.
+    store: the job store (open).
+    pool: the upstream connection pool (the gateway's).
+    upstream: how requests reach backends (default: ``forward`` over ``pool``).
+    wall: the wall clock (``time.time``; tests pass a virtual one).
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: EngineLike,
+        store: JobStore,
+        pool: UpstreamPool | None = None,
+        upstream: Upstream | None = None,
+        config: JobsConfig = JobsConfig(),
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.config = config
+        self._upstream: Upstream = upstream or functools.partial(_forward, pool=pool)
+        self._wall = wall
+        self._nursery: trio.Nursery | None = None
+        self._running: dict[str, _Running] = {}
+        self._ended: dict[str, trio.Event] = {}
+        self._counts = dict.fromkeys(
+            (
+                "submitted",
+                "restored",
+                "succeeded",
+                "failed",
+                "cancelled",
+                "interrupted",
+                "reruns",
+                "requeues",
+                "expired",
+            ),
+            0,
+        )
+
+    # -- lifecycle -----------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Restore the jobs of the last run, then serve until cancelled (the
+        runners and the reaper live here). Ready (``task_status.started()``)
+        once every restored job is back in the engine's queue."""
+        from yard.jobs.restore import restore
+
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                summary = await restore(self)
+                if summary.total:
+                    log.info("jobs restored: %s", summary.describe())
+                nursery.start_soon(self._reap_forever)
+                task_status.started()
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    def statistics(self) -> JobsStatistics:
+        return JobsStatistics(active=len(self._running), **self._counts)
+
+    def now(self) -> float:
+        """The wall-clock time, as the service sees it."""
+        return self._wall()
+
+    # -- the proxy's side ----------------------------------------------------
+
+    async def submit(self, request: ProxyRequest, *, rerun_safe: bool) -> dict[str, object]:
+        """Store ``request`` as a job (synced to disk), enqueue it, start its
+        runner, and return the job's JSON.
+
+        Raises :class:`~yard.engine.Rejected` (413 ``job_too_large``; 503
+        ``jobs_unavailable`` before :meth:`run` started; or whatever the
+        engine refuses at once), in which case nothing was stored.
+        """
+        limit = self.config.max_request_bytes
+        if limit is not None and len(request.body) > limit:
+            raise Rejected(
+                status=413,
+                code="job_too_large",
+                message=f"the request body is {len(request.body)} bytes; jobs store at most "
+                f"{limit} bytes ([jobs] max_request_bytes)",
+            )
+        if self._nursery is None:
+            raise Rejected(
+                status=503,
+                code="jobs_unavailable",
+                message="the job service is not running (yard is starting or stopping); "
+                "try again shortly",
+                retry_after_s=1.0,
+            )
+        job_id = f"job_{uuid.uuid4().hex}"
+        now_wall = self._wall()
+        start_by = None
+        if request.start_by is not None:
+            start_by = now_wall + (request.start_by - self.engine.now())
+        job = await self.store.insert(
+            job_id=job_id,
+            app=request.app.name,
+            model=request.model or request.backend,
+            backend=request.backend,
+            priority=request.priority,
+            start_by=start_by,
+            allow_late=request.allow_late,
+            rerun_safe=rerun_safe,
+            created_at=now_wall,
+            request=StoredRequest(
+                method=request.method,
+                path=request.path,
+                query=request.query.decode("latin-1"),
+                headers=tuple(request.headers),
+                body=request.body,
+            ),
+        )
+        # On disk first, then into the queue: a crash in between leaves a
+        # queued job that the next start enqueues.
+        try:
+            self.enqueue(job)
+        except Rejected:
+            await self.store.delete(job_id)
+            raise
+        self._counts["submitted"] += 1
+        return self.describe(job)
+
+    def enqueue(self, job: JobRecord, *, arrived_at_wall: float | None = None) -> None:
+        """Put a stored queued job into the engine and start its runner.
+
+        arrived_at_wall: its original arrival (epoch); the engine gets it on
+        its own clock so that aging keeps counting across a restart.
+        """
+        nursery = self._nursery
+        if nursery is None:
+            raise RuntimeError("Jobs.run() has not started")
+        now_engine = self.engine.now()
+        now_wall = self._wall()
+        admission = self.engine.submit(
+            backend=job.backend,
+            priority=job.priority,
+            app=job.app,
+            request_id=job.id,
+            start_by=None if job.start_by is None else now_engine + (job.start_by - now_wall),
+            allow_late=job.allow_late,
+            arrived_at=(
+                None if arrived_at_wall is None else now_engine - (now_wall - arrived_at_wall)
+            ),
+            requeued=job.requeued,
+        )
+        running = _Running(admission=admission, scope=trio.CancelScope())
+        self._running[job.id] = running
+        nursery.start_soon(self._run_job, job, running)
+
+    # -- the API's side ------------------------------------------------------
+
+    async def get(self, job_id: str, *, app: str | None) -> JobRecord:
+        """The job, if it exists and belongs to ``app`` (None: any app)."""
+        job = await self.store.get(job_id)
+        if job is None or (app is not None and job.app != app):
+            raise JobNotFound(job_id)
+        return job
+
+    async def wait_ended(self, job_id: str, *, app: str | None) -> JobRecord:
+        """Return the job once it has ended (at once if it has). The caller
+        bounds the wait (``trio.move_on_after``)."""
+        while True:
+            event = self._ended.setdefault(job_id, trio.Event())
+            job = await self.get(job_id, app=app)
+            if job.finished:
+                self._ended.pop(job_id, None)
+                return job
+            await event.wait()
+
+    async def cancel(self, job_id: str, *, app: str | None) -> JobRecord:
+        """Cancel a queued or running job: it leaves the queue, or its upstream
+        request is cancelled. Raises :class:`JobNotFound`, or
+        :class:`JobFinished` if it had already ended."""
+        job = await self.get(job_id, app=app)
+        won = await self.store.finish(
+            job_id,
+            "cancelled",
+            at=self._wall(),
+            error=JobError(code="cancelled", message="the job was cancelled", status=499),
+        )
+        if not won:
+            raise JobFinished(await self.get(job_id, app=app))
+        self._counts["cancelled"] += 1
+        running = self._running.get(job_id)
+        if running is not None:
+            running.cancelled = True
+            running.admission.cancel()
+            running.scope.cancel()
+        self._notify(job_id)
+        del job
+        return await self.get(job_id, app=app)
+
+    async def list_jobs(
+        self,
+        *,
+        app: str | None,
+        statuses: Sequence[Status] = (),
+        limit: int = 20,
+        after: str | None = None,
+    ) -> tuple[list[JobRecord], bool]:
+        """The app's jobs, newest first, and whether there are more.
+
+        after: the id of the last job of the previous page (a cursor).
+        Raises :class:`JobNotFound` for an unknown cursor.
+        """
+        before_seq = None
+        if after is not None:
+            before_seq = (await self.get(after, app=app)).seq
+        jobs = await self.store.list_jobs(
+            app=app, statuses=statuses, limit=limit + 1, before_seq=before_seq
+        )
+        return jobs[:limit], len(jobs) > limit
+
+    async def result(
+        self, job_id: str, *, app: str | None
+    ) -> tuple[JobRecord, StoredResult | None]:
+        job = await self.get(job_id, app=app)
+        return job, await self.store.result(job_id)
+
+    def describe(self, job: JobRecord) -> dict[str, object]:
+        """The job's JSON (what ``GET /v1/jobs/ID`` answers)."""
+        status = job.status
+        running = self._running.get(job.id)
+        if status == "running" and running is not None and running.admission.state == "queued":
+            status = "queued"  # requeued after a self-caused OOM, waiting for its turn again
+        view = self.engine.explain(job.id) if status == "queued" else None
+        now_wall, now_engine = self._wall(), self.engine.now()
+        data: dict[str, object] = {
+            "id": job.id,
+            "object": "job",
+            "app": job.app,
+            "model": job.model,
+            "backend": job.backend,
+            "status": status,
+            "created_at": rfc3339(job.created_at),
+            "started_at": rfc3339(job.started_at),
+            "finished_at": rfc3339(job.finished_at),
+            "expires_at": (
+                rfc3339(job.finished_at + self.config.result_ttl_s)
+                if job.finished_at is not None and job.status != "expired"
+                else None
+            ),
+            "priority": job.priority,
+            "effective_priority": None if view is None else view.effective_priority,
+            "deadline": rfc3339(job.start_by),
+            "allow_late": job.allow_late,
+            "rerun_safe": job.rerun_safe,
+            "requeued": job.requeued,
+            "position": None if view is None else view.position,
+            "reason": None if view is None else view.reason,
+            "estimated_start": (
+                None
+                if view is None or view.estimated_start is None
+                else rfc3339(now_wall + (view.estimated_start - now_engine))
+            ),
+            "queued_ms": None if job.queued_s is None else round(job.queued_s * 1000),
+            "error": (
+                None
+                if job.error is None
+                else {
+                    "code": job.error.code,
+                    "message": job.error.message,
+                    "status": job.error.status,
+                }
+            ),
+            "result": (
+                None
+                if job.result_status is None or job.status == "expired"
+                else {
+                    "status": job.result_status,
+                    "content_type": job.result_type,
+                    "bytes": job.result_bytes,
+                    "url": f"/v1/jobs/{job.id}/result",
+                }
+            ),
+        }
+        return data
+
+    # -- runners -------------------------------------------------------------
+
+    async def _run_job(self, job: JobRecord, running: _Running) -> None:
+        try:
+            with running.scope:
+                await self._drive(job, running)
+        except Exception:
+            # A bug or a broken disk must not take yard down with it; the job
+            # ends as failed if the store still works.
+            log.exception("job %s: runner failed", job.id)
+            await self._end(
+                job.id,
+                "failed",
+                JobError(code="internal_error", message="yard failed running this job", status=500),
+            )
+        finally:
+            self._running.pop(job.id, None)
+            self._notify(job.id)
+
+    async def _drive(self, job: JobRecord, running: _Running) -> None:
+        admission = running.admission
+        lost = False
+        while True:
+            try:
+                assignment = await admission.wait_dispatched()
+            except Rejected as exc:
+                if exc.code == "shutting_down":
+                    # yard is stopping: the job stays as stored (queued, or
+                    # running and then interrupted) for the next start to decide.
+                    return
+                await self._end(
+                    job.id,
+                    "failed",
+                    JobError(code=exc.code, message=exc.message, status=exc.status),
+                )
+                return
+            if lost:
+                self._counts["requeues"] += 1  # dispatched again: the core requeued it
+            if not await self.store.mark_running(
+                job.id, at=self._wall(), queued_s=admission.queued_s
+            ):
+                admission.cancel()  # cancelled while it was being dispatched
+                return
+            stored = await self.store.request(job.id)
+            if stored is None:  # pragma: no cover - the row and its request go together
+                raise RuntimeError(f"job {job.id} has no stored request")
+            try:
+                result = await self._call(job, stored, assignment.base_url)
+            except UpstreamError as exc:
+                # Nothing reached a client (a job reads the whole answer), so
+                # the core may still find that the cause was ours and requeue.
+                # The core requeues it if it finds that yard caused the crash
+                # (once, ever): mark the requeue spent before the verdict, so
+                # that no crash in between can grant a second one.
+                await self.store.mark_requeue_spent(job.id)
+                admission.report("upstream_lost", exc.detail)
+                lost = True
+                continue
+            except _ResultTooLarge as exc:
+                admission.report("ok", str(exc))
+                await self._end(
+                    job.id,
+                    "failed",
+                    JobError(code="result_too_large", message=str(exc), status=502),
+                )
+                return
+            admission.report("ok")
+            if 200 <= result.status < 400:
+                await self._end(job.id, "succeeded", None, result)
+            else:
+                await self._end(
+                    job.id,
+                    "failed",
+                    JobError(
+                        code="upstream_status",
+                        message=f"the backend answered HTTP {result.status}; "
+                        "its answer is the job's result",
+                        status=result.status,
+                    ),
+                    result,
+                )
+            return
+
+    async def _call(self, job: JobRecord, stored: StoredRequest, base_url: str) -> StoredResult:
+        request = ProxyRequest(
+            method=stored.method,
+            path=stored.path,
+            query=stored.query.encode("latin-1"),
+            headers=list(stored.headers),
+            body=stored.body,
+            backend=job.backend,
+            app=_app_config(job),
+            priority=job.priority,
+            start_by=None,
+            allow_late=job.allow_late,
+            request_id=job.id,
+            model=job.model,
+        )
+        limit = self.config.max_result_bytes
+        async with self._upstream(request, base_url) as response:
+            parts: list[bytes] = []
+            size = 0
+            async for chunk in response.chunks():
+                size += len(chunk)
+                if size > limit:
+                    raise _ResultTooLarge(
+                        f"the backend's answer is larger than {limit} bytes, the most a job "
+                        "stores ([jobs] max_result_bytes)"
+                    )
+                parts.append(chunk)
+            return StoredResult(
+                status=response.status, headers=tuple(response.headers), body=b"".join(parts)
+            )
+
+    async def _end(
+        self,
+        job_id: str,
+        status: Status,
+        error: JobError | None,
+        result: StoredResult | None = None,
+    ) -> None:
+        # Shielded: a job that got its answer must record it even while yard
+        # shuts down around it.
+        with trio.CancelScope(shield=True):
+            if await self.store.finish(job_id, status, at=self._wall(), error=error, result=result):
+                self._counts["succeeded" if status == "succeeded" else "failed"] += 1
+        self._notify(job_id)
+
+    def _notify(self, job_id: str) -> None:
+        event = self._ended.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+    # -- expiry --------------------------------------------------------------
+
+    async def reap(self) -> int:
+        """Expire results older than ``result_ttl_s`` and forget expired jobs
+        older than ``record_ttl_s`` after that. Returns how many expired."""
+        now = self._wall()
+        expired = await self.store.expire(finished_before=now - self.config.result_ttl_s)
+        await self.store.purge(
+            finished_before=now - self.config.result_ttl_s - self.config.record_ttl_s
+        )
+        self._counts["expired"] += len(expired)
+        return len(expired)
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await self.reap()
+            await trio.sleep(self.config.reap_interval_s)
+
+    # -- used by restore -----------------------------------------------------
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self._counts[name] += n
+
+
+def _forward(
+    request: ProxyRequest, base_url: str, *, pool: UpstreamPool | None
+) -> AbstractAsyncContextManager[UpstreamResponseLike]:
+    return forward(request, base_url, pool=pool)
+
+
+def rfc3339(epoch: float | None) -> str | None:
+    """``1767225600.5`` -> ``"2026-01-01T00:00:00.500Z"`` (None stays None)."""
+    if epoch is None or not math.isfinite(epoch):
+        return None
+    return (
+        datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+def _app_config(job: JobRecord) -> AppConfig:
+    # forward() does not look at the app; the record only names it.
+    return AppConfig(name=job.app, key="", default_priority=job.priority, max_priority=job.priority)

@@ -1,0 +1,476 @@
+"""The durable record of async jobs: SQLite (``data_dir/jobs.sqlite``).
+
+Rules this module keeps:
+
+- A job row is written with ``durable=True`` before yard promises anything
+  about it (the 202), and every change of status that decides whether the job
+  may run again after a crash (running, requeued, finished) is durable too.
+- A job ends exactly once: every move to a final status is a conditional
+  update (``WHERE status IN ('queued', 'running')``) and says whether it won.
+- Times are wall-clock epochs (seconds); the engine clock does not survive a
+  restart, the epoch does.
+- Request and result bytes live in their own tables, so that listing and
+  reading jobs never touches the blobs; they are deleted when the job
+  expires.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, cast
+
+from yard.db import Database, Migration
+
+Status = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
+STATUSES: tuple[Status, ...] = ("queued", "running", "succeeded", "failed", "cancelled", "expired")
+UNFINISHED: tuple[Status, ...] = ("queued", "running")
+Headers = tuple[tuple[bytes, bytes], ...]
+
+MIGRATIONS: tuple[Migration, ...] = (
+    (
+        "jobs/1 create jobs, requests and results",
+        """
+        CREATE TABLE jobs (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- arrival order, never reused
+            id TEXT NOT NULL UNIQUE,
+            app TEXT NOT NULL,
+            model TEXT NOT NULL,
+            backend TEXT NOT NULL,
+            priority REAL NOT NULL,
+            start_by REAL,                          -- epoch, or NULL
+            allow_late INTEGER NOT NULL DEFAULT 0,
+            rerun_safe INTEGER NOT NULL DEFAULT 0,
+            rerun_used INTEGER NOT NULL DEFAULT 0,  -- put back once after a restart
+            requeued INTEGER NOT NULL DEFAULT 0,    -- put back once after a self-caused OOM
+            status TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            started_at REAL,
+            finished_at REAL,
+            queued_s REAL,
+            error_code TEXT,
+            error_message TEXT,
+            error_status INTEGER,
+            result_status INTEGER,
+            result_bytes INTEGER,
+            result_type TEXT
+        );
+        CREATE INDEX jobs_by_app ON jobs (app, seq);
+        CREATE INDEX jobs_by_status ON jobs (status, finished_at);
+        CREATE TABLE job_requests (
+            job_id TEXT PRIMARY KEY REFERENCES jobs (id) ON DELETE CASCADE,
+            method TEXT NOT NULL,
+            path TEXT NOT NULL,
+            query TEXT NOT NULL,
+            headers TEXT NOT NULL,                  -- JSON [[name, value], ...] (latin-1)
+            body BLOB NOT NULL
+        );
+        CREATE TABLE job_results (
+            job_id TEXT PRIMARY KEY REFERENCES jobs (id) ON DELETE CASCADE,
+            status INTEGER NOT NULL,
+            headers TEXT NOT NULL,
+            body BLOB NOT NULL
+        );
+        """,
+    ),
+)
+
+_COLUMNS = (
+    "seq, id, app, model, backend, priority, start_by, allow_late, rerun_safe, rerun_used, "
+    "requeued, status, created_at, started_at, finished_at, queued_s, error_code, "
+    "error_message, error_status, result_status, result_bytes, result_type"
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobError:
+    """Why a job failed (or was cancelled): a stable code, a message for
+    people, and the HTTP status a synchronous request would have got."""
+
+    code: str
+    message: str
+    status: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredRequest:
+    """The request a job runs, exactly as the client sent it."""
+
+    method: str
+    path: str
+    query: str
+    headers: Headers
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredResult:
+    """The backend's whole answer: status, headers and body bytes."""
+
+    status: int
+    headers: Headers
+    body: bytes
+
+    @property
+    def content_type(self) -> str | None:
+        for name, value in self.headers:
+            if name.lower() == b"content-type":
+                return value.decode("latin-1")
+        return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRecord:
+    """One job as stored (without its request and result bytes).
+
+    seq: arrival order across all apps. Times are epochs (seconds).
+    start_by: latest start (epoch) or None. queued_s: time from arrival to
+    the (latest) dispatch. result_*: what the backend answered, once it has.
+    """
+
+    seq: int
+    id: str
+    app: str
+    model: str
+    backend: str
+    priority: float
+    start_by: float | None
+    allow_late: bool
+    rerun_safe: bool
+    rerun_used: bool
+    requeued: bool
+    status: Status
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    queued_s: float | None
+    error: JobError | None
+    result_status: int | None
+    result_bytes: int | None
+    result_type: str | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status not in UNFINISHED
+
+
+class JobStore:
+    """Jobs in SQLite. Open with :meth:`open`, close with :meth:`close`."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    @classmethod
+    async def open(cls, path: Path) -> JobStore:
+        """Open (create, migrate) the job database at ``path``."""
+        return cls(await Database.open(path, MIGRATIONS))
+
+    @property
+    def path(self) -> Path:
+        return self._db.path
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    # -- writes --------------------------------------------------------------
+
+    async def insert(
+        self,
+        *,
+        job_id: str,
+        app: str,
+        model: str,
+        backend: str,
+        priority: float,
+        start_by: float | None,
+        allow_late: bool,
+        rerun_safe: bool,
+        created_at: float,
+        request: StoredRequest,
+    ) -> JobRecord:
+        """Record a new queued job and its request, durably (on disk, synced,
+        when this returns)."""
+
+        def _insert(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO jobs (id, app, model, backend, priority, start_by, allow_late, "
+                "rerun_safe, status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?)",
+                (
+                    job_id,
+                    app,
+                    model,
+                    backend,
+                    priority,
+                    start_by,
+                    int(allow_late),
+                    int(rerun_safe),
+                    created_at,
+                ),
+            )
+            conn.execute(
+                "INSERT INTO job_requests (job_id, method, path, query, headers, body) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    job_id,
+                    request.method,
+                    request.path,
+                    request.query,
+                    _dump_headers(request.headers),
+                    request.body,
+                ),
+            )
+
+        await self._db.transaction(_insert, durable=True)
+        job = await self.get(job_id)
+        assert job is not None
+        return job
+
+    async def delete(self, job_id: str) -> None:
+        """Forget a job entirely (one that was never accepted)."""
+        await self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,), durable=True)
+
+    async def mark_running(self, job_id: str, *, at: float, queued_s: float) -> bool:
+        """Queued -> running (or running again, after a requeue), durably,
+        before its request goes upstream. False if the job has ended
+        (cancelled meanwhile)."""
+        changed = await self._db.execute(
+            "UPDATE jobs SET status = 'running', started_at = ?, queued_s = ? "
+            "WHERE id = ? AND status IN ('queued', 'running')",
+            (at, queued_s, job_id),
+            durable=True,
+        )
+        return changed == 1
+
+    async def mark_requeue_spent(self, job_id: str) -> None:
+        """Its one requeue after a self-caused OOM may be used now: never grant
+        another (kept for good, across restarts)."""
+        await self._db.execute("UPDATE jobs SET requeued = 1 WHERE id = ?", (job_id,), durable=True)
+
+    async def mark_rerun(self, job_id: str) -> bool:
+        """Running -> queued after a restart, for a job the client marked
+        rerun-safe; the one rerun is spent."""
+        changed = await self._db.execute(
+            "UPDATE jobs SET status = 'queued', rerun_used = 1, started_at = NULL "
+            "WHERE id = ? AND status = 'running' AND rerun_safe = 1 AND rerun_used = 0",
+            (job_id,),
+            durable=True,
+        )
+        return changed == 1
+
+    async def finish(
+        self,
+        job_id: str,
+        status: Status,
+        *,
+        at: float,
+        error: JobError | None = None,
+        result: StoredResult | None = None,
+    ) -> bool:
+        """End an unfinished job with ``status`` (and its error or result),
+        durably. False if it had already ended: the first end wins."""
+        if status in UNFINISHED:
+            raise ValueError(f"finish() needs a final status, not {status!r}")
+
+        def _finish(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                "UPDATE jobs SET status = ?, finished_at = ?, error_code = ?, "
+                "error_message = ?, error_status = ?, result_status = ?, result_bytes = ?, "
+                "result_type = ? WHERE id = ? AND status IN ('queued', 'running')",
+                (
+                    status,
+                    at,
+                    None if error is None else error.code,
+                    None if error is None else error.message,
+                    None if error is None else error.status,
+                    None if result is None else result.status,
+                    None if result is None else len(result.body),
+                    None if result is None else result.content_type,
+                    job_id,
+                ),
+            )
+            if cursor.rowcount != 1:
+                return False
+            # Its request will never run again: drop the bytes now.
+            conn.execute("DELETE FROM job_requests WHERE job_id = ?", (job_id,))
+            if result is not None:
+                conn.execute(
+                    "INSERT INTO job_results (job_id, status, headers, body) VALUES (?, ?, ?, ?)",
+                    (job_id, result.status, _dump_headers(result.headers), result.body),
+                )
+            return True
+
+        return await self._db.transaction(_finish, durable=True)
+
+    async def expire(self, *, finished_before: float) -> list[str]:
+        """Jobs that ended before ``finished_before`` become ``expired`` and
+        their results are deleted. Returns their ids."""
+
+        def _expire(conn: sqlite3.Connection) -> list[str]:
+            ids = [
+                str(row[0])
+                for row in conn.execute(
+                    "SELECT id FROM jobs WHERE status IN "
+                    "('succeeded', 'failed', 'cancelled') AND finished_at < ?",
+                    (finished_before,),
+                )
+            ]
+            for job_id in ids:
+                conn.execute("UPDATE jobs SET status = 'expired' WHERE id = ?", (job_id,))
+                conn.execute("DELETE FROM job_results WHERE job_id = ?", (job_id,))
+            return ids
+
+        return await self._db.transaction(_expire)
+
+    async def purge(self, *, finished_before: float) -> int:
+        """Forget expired jobs that ended before ``finished_before``."""
+        return await self._db.execute(
+            "DELETE FROM jobs WHERE status = 'expired' AND finished_at < ?", (finished_before,)
+        )
+
+    # -- reads ---------------------------------------------------------------
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        row = await self._db.fetchone(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
+        return None if row is None else _record(row)
+
+    async def list_jobs(
+        self,
+        *,
+        app: str | None,
+        statuses: Sequence[Status] = (),
+        limit: int = 20,
+        before_seq: int | None = None,
+    ) -> list[JobRecord]:
+        """Jobs newest first: of ``app`` (None: every app), with one of
+        ``statuses`` (empty: any), older than ``before_seq`` (a cursor)."""
+        where: list[str] = []
+        params: list[object] = []
+        if app is not None:
+            where.append("app = ?")
+            params.append(app)
+        if statuses:
+            where.append(f"status IN ({', '.join('?' for _ in statuses)})")
+            params.extend(statuses)
+        if before_seq is not None:
+            where.append("seq < ?")
+            params.append(before_seq)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = await self._db.fetchall(
+            f"SELECT {_COLUMNS} FROM jobs {clause} ORDER BY seq DESC LIMIT ?", (*params, limit)
+        )
+        return [_record(row) for row in rows]
+
+    async def unfinished(self) -> list[JobRecord]:
+        """Queued and running jobs, in arrival order (for a restart)."""
+        rows = await self._db.fetchall(
+            f"SELECT {_COLUMNS} FROM jobs WHERE status IN ('queued', 'running') ORDER BY seq"
+        )
+        return [_record(row) for row in rows]
+
+    async def request(self, job_id: str) -> StoredRequest | None:
+        row = await self._db.fetchone(
+            "SELECT method, path, query, headers, body FROM job_requests WHERE job_id = ?",
+            (job_id,),
+        )
+        if row is None:
+            return None
+        method, path, query, headers, body = row
+        return StoredRequest(
+            method=str(method),
+            path=str(path),
+            query=str(query),
+            headers=_load_headers(str(headers)),
+            body=bytes(cast(bytes, body)),
+        )
+
+    async def result(self, job_id: str) -> StoredResult | None:
+        row = await self._db.fetchone(
+            "SELECT status, headers, body FROM job_results WHERE job_id = ?", (job_id,)
+        )
+        if row is None:
+            return None
+        status, headers, body = row
+        return StoredResult(
+            status=int(cast(int, status)),
+            headers=_load_headers(str(headers)),
+            body=bytes(cast(bytes, body)),
+        )
+
+    async def counts(self) -> dict[str, int]:
+        """How many jobs are in each status."""
+        rows = await self._db.fetchall("SELECT status, count(*) FROM jobs GROUP BY status")
+        found = {str(status): int(cast(int, n)) for status, n in rows}
+        return {status: found.get(status, 0) for status in STATUSES}
+
+
+def _dump_headers(headers: Headers) -> str:
+    return json.dumps([[n.decode("latin-1"), v.decode("latin-1")] for n, v in headers])
+
+
+def _load_headers(text: str) -> Headers:
+    return tuple((str(n).encode("latin-1"), str(v).encode("latin-1")) for n, v in json.loads(text))
+
+
+def _opt_float(value: object) -> float | None:
+    return None if value is None else float(cast(float, value))
+
+
+def _record(row: tuple[object, ...]) -> JobRecord:
+    (
+        seq,
+        job_id,
+        app,
+        model,
+        backend,
+        priority,
+        start_by,
+        allow_late,
+        rerun_safe,
+        rerun_used,
+        requeued,
+        status,
+        created_at,
+        started_at,
+        finished_at,
+        queued_s,
+        error_code,
+        error_message,
+        error_status,
+        result_status,
+        result_bytes,
+        result_type,
+    ) = row
+    error = (
+        None
+        if error_code is None
+        else JobError(
+            code=str(error_code),
+            message=str(error_message or ""),
+            status=int(cast(int, error_status or 500)),
+        )
+    )
+    return JobRecord(
+        seq=int(cast(int, seq)),
+        id=str(job_id),
+        app=str(app),
+        model=str(model),
+        backend=str(backend),
+        priority=float(cast(float, priority)),
+        start_by=_opt_float(start_by),
+        allow_late=bool(allow_late),
+        rerun_safe=bool(rerun_safe),
+        rerun_used=bool(rerun_used),
+        requeued=bool(requeued),
+        status=cast(Status, str(status)),
+        created_at=float(cast(float, created_at)),
+        started_at=_opt_float(started_at),
+        finished_at=_opt_float(finished_at),
+        queued_s=_opt_float(queued_s),
+        error=error,
+        result_status=None if result_status is None else int(cast(int, result_status)),
+        result_bytes=None if result_bytes is None else int(cast(int, result_bytes)),
+        result_type=None if result_type is None else str(result_type),
+    )
