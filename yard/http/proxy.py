@@ -263,12 +263,20 @@ class UpstreamResponse:
         self.headers: Headers = list(event.headers)
         self.complete = False
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The body, chunk by chunk as the backend sends it.
+    def chunks(self) -> UpstreamResponse:
+        """The body, chunk by chunk as the backend sends it (``async for``).
 
         Raises :class:`UpstreamError` (``response_started=True``) if the
         connection breaks before the body is complete.
         """
+        return self
+
+    def __aiter__(self) -> UpstreamResponse:
+        return self
+
+    async def __anext__(self) -> bytes:
+        # A plain iterator, not an async generator: leaving the loop early
+        # (client gone) must not leave a generator for the GC to finalize.
         conn = self._conn
         while not self.complete:
             try:
@@ -283,7 +291,7 @@ class UpstreamResponse:
                 ) from exc
             if isinstance(event, h11.Data):
                 if event.data:
-                    yield bytes(event.data)
+                    return bytes(event.data)
             elif isinstance(event, h11.EndOfMessage):
                 self.complete = True
             else:
@@ -291,6 +299,7 @@ class UpstreamResponse:
                     f"unexpected {type(event).__name__} in the backend's response",
                     response_started=True,
                 )
+        raise StopAsyncIteration
 
     async def read(self) -> bytes:
         """The whole body (for callers that store it, like jobs)."""

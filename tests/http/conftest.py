@@ -1,0 +1,106 @@
+"""Harness for the proxy tests: the real gateway app on hypercorn (loopback,
+free port), the fake engine, and an in-process fake backend."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import httpx
+import pytest
+import trio
+
+from tests.http.fakes import FakeEngine
+from tests.http.upstream import Upstream, serve_upstream
+from yard.config import AppConfig, BackendConfig, Config, ServerConfig
+from yard.core.spec import SchedulerConfig
+from yard.engine import Engine
+from yard.http.app import create_app, serve_app
+from yard.http.runtime import JobService, Runtime
+
+
+def make_config(
+    *, apps: dict[str, AppConfig] | None = None, max_body_bytes: int = 1 << 20
+) -> Config:
+    backends = {
+        "llm": BackendConfig(name="llm", models=("tiny", "tiny-alias"), command=("true",)),
+        "whisper": BackendConfig(name="whisper", models=("whisper-1",), command=("true",)),
+        "music": BackendConfig(name="music", models=(), command=("true",), api="plain"),
+    }
+    return Config(
+        path=Path("/nonexistent/yard.toml"),
+        server=ServerConfig(max_body_bytes=max_body_bytes, default_priority=50.0),
+        scheduler=SchedulerConfig(),
+        devices={},
+        apps=apps or {},
+        backends=backends,
+    )
+
+
+APPS = {
+    "chat": AppConfig(name="chat", key="key-chat", default_priority=60.0, max_priority=80.0),
+    "batch": AppConfig(name="batch", key="key-batch", default_priority=10.0, max_priority=20.0),
+}
+
+
+@dataclass
+class Gateway:
+    url: str
+    client: httpx.AsyncClient
+    engine: FakeEngine
+    upstream: Upstream
+    runtime: Runtime
+
+
+class GatewayFactory:
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
+        self.runtimes: list[Runtime] = []
+
+    async def __call__(
+        self, *, config: Config | None = None, jobs: JobService | None = None
+    ) -> Gateway:
+        upstream = await self.nursery.start(serve_upstream, Upstream())
+        engine = FakeEngine(base_urls=dict.fromkeys(("llm", "whisper", "music"), upstream.base_url))
+        runtime = Runtime(
+            config=config or make_config(),
+            engine=cast(Engine, engine),
+            jobs=jobs,
+            started_at=1_700_000_000.0,
+        )
+        self.runtimes.append(runtime)
+        binds = await self.nursery.start(serve_app, create_app(runtime), "127.0.0.1", 0)
+        client = httpx.AsyncClient(base_url=binds[0], timeout=10.0)
+        return Gateway(binds[0], client, engine, upstream, runtime)
+
+
+@pytest.fixture
+async def gateway_factory() -> AsyncIterator[GatewayFactory]:
+    async with trio.open_nursery() as nursery:
+        factory = GatewayFactory(nursery)
+        yield factory
+        nursery.cancel_scope.cancel()
+    for runtime in factory.runtimes:
+        runtime.upstream.close_idle()
+
+
+@pytest.fixture
+async def gw(gateway_factory: GatewayFactory) -> AsyncIterator[Gateway]:
+    gateway = await gateway_factory()
+    async with gateway.client:
+        yield gateway
+
+
+async def open_raw(url: str, method: str, path: str, body: bytes) -> trio.SocketStream:
+    """Send one request over a raw socket and return the open stream (for
+    tests that read part of a response and then hang up)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    head = (
+        f"{method} {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode()
+    await stream.send_all(head + body)
+    return stream

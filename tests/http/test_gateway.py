@@ -1,0 +1,390 @@
+"""The data plane against a fake engine and an in-process fake backend:
+routing, headers, errors, streaming, disconnects, lost upstreams."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import trio
+
+from tests.http.conftest import APPS, Gateway, GatewayFactory, make_config, open_raw
+from yard.engine import Rejected
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _echo(response: httpx.Response) -> dict[str, object]:
+    data = response.json()
+    assert isinstance(data, dict)
+    return data
+
+
+def _headers(echo: dict[str, object]) -> dict[str, str]:
+    pairs = echo["headers"]
+    assert isinstance(pairs, list)
+    return {k: v for k, v in pairs}
+
+
+async def test_chat_request_is_routed_by_model_and_body_passes_unchanged(gw: Gateway) -> None:
+    body = b'{"model":"tiny-alias",  "messages":[],"extra":"\\u00e9"}'
+    response = await gw.client.post(
+        "/v1/chat/completions?x=1", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 200
+    echo = _echo(response)
+    assert echo["target"] == "/v1/chat/completions?x=1"
+    assert echo["body"] == body.decode()
+    assert gw.upstream.bodies == [body]
+    (admission,) = gw.engine.admissions
+    assert admission.backend == "llm"
+    assert admission.reports == [("ok", "")]
+    assert response.headers["x-yard-request-id"] == admission.request_id
+    assert response.headers["x-yard-queue-ms"] == "12.5"
+    assert response.headers["x-accel-buffering"] == "no"
+    assert response.headers["x-backend"] == "fake"
+
+
+async def test_yard_headers_and_hop_by_hop_headers_are_not_forwarded(gw: Gateway) -> None:
+    response = await gw.client.post(
+        "/v1/chat/completions",
+        json=CHAT,
+        headers={"x-yard-priority": "7", "x-custom": "kept", "authorization": "Bearer backend-key"},
+    )
+    sent = _headers(_echo(response))
+    assert sent["x-custom"] == "kept"
+    assert sent["content-length"] == str(len(gw.upstream.bodies[0]))
+    assert not any(name.startswith("x-yard-") for name in sent)
+    assert "connection" not in sent
+    # No app keys configured: the key is not yard's, so it goes on to the backend.
+    assert sent["authorization"] == "Bearer backend-key"
+    assert sent["host"] == f"127.0.0.1:{gw.upstream.port}"
+
+
+async def test_without_app_keys_requests_belong_to_the_local_app(gw: Gateway) -> None:
+    await gw.client.post("/v1/chat/completions", json=CHAT, headers={"x-yard-priority": "500"})
+    (admission,) = gw.engine.admissions
+    assert admission.submitted["app"] == "local"
+    # Clamped to the scheduler's maximum (the local app has the full range).
+    assert admission.submitted["priority"] == 100.0
+
+
+async def test_priority_is_clamped_to_the_app_maximum_and_the_key_is_not_forwarded(
+    gateway_factory: GatewayFactory,
+) -> None:
+    gw = await gateway_factory(config=make_config(apps=APPS))
+    async with gw.client:
+        response = await gw.client.post(
+            "/v1/chat/completions",
+            json=CHAT,
+            headers={"authorization": "Bearer key-batch", "x-yard-priority": "90"},
+        )
+        plain = await gw.client.post(
+            "/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer key-chat"}
+        )
+    assert response.status_code == 200
+    assert "authorization" not in _headers(_echo(response))
+    batch, chat = gw.engine.admissions
+    assert (batch.submitted["app"], batch.submitted["priority"]) == ("batch", 20.0)
+    assert (chat.submitted["app"], chat.submitted["priority"]) == ("chat", 60.0)
+    assert plain.status_code == 200
+
+
+async def test_missing_key_is_401_and_unknown_key_is_403(gateway_factory: GatewayFactory) -> None:
+    gw = await gateway_factory(config=make_config(apps=APPS))
+    async with gw.client:
+        missing = await gw.client.post("/v1/chat/completions", json=CHAT)
+        wrong = await gw.client.post(
+            "/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer nope"}
+        )
+        models = await gw.client.get("/v1/models")
+    assert missing.status_code == 401
+    assert missing.json()["error"]["code"] == "missing_api_key"
+    assert missing.json()["error"]["type"] == "authentication_error"
+    assert wrong.status_code == 403
+    assert wrong.json()["error"]["code"] == "invalid_api_key"
+    assert models.status_code == 401
+    assert gw.engine.admissions == []
+
+
+async def test_errors_have_the_openai_shape_and_stable_codes(gw: Gateway) -> None:
+    cases = [
+        ({"json": {"model": "nope"}}, 404, "model_not_found"),
+        (
+            {"content": b"{not json", "headers": {"content-type": "application/json"}},
+            400,
+            "invalid_json",
+        ),
+        ({"json": {"messages": []}}, 400, "model_required"),
+        ({"json": CHAT, "headers": {"x-yard-priority": "high"}}, 400, "invalid_priority"),
+        ({"json": CHAT, "headers": {"x-yard-start-by": "tomorrow"}}, 400, "invalid_deadline"),
+        ({"json": CHAT, "headers": {"x-yard-start-within": "-3"}}, 400, "invalid_deadline"),
+        ({"json": CHAT, "headers": {"x-yard-allow-late": "maybe"}}, 400, "invalid_header"),
+    ]
+    for kwargs, status, code in cases:
+        response = await gw.client.post("/v1/chat/completions", **kwargs)  # type: ignore[arg-type]
+        assert response.status_code == status, (kwargs, response.text)
+        error = response.json()["error"]
+        assert error["code"] == code
+        assert error["param"] is None
+        assert error["message"]
+        assert response.headers["x-yard-request-id"]
+    assert gw.engine.admissions == []
+
+
+async def test_a_body_over_the_limit_is_refused_with_413(gateway_factory: GatewayFactory) -> None:
+    gw = await gateway_factory(config=make_config(max_body_bytes=1000))
+    async with gw.client:
+        big = {"model": "tiny", "pad": "x" * 2000}
+        response = await gw.client.post("/v1/chat/completions", json=big)
+
+        async def chunked() -> AsyncIterator[bytes]:
+            for _ in range(4):
+                yield b"x" * 400
+
+        streamed = await gw.client.post("/v1/chat/completions", content=chunked())
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "body_too_large"
+    assert streamed.status_code == 413
+    assert gw.engine.admissions == []
+
+
+async def test_core_rejections_become_errors_with_status_and_retry_after(gw: Gateway) -> None:
+    gw.engine.reject["llm"] = Rejected(
+        status=503, code="queue_full", message="too many waiting", retry_after_s=2.5
+    )
+    full = await gw.client.post("/v1/chat/completions", json=CHAT)
+    assert full.status_code == 503
+    assert full.headers["retry-after"] == "3"
+    assert full.json()["error"] == {
+        "message": "too many waiting",
+        "type": "server_error",
+        "code": "queue_full",
+        "param": None,
+    }
+    gw.engine.reject["llm"] = Rejected(status=507, code="does_not_fit", message="too big")
+    fit = await gw.client.post("/v1/chat/completions", json=CHAT)
+    assert (fit.status_code, fit.json()["error"]["code"]) == (507, "does_not_fit")
+    assert gw.upstream.requests == []
+
+
+async def test_deadline_headers_reach_the_engine_on_its_clock(gw: Gateway) -> None:
+    before = trio.current_time()
+    await gw.client.post(
+        "/v1/chat/completions",
+        json=CHAT,
+        headers={"x-yard-start-within": "30", "x-yard-allow-late": "true"},
+    )
+    await gw.client.post(
+        "/v1/chat/completions", json=CHAT, headers={"x-yard-start-by": "2000-01-01T00:00:00Z"}
+    )
+    within, by = gw.engine.admissions
+    after = trio.current_time()
+    assert before + 30 <= within.submitted["start_by"] <= after + 30
+    assert within.submitted["allow_late"] is True
+    # A moment long past lies far behind the engine clock's now.
+    assert by.submitted["start_by"] < before - 700_000_000
+    assert by.submitted["allow_late"] is False
+
+
+async def test_backend_errors_pass_through_and_are_not_retried(gw: Gateway) -> None:
+    response = await gw.client.post("/backends/music/status/500", content=b"x")
+    assert response.status_code == 500
+    assert response.json() == {"backend_status": 500}
+    assert len(gw.upstream.requests) == 1
+    (admission,) = gw.engine.admissions
+    assert admission.reports == [("ok", "")]
+
+
+async def test_plain_backend_path_is_forwarded_without_its_prefix(gw: Gateway) -> None:
+    response = await gw.client.put("/backends/music/generate/song?len=3", content=b"\x00\x01")
+    echo = _echo(response)
+    assert (echo["method"], echo["target"]) == ("PUT", "/generate/song?len=3")
+    assert gw.upstream.bodies == [b"\x00\x01"]
+    assert gw.engine.admissions[0].backend == "music"
+    missing = await gw.client.get("/backends/nope/x")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "backend_not_found"
+
+
+async def test_multipart_requests_are_routed_by_their_model_field(gw: Gateway) -> None:
+    body = (
+        b"--XyZ\r\n"
+        b'Content-Disposition: form-data; name="file"; filename="model.wav"\r\n'
+        b"Content-Type: audio/wav\r\n\r\n"
+        b'RIFF\x00\x00name="model"\r\n'
+        b"--XyZ\r\n"
+        b'Content-Disposition: form-data; name="model"\r\n\r\n'
+        b"whisper-1\r\n"
+        b"--XyZ--\r\n"
+    )
+    ctype = {"content-type": "multipart/form-data; boundary=XyZ"}
+    response = await gw.client.post("/v1/audio/transcriptions", content=body, headers=ctype)
+    assert response.status_code == 200
+    assert gw.engine.admissions[0].backend == "whisper"
+    assert gw.upstream.bodies == [body]
+    no_model = await gw.client.post(
+        "/v1/audio/transcriptions", files={"file": ("a.wav", b"x", "audio/wav")}
+    )
+    assert no_model.status_code == 400
+    assert no_model.json()["error"]["code"] == "model_required"
+    by_httpx = await gw.client.post(
+        "/v1/audio/transcriptions",
+        data={"model": "tiny"},
+        files={"file": ("a.wav", b"x", "audio/wav")},
+    )
+    assert by_httpx.status_code == 200
+    assert gw.engine.admissions[1].backend == "llm"
+
+
+async def test_models_lists_every_configured_model_with_its_backend_state(gw: Gateway) -> None:
+    response = await gw.client.get("/v1/models")
+    data = response.json()
+    assert data["object"] == "list"
+    assert [(m["id"], m["backend"], m["state"]) for m in data["data"]] == [
+        ("tiny", "llm", "ready"),
+        ("tiny-alias", "llm", "ready"),
+        ("whisper-1", "whisper", "ready"),
+    ]
+    one = await gw.client.get("/v1/models/whisper-1")
+    assert one.json()["id"] == "whisper-1"
+    assert (await gw.client.get("/v1/models/nope")).status_code == 404
+
+
+async def test_healthz_answers_once_serving(gw: Gateway) -> None:
+    response = await gw.client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+async def test_stream_chunks_arrive_as_the_backend_sends_them(gw: Gateway) -> None:
+    body = {**CHAT, "stream": True, "chunks": 3, "interval": 0.3}
+    arrivals: list[float] = []
+    async with gw.client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.headers["content-type"] == "text/event-stream"
+        assert response.headers["x-accel-buffering"] == "no"
+        async for _chunk in response.aiter_raw():
+            arrivals.append(trio.current_time())
+    assert len(arrivals) >= 3
+    # Unbuffered: the first event is here long before the backend finished.
+    assert arrivals[-1] - arrivals[0] >= 0.55
+    assert gw.engine.admissions[0].reports == [("ok", "")]
+
+
+async def test_client_disconnect_mid_stream_cancels_upstream_and_frees_the_slot(
+    gw: Gateway,
+) -> None:
+    body = {**CHAT, "stream": True, "chunks": 1000, "interval": 0.05}
+    with trio.fail_after(5):
+        stream = await open_raw(gw.url, "POST", "/v1/chat/completions", json.dumps(body).encode())
+        first = await stream.receive_some(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        await stream.aclose()
+        (admission,) = gw.engine.admissions
+        await gw.engine.wait_settled(admission)
+        assert admission.cancelled
+        assert admission.reports == []
+        await gw.upstream.wait_streams_closed(1)
+    assert gw.upstream.open_streams == 0
+
+
+async def test_client_that_leaves_while_queued_gives_up_its_place(gw: Gateway) -> None:
+    gw.engine.hold["llm"] = trio.Event()
+    with trio.fail_after(5):
+        stream = await open_raw(gw.url, "POST", "/v1/chat/completions", json.dumps(CHAT).encode())
+        await gw.engine.wait_submitted(1)
+        await stream.aclose()
+        (admission,) = gw.engine.admissions
+        await gw.engine.wait_settled(admission)
+    assert admission.cancelled
+    assert gw.upstream.requests == []
+
+
+async def test_upstream_lost_before_any_byte_is_reported_and_the_core_decides(
+    gw: Gateway,
+) -> None:
+    response = await gw.client.post("/backends/music/cut-before", content=b"x")
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "backend_failed"
+    (admission,) = gw.engine.admissions
+    assert [outcome for outcome, _ in admission.reports] == ["upstream_lost"]
+    assert len(gw.upstream.requests) == 1
+
+
+async def test_a_requeued_request_is_sent_again_when_the_core_says_so(gw: Gateway) -> None:
+    gw.engine.requeue_lost = True
+    response = await gw.client.post("/backends/music/cut-before", content=b"x")
+    assert response.status_code == 502
+    (admission,) = gw.engine.admissions
+    assert [o for o, _ in admission.reports] == ["upstream_lost", "upstream_lost"]
+    assert admission.dispatches == 2
+    assert len(gw.upstream.requests) == 2
+
+
+async def test_connection_cut_mid_response_ends_the_client_response_as_an_error(
+    gw: Gateway,
+) -> None:
+    with trio.fail_after(5):
+        try:
+            async with gw.client.stream("POST", "/backends/music/cut-after") as response:
+                assert response.status_code == 200
+                await response.aread()
+        except httpx.RemoteProtocolError:
+            pass
+        else:
+            raise AssertionError("a cut response must not look complete")
+    (admission,) = gw.engine.admissions
+    assert [o for o, _ in admission.reports] == ["error"]
+    assert len(gw.upstream.requests) == 1
+
+
+async def test_unreachable_backend_is_reported_lost_then_failed(gw: Gateway) -> None:
+    gw.engine.base_urls["llm"] = "http://127.0.0.1:1"
+    response = await gw.client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 502
+    (admission,) = gw.engine.admissions
+    assert [o for o, _ in admission.reports] == ["upstream_lost"]
+
+
+async def test_respond_async_without_a_job_service_is_501(gw: Gateway) -> None:
+    response = await gw.client.post(
+        "/v1/chat/completions", json=CHAT, headers={"prefer": "respond-async"}
+    )
+    assert response.status_code == 501
+    assert response.json()["error"]["code"] == "jobs_unavailable"
+    assert gw.engine.admissions == []
+
+
+class _Jobs:
+    def __init__(self) -> None:
+        self.submitted: list[tuple[object, bool]] = []
+
+    async def submit(self, request: object, *, rerun_safe: bool) -> dict[str, object]:
+        self.submitted.append((request, rerun_safe))
+        return {"id": "job-1", "status": "queued"}
+
+
+async def test_respond_async_hands_the_parsed_request_to_the_job_service(
+    gateway_factory: GatewayFactory,
+) -> None:
+    jobs = _Jobs()
+    gw = await gateway_factory(jobs=jobs)
+    async with gw.client:
+        response = await gw.client.post(
+            "/v1/chat/completions?q=1",
+            json=CHAT,
+            headers={"prefer": "respond-async, rerun-safe", "x-yard-priority": "5"},
+        )
+    assert response.status_code == 202
+    assert response.headers["location"] == "/v1/jobs/job-1"
+    assert response.json() == {"id": "job-1", "status": "queued"}
+    ((request, rerun_safe),) = jobs.submitted
+    assert rerun_safe is True
+    from yard.http.proxy import ProxyRequest
+
+    assert isinstance(request, ProxyRequest)
+    assert (request.backend, request.priority, request.model) == ("llm", 5.0, "tiny")
+    assert request.target == b"/v1/chat/completions?q=1"
+    assert all(name != b"prefer" for name, _ in request.headers)
+    assert gw.engine.admissions == []

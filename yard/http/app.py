@@ -1,0 +1,115 @@
+"""The whole ASGI app: the data plane in front of the Quart control plane.
+
+:func:`create_app` builds both and returns the :class:`~yard.http.gateway.Gateway`,
+which answers ``/v1/*`` (but ``/v1/jobs``) and ``/backends/*`` itself and hands
+everything else, lifespan included, to Quart: ``/healthz``, the jobs API
+(``yard.jobs.api.blueprint`` at ``/v1/jobs``) and whatever
+``yard.observe.register(app, runtime)`` adds (dashboard, metrics, admin).
+The optional parts are imported when present; yard runs without them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import hypercorn.trio
+import trio
+from hypercorn.config import Config as HypercornConfig
+from quart import Quart
+from quart_trio import QuartTrio
+
+from yard.http.errors import error_body
+from yard.http.gateway import ASGIApp, Gateway
+from yard.http.runtime import RUNTIME_KEY, Runtime
+
+log = logging.getLogger("yard.http")
+
+JOBS_BLUEPRINT = ("yard.jobs.api", "blueprint")
+OBSERVE = ("yard.observe", "register")
+
+
+def _optional(module: str, attribute: str) -> Any:
+    """``module.attribute`` if that module is installed, else None."""
+    try:
+        found = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module.startswith(exc.name):
+            log.info("%s is not available; running without it", module)
+            return None
+        raise
+    return getattr(found, attribute, None)
+
+
+def create_control_app(runtime: Runtime) -> Quart:
+    """The Quart app for everything but the data plane."""
+    app = QuartTrio("yard")
+    app.extensions[RUNTIME_KEY] = runtime
+    app.config["YARD_RUNTIME"] = runtime
+    # Long answers (job results, event streams) must not be cut by Quart.
+    app.config["RESPONSE_TIMEOUT"] = None
+    app.config["BODY_TIMEOUT"] = None
+    app.config["MAX_CONTENT_LENGTH"] = runtime.config.server.max_body_bytes
+
+    @app.get("/healthz")
+    async def healthz() -> tuple[dict[str, object], int]:
+        return {"status": "ok"}, 200
+
+    @app.errorhandler(404)
+    async def not_found(error: Exception) -> tuple[bytes, int, dict[str, str]]:
+        body = error_body(404, "not_found", "no such path in yard")
+        return body, 404, {"content-type": "application/json"}
+
+    @app.errorhandler(405)
+    async def not_allowed(error: Exception) -> tuple[bytes, int, dict[str, str]]:
+        body = error_body(405, "method_not_allowed", "this method is not allowed here")
+        return body, 405, {"content-type": "application/json"}
+
+    blueprint = _optional(*JOBS_BLUEPRINT)
+    if blueprint is not None:
+        app.register_blueprint(blueprint, url_prefix="/v1/jobs")
+    register = _optional(*OBSERVE)
+    if register is not None:
+        register(app, runtime)
+    return app
+
+
+def create_app(runtime: Runtime) -> Gateway:
+    """The ASGI app ``yard serve`` runs: data plane first, then Quart."""
+    control = cast(ASGIApp, create_control_app(runtime))
+    return Gateway(runtime, control)
+
+
+async def serve_app(
+    app: Gateway,
+    host: str,
+    port: int,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    graceful_s: float = 10.0,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` with hypercorn's Trio worker on ``host:port``.
+
+    Reports the bound addresses (``["http://127.0.0.1:8080"]``; port 0 picks a
+    free one) through ``task_status`` once the socket listens. When
+    ``shutdown_trigger`` returns, stops accepting and gives in-flight requests
+    ``graceful_s`` seconds before they are cancelled. No response timeout
+    applies: a stream lasts as long as its backend sends.
+    """
+    config = HypercornConfig()
+    shown = f"[{host}]" if ":" in host else host
+    config.bind = [f"{shown}:{port}"]
+    config.accesslog = None
+    config.graceful_timeout = graceful_s
+    config.keep_alive_timeout = 75.0
+    config.backlog = 1024
+    config.include_server_header = False
+    await hypercorn.trio.serve(
+        app,  # type: ignore[arg-type]
+        config,
+        shutdown_trigger=shutdown_trigger,
+        task_status=task_status,
+    )

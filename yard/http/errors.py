@@ -1,0 +1,70 @@
+"""yard's own errors, in the shape OpenAI clients already understand.
+
+Every error yard itself produces (not a backend's) is JSON::
+
+    {"error": {"message": "...", "type": "...", "code": "...", "param": null}}
+
+``code`` is stable (``model_not_found``, ``deadline_missed``, ``does_not_fit``,
+``backend_failed``, ``queue_full``, ...); ``message`` says what happened and
+what to do. A backend's own 4xx/5xx is passed through untouched instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    501: "not_implemented_error",
+}
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, stable code, message for the client.
+
+    retry_after_s: sent as ``Retry-After`` (whole seconds, rounded up).
+    """
+
+    def __init__(
+        self, status: int, code: str, message: str, *, retry_after_s: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+def error_type(status: int) -> str:
+    """The OpenAI error ``type`` for an HTTP status."""
+    if status in _TYPES:
+        return _TYPES[status]
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def error_body(status: int, code: str, message: str) -> bytes:
+    """The JSON body of an error answer."""
+    payload = {
+        "error": {"message": message, "type": error_type(status), "code": code, "param": None}
+    }
+    return json.dumps(payload).encode()
+
+
+def error_headers(body: bytes, retry_after_s: float | None) -> list[tuple[bytes, bytes]]:
+    """Content headers of an error answer (and ``Retry-After`` when given)."""
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(body)),
+    ]
+    if retry_after_s is not None:
+        headers.append((b"retry-after", b"%d" % max(1, math.ceil(retry_after_s))))
+    return headers

@@ -1,0 +1,576 @@
+"""The data plane: ``/v1/*`` and ``/backends/NAME/PATH``, as a lean ASGI app.
+
+Every model request goes through here, so it stays close to the wire: raw
+ASGI (no framework request objects), headers read in one pass, the body kept
+as the bytes that arrived, the response streamed back chunk by chunk as the
+backend sends it. Everything else (``/healthz``, jobs, dashboard, admin,
+metrics) goes on to the Quart control plane behind it.
+
+One request, in order:
+
+1. read: API key -> app, scheduling headers, body (413 above the limit);
+2. route: ``model`` (JSON body or multipart form field) -> backend, or the
+   backend named in ``/backends/NAME/...``;
+3. ``Prefer: respond-async`` -> hand it to the job service (202), else
+4. ``engine.submit`` -> wait for dispatch -> :func:`yard.http.proxy.forward`
+   -> stream back -> ``admission.report``.
+
+Rules it keeps:
+
+- Bodies and backend answers pass unchanged; a backend's 4xx/5xx is its
+  answer and is never retried.
+- The upstream connection breaking before any byte went to the client is
+  reported as ``upstream_lost``: the core decides (requeue once after an OOM
+  yard caused, or fail with ``backend_failed``). Once bytes went out, the
+  response is cut and the outcome is ``error``.
+- A client that goes away cancels its upstream call at once and frees its
+  slot (or its queue place).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+import trio
+
+from yard.config import AppConfig, Config
+from yard.engine import Rejected
+from yard.http.errors import ApiError, error_body, error_headers
+from yard.http.proxy import HOP_BY_HOP, Headers, ProxyRequest, UpstreamError
+from yard.http.runtime import Runtime
+
+if TYPE_CHECKING:
+    from yard.engine import Admission
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+LOCAL_APP = "local"
+"""The app every request belongs to when no app keys are configured."""
+
+# Request headers yard consumes and never passes on.
+_DROPPED = HOP_BY_HOP | {b"host", b"content-length", b"prefer"}
+_RESPONSE_DROPPED = HOP_BY_HOP
+_ACCEL = (b"x-accel-buffering", b"no")
+_JSON_CT = b"application/json"
+_DISPOSITION_NAME = re.compile(rb'(?:^|;)\s*name="([^"]*)"', re.IGNORECASE)
+
+
+class _ClientGone(Exception):
+    """The client disconnected while its body was being read."""
+
+
+def authenticate(config: Config, authorization: bytes | None) -> tuple[AppConfig, bool]:
+    """The app a request belongs to, from its ``Authorization`` header.
+
+    Returns ``(app, consumed)``: ``consumed`` is True when the key was yard's
+    (so it is not passed on to the backend). With no app keys configured every
+    request belongs to the ``local`` app (server default priority, full
+    range). Raises :class:`ApiError` 401 without a key, 403 for an unknown one.
+    """
+    if not config.apps:
+        return local_app(config), False
+    if not authorization:
+        raise ApiError(
+            401,
+            "missing_api_key",
+            "no API key: send 'Authorization: Bearer KEY' with the key of your app",
+        )
+    scheme, _, key = authorization.decode("latin-1").partition(" ")
+    app = config.app_for_key(key.strip()) if scheme.lower() == "bearer" else None
+    if app is None:
+        raise ApiError(403, "invalid_api_key", "this API key belongs to no app configured in yard")
+    return app, True
+
+
+def local_app(config: Config) -> AppConfig:
+    """The app of every request when no app keys are configured."""
+    return AppConfig(
+        name=LOCAL_APP,
+        key="",
+        default_priority=config.server.default_priority,
+        max_priority=config.scheduler.max_priority,
+    )
+
+
+def clamp_priority(config: Config, app: AppConfig, value: bytes | None) -> float:
+    """The request's base priority: ``X-Yard-Priority`` clamped to the app's
+    range, or the app's default. Raises :class:`ApiError` 400 if not a number."""
+    low = config.scheduler.min_priority
+    if value is None:
+        return max(low, min(app.default_priority, app.max_priority))
+    try:
+        wanted = float(value)
+    except ValueError:
+        wanted = math.nan
+    if not math.isfinite(wanted):
+        raise ApiError(
+            400,
+            "invalid_priority",
+            f"X-Yard-Priority must be a number, got {value.decode('latin-1')!r}",
+        )
+    return max(low, min(wanted, app.max_priority))
+
+
+def parse_start_by(
+    now: float, start_by: bytes | None, start_within: bytes | None, *, wall: float | None = None
+) -> float | None:
+    """The request's latest start on the engine clock (``now``), from
+    ``X-Yard-Start-By`` (RFC 3339) or ``X-Yard-Start-Within`` (seconds).
+    Raises :class:`ApiError` 400 when a header is malformed or both are sent."""
+    if start_by is not None and start_within is not None:
+        raise ApiError(
+            400,
+            "invalid_deadline",
+            "send either X-Yard-Start-By or X-Yard-Start-Within, not both",
+        )
+    if start_within is not None:
+        try:
+            seconds = float(start_within)
+        except ValueError:
+            seconds = math.nan
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ApiError(
+                400,
+                "invalid_deadline",
+                "X-Yard-Start-Within must be a number of seconds >= 0, "
+                f"got {start_within.decode('latin-1')!r}",
+            )
+        return now + seconds
+    if start_by is not None:
+        text = start_by.decode("latin-1").strip()
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            moment = None
+        if moment is None or moment.tzinfo is None:
+            raise ApiError(
+                400,
+                "invalid_deadline",
+                "X-Yard-Start-By must be an RFC 3339 time with a zone, like "
+                f"2026-05-01T13:58:00Z; got {text!r}",
+            )
+        current = time.time() if wall is None else wall
+        return now + (moment.timestamp() - current)
+    return None
+
+
+def multipart_field(body: bytes, content_type: bytes, name: bytes) -> bytes | None:
+    """The value of form field ``name`` in a ``multipart/form-data`` body,
+    without copying the rest of it. None if absent or the body is malformed."""
+    match = re.search(rb'boundary=(?:"([^"]+)"|([^;\s]+))', content_type, re.IGNORECASE)
+    if match is None:
+        return None
+    delimiter = b"--" + (match.group(1) or match.group(2))
+    pos = body.find(delimiter)
+    while pos != -1:
+        start = pos + len(delimiter)
+        if body[start : start + 2] == b"--":
+            return None
+        head_end = body.find(b"\r\n\r\n", start)
+        if head_end == -1:
+            return None
+        end = body.find(b"\r\n" + delimiter, head_end + 4)
+        if end == -1:
+            return None
+        for line in body[start:head_end].split(b"\r\n"):
+            field, _, value = line.partition(b":")
+            if field.strip().lower() == b"content-disposition":
+                found = _DISPOSITION_NAME.search(value)
+                if found is not None and found.group(1) == name:
+                    return body[head_end + 4 : end]
+        pos = end + 2
+    return None
+
+
+def model_of(method: str, content_type: bytes | None, body: bytes) -> str:
+    """The ``model`` a ``/v1`` request names (JSON body, multipart or
+    url-encoded form field). Raises :class:`ApiError` 400 when there is none."""
+    ctype = (content_type or b"").lower()
+    if ctype.startswith(b"multipart/form-data"):
+        raw = multipart_field(body, content_type or b"", b"model")
+        if raw is None:
+            raise ApiError(400, "model_required", "the form has no 'model' field")
+        return raw.decode("utf-8", "replace").strip()
+    if ctype.startswith(b"application/x-www-form-urlencoded"):
+        values = parse_qs(body.decode("utf-8", "replace")).get("model")
+        if not values:
+            raise ApiError(400, "model_required", "the form has no 'model' field")
+        return values[0]
+    if not body:
+        raise ApiError(
+            400,
+            "model_required",
+            f"{method} without a body: yard routes /v1 requests by their 'model' field",
+        )
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
+    model = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "model_required", "the JSON body has no 'model' string")
+    return model
+
+
+class Gateway:
+    """The ASGI app yard serves: the data plane, in front of ``control``."""
+
+    def __init__(self, runtime: Runtime, control: ASGIApp) -> None:
+        self.runtime = runtime
+        self.control = control
+        self._max_body = runtime.config.server.max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            if path.startswith("/v1/"):
+                if path.startswith("/v1/jobs") and path[8:9] in ("", "/"):
+                    return await self.control(scope, receive, send)
+                if (path == "/v1/models" or path.startswith("/v1/models/")) and scope["method"] in (
+                    "GET",
+                    "HEAD",
+                ):
+                    return await self._models(scope, send)
+                return await self._proxy(scope, receive, send)
+            if path.startswith("/backends/"):
+                return await self._proxy(scope, receive, send)
+        await self.control(scope, receive, send)
+
+    # -- the proxy ------------------------------------------------------------
+
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = uuid.uuid4().hex
+        try:
+            request, is_async, rerun_safe = await self._read(scope, receive, request_id)
+        except ApiError as exc:
+            return await _send_error(send, exc.status, exc.code, exc.message, request_id, None)
+        except _ClientGone:
+            return None
+        if is_async:
+            return await self._submit_job(request, rerun_safe, send)
+        engine = self.runtime.engine
+        admission = engine.submit(
+            backend=request.backend,
+            priority=request.priority,
+            app=request.app.name,
+            request_id=request_id,
+            start_by=request.start_by,
+            allow_late=request.allow_late,
+        )
+        finished = False
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+                await self._exchange(request, admission, send)
+                finished = True
+                nursery.cancel_scope.cancel()
+        finally:
+            if not finished:
+                # Client gone (or we are shutting down): free the slot or the
+                # queue place now. A no-op if it was already reported.
+                admission.cancel()
+
+    async def _exchange(self, request: ProxyRequest, admission: Admission, send: Send) -> None:
+        pool = self.runtime.upstream
+        method = request.method.encode()
+        target = request.target
+        while True:
+            try:
+                assignment = await admission.wait_dispatched()
+            except Rejected as exc:
+                return await _send_error(
+                    send,
+                    exc.status,
+                    exc.code,
+                    exc.message,
+                    request.request_id,
+                    admission.queued_s,
+                    exc.retry_after_s,
+                )
+            started = False
+            try:
+                async with pool.request(
+                    assignment.base_url, method, target, request.headers, request.body
+                ) as response:
+                    headers = [h for h in response.headers if h[0] not in _RESPONSE_DROPPED]
+                    headers += (
+                        (b"x-yard-request-id", request.request_id.encode()),
+                        (b"x-yard-queue-ms", b"%.1f" % (admission.queued_s * 1000.0)),
+                        _ACCEL,
+                    )
+                    started = True
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": response.status,
+                            "headers": headers,
+                        }
+                    )
+                    async for chunk in response.chunks():
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    # The backend's work is done: free its slot before the
+                    # last (empty) write to the client.
+                    admission.report("ok")
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except UpstreamError as exc:
+                if not started:
+                    # Nothing reached the client: the core decides whether the
+                    # backend's death was yard's doing (requeue) or not (fail).
+                    admission.report("upstream_lost", exc.detail)
+                    continue
+                # Bytes went out: the response is cut (the connection closes
+                # without the final chunk) and nothing can be done.
+                admission.report("error", exc.detail)
+            return None
+
+    async def _submit_job(self, request: ProxyRequest, rerun_safe: bool, send: Send) -> None:
+        jobs = self.runtime.jobs
+        if jobs is None:
+            return await _send_error(
+                send,
+                501,
+                "jobs_unavailable",
+                "this yard runs without the job service, so 'Prefer: respond-async' "
+                "cannot be honoured; send the request without it",
+                request.request_id,
+                None,
+            )
+        try:
+            job = await jobs.submit(request, rerun_safe=rerun_safe)
+        except Rejected as exc:
+            return await _send_error(
+                send, exc.status, exc.code, exc.message, request.request_id, None, exc.retry_after_s
+            )
+        except ApiError as exc:
+            return await _send_error(
+                send, exc.status, exc.code, exc.message, request.request_id, None, exc.retry_after_s
+            )
+        body = json.dumps(job).encode()
+        headers = [
+            (b"content-type", _JSON_CT),
+            (b"content-length", b"%d" % len(body)),
+            (b"location", f"/v1/jobs/{job['id']}".encode()),
+            (b"preference-applied", b"respond-async"),
+            (b"x-yard-request-id", request.request_id.encode()),
+        ]
+        await send({"type": "http.response.start", "status": 202, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _read(
+        self, scope: Scope, receive: Receive, request_id: str
+    ) -> tuple[ProxyRequest, bool, bool]:
+        """Read and check one request: (request, respond-async?, rerun-safe?)."""
+        config = self.runtime.config
+        forwarded: Headers = []
+        authorization = content_type = content_length = None
+        priority = start_by = start_within = allow_late = prefer = None
+        for name, value in scope["headers"]:
+            if name.startswith(b"x-yard-"):
+                if name == b"x-yard-priority":
+                    priority = value
+                elif name == b"x-yard-start-by":
+                    start_by = value
+                elif name == b"x-yard-start-within":
+                    start_within = value
+                elif name == b"x-yard-allow-late":
+                    allow_late = value
+                continue
+            if name == b"authorization":
+                authorization = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"content-length":
+                content_length = value
+                continue
+            elif name == b"prefer":
+                prefer = value
+            if name not in _DROPPED:
+                forwarded.append((name, value))
+
+        app, consumed = authenticate(config, authorization)
+        if consumed:
+            forwarded = [h for h in forwarded if h[0] != b"authorization"]
+        if (
+            content_length is not None
+            and content_length.isdigit()
+            and int(content_length) > self._max_body
+        ):
+            raise _too_large(self._max_body)
+        body = await self._read_body(receive)
+
+        path: str = scope["path"]
+        method: str = scope["method"]
+        model: str | None = None
+        if path.startswith("/backends/"):
+            name, _, rest = path[len("/backends/") :].partition("/")
+            backend_config = config.backends.get(name)
+            if backend_config is None:
+                known = ", ".join(sorted(config.backends)) or "none"
+                raise ApiError(
+                    404, "backend_not_found", f"no backend named {name!r} (configured: {known})"
+                )
+            upstream_path = "/" + rest
+        else:
+            model = model_of(method, content_type, body)
+            backend_config = config.backend_for_model(model)
+            if backend_config is None:
+                raise ApiError(
+                    404,
+                    "model_not_found",
+                    f"the model {model!r} does not exist in this yard; GET /v1/models lists them",
+                )
+            upstream_path = path
+
+        engine = self.runtime.engine
+        request = ProxyRequest(
+            method=method,
+            path=upstream_path,
+            query=scope.get("query_string", b""),
+            headers=forwarded,
+            body=body,
+            backend=backend_config.name,
+            app=app,
+            priority=clamp_priority(config, app, priority),
+            start_by=parse_start_by(engine.now(), start_by, start_within),
+            allow_late=_flag(allow_late, "X-Yard-Allow-Late"),
+            request_id=request_id,
+            model=model,
+        )
+        is_async = rerun_safe = False
+        if prefer is not None:
+            tokens = {
+                t.strip().split(b"=")[0].lower() for t in prefer.replace(b";", b",").split(b",")
+            }
+            is_async = b"respond-async" in tokens
+            rerun_safe = b"rerun-safe" in tokens
+        return request, is_async, rerun_safe
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        body: bytes = message.get("body", b"")
+        if not message.get("more_body", False):
+            if len(body) > self._max_body:
+                raise _too_large(self._max_body)
+            return body
+        parts = [body]
+        size = len(body)
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self._max_body:
+                raise _too_large(self._max_body)
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+    # -- GET /v1/models ---------------------------------------------------------
+
+    async def _models(self, scope: Scope, send: Send) -> None:
+        request_id = uuid.uuid4().hex
+        config = self.runtime.config
+        try:
+            authorization = next((v for n, v in scope["headers"] if n == b"authorization"), None)
+            authenticate(config, authorization)
+        except ApiError as exc:
+            return await _send_error(send, exc.status, exc.code, exc.message, request_id, None)
+        states = {b.name: b for b in self.runtime.engine.snapshot(limit=0).backends}
+        created = int(self.runtime.started_at)
+        entries = []
+        for model, backend in config.models():
+            view = states.get(backend)
+            entries.append(
+                {
+                    "id": model,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "yard",
+                    "backend": backend,
+                    "state": view.state if view is not None else "stopped",
+                }
+            )
+        path: str = scope["path"]
+        payload: object
+        if path == "/v1/models":
+            payload = {"object": "list", "data": entries}
+        else:
+            wanted = path[len("/v1/models/") :]
+            payload = next((e for e in entries if e["id"] == wanted), None)
+            if payload is None:
+                return await _send_error(
+                    send,
+                    404,
+                    "model_not_found",
+                    f"the model {wanted!r} does not exist in this yard",
+                    request_id,
+                    None,
+                )
+        body = json.dumps(payload).encode()
+        headers = [
+            (b"content-type", _JSON_CT),
+            (b"content-length", b"%d" % len(body)),
+            (b"x-yard-request-id", request_id.encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _flag(value: bytes | None, header: str) -> bool:
+    if value is None:
+        return False
+    text = value.strip().lower()
+    if text in (b"true", b"1", b"yes"):
+        return True
+    if text in (b"false", b"0", b"no"):
+        return False
+    raise ApiError(400, "invalid_header", f"{header} must be true or false")
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(
+        413,
+        "body_too_large",
+        f"the request body is larger than this yard accepts ({limit} bytes, server.max_body_bytes)",
+    )
+
+
+async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+async def _send_error(
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    request_id: str,
+    queued_s: float | None,
+    retry_after_s: float | None = None,
+) -> None:
+    body = error_body(status, code, message)
+    headers = error_headers(body, retry_after_s)
+    headers.append((b"x-yard-request-id", request_id.encode()))
+    if queued_s is not None:
+        headers.append((b"x-yard-queue-ms", b"%.1f" % (queued_s * 1000.0)))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
