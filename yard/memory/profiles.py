@@ -1,0 +1,398 @@
+"""Profiles: what a backend was measured to need, kept in SQLite.
+
+A profile is valid only for the footprint it was measured with. The key
+(:func:`footprint_key`) is a digest of everything that changes it:
+
+- the backend's command and arguments and its environment (as configured,
+  placeholders unexpanded: the port changes at every launch, the footprint
+  does not);
+- the server itself: the executable's resolved path, size and modification
+  time (a new build of ``llama-server`` is a new server);
+- every file the command names (the model file above all): path, size and
+  modification time, so a re-downloaded or re-quantised model is measured
+  again;
+- the devices: the GPUs it may be placed on, how many it takes, and what
+  each GPU is (product and capacity, from the meter).
+
+Changing any part gives a new key, and the backend is measured again; old
+rows stay, so going back to an earlier model finds its profile. Every stored
+measurement is also appended to a history table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import trio
+
+from yard.core.spec import Profile
+from yard.db import Database, Migration
+
+PROFILE_MIGRATIONS: Sequence[Migration] = (
+    (
+        "profiles/1 tables",
+        """
+        CREATE TABLE profiles (
+            key TEXT PRIMARY KEY,
+            backend TEXT NOT NULL,
+            parts TEXT NOT NULL,
+            gpu_bytes INTEGER NOT NULL,
+            host_bytes INTEGER NOT NULL,
+            load_s REAL NOT NULL,
+            steady_gpu_bytes INTEGER,
+            steady_host_bytes INTEGER,
+            source TEXT NOT NULL,
+            measured_at REAL NOT NULL
+        );
+        CREATE TABLE profile_history (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            key TEXT NOT NULL,
+            backend TEXT NOT NULL,
+            gpu_bytes INTEGER NOT NULL,
+            host_bytes INTEGER NOT NULL,
+            load_s REAL NOT NULL,
+            steady_gpu_bytes INTEGER,
+            steady_host_bytes INTEGER,
+            source TEXT NOT NULL,
+            measured_at REAL NOT NULL
+        );
+        CREATE INDEX profile_history_by_backend ON profile_history (backend, id);
+        """,
+    ),
+)
+"""The profile store's tables (``data_dir/profiles.sqlite``)."""
+
+PROFILES_FILE = "profiles.sqlite"
+
+
+class BackendLike(Protocol):
+    """What the key needs from a backend's configuration
+    (:class:`yard.config.BackendConfig` has it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def command(self) -> tuple[str, ...]: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def cwd(self) -> Path | None: ...
+    @property
+    def gpus(self) -> tuple[str, ...]: ...
+    @property
+    def gpu_count(self) -> int: ...
+    @property
+    def model_file(self) -> Path | None: ...
+
+
+class ServerLike(Protocol):
+    @property
+    def data_dir(self) -> Path: ...
+
+
+class ConfigLike(Protocol):
+    """What the store needs from :class:`yard.config.Config`."""
+
+    @property
+    def path(self) -> Path: ...
+    @property
+    def server(self) -> ServerLike: ...
+    @property
+    def backends(self) -> Mapping[str, BackendLike]: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FootprintKey:
+    """digest: the key. parts: what went into it (JSON-able), for people who
+    wonder why a backend is being measured again."""
+
+    digest: str
+    parts: Mapping[str, object]
+
+
+def _identity(path: Path) -> dict[str, object] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _expand(arg: str, values: Mapping[str, str]) -> str:
+    # Only the placeholders that name files matter here; others stay as
+    # written (str.format would choke on the {port} we don't have).
+    for name, value in values.items():
+        arg = arg.replace("{" + name + "}", value)
+    return arg
+
+
+def footprint_key(
+    backend: BackendLike,
+    *,
+    config_dir: Path,
+    data_dir: Path,
+    devices: Mapping[str, str] | None = None,
+) -> FootprintKey:
+    """The key of a backend's current footprint (blocking: it stats files).
+
+    devices: a label per device (``"gpu0": "NVIDIA H200 150...bytes"``), from
+    the meter's ``describe()``; GPUs without a label are keyed by name only.
+    """
+    values = {
+        "config_dir": str(config_dir),
+        "data_dir": str(data_dir),
+        "python": sys.executable,
+    }
+    if backend.model_file is not None:
+        values["model_file"] = str(backend.model_file)
+    base = backend.cwd or config_dir
+    argv = [_expand(arg, values) for arg in backend.command]
+    search_path = backend.env.get("PATH", os.environ.get("PATH", ""))
+    exe_name = argv[0] if argv else ""
+    exe = shutil.which(exe_name, path=search_path) if exe_name else None
+    if exe is None and exe_name and (base / exe_name).is_file():
+        exe = str(base / exe_name)
+    executable = _identity(Path(exe).resolve()) if exe else None
+
+    files: dict[str, object] = {}
+    candidates = [str(backend.model_file)] if backend.model_file is not None else []
+    for arg in argv[1:]:
+        candidates.append(arg)
+        if arg.startswith("-") and "=" in arg:
+            candidates.append(arg.split("=", 1)[1])
+    for candidate in candidates:
+        if not candidate or candidate.startswith("-"):
+            continue
+        path = Path(candidate).expanduser()
+        path = path if path.is_absolute() else base / path
+        if path.is_file():
+            identity = _identity(path.resolve())
+            if identity is not None and identity != executable:
+                files[str(path.resolve())] = identity
+    labels = devices or {}
+    parts: dict[str, object] = {
+        "command": list(backend.command),
+        "env": sorted(backend.env.items()),
+        "executable": executable or exe_name,
+        "files": files,
+        "gpus": [[gpu, labels.get(gpu, "")] for gpu in backend.gpus],
+        "gpu_count": backend.gpu_count if backend.gpus else 0,
+    }
+    canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return FootprintKey(digest=hashlib.sha256(canonical.encode()).hexdigest(), parts=parts)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredProfile:
+    """One stored measurement, with what the engine's :class:`Profile` lacks.
+
+    steady_*: memory once warmed up and idle (None: not measured, e.g. a
+        profile the engine raised). measured_at: wall-clock seconds (Unix).
+    source: ``"measured"`` (engine, first load), ``"raised"`` (engine, live use
+        above the profile), ``"probe"`` (``yard probe``).
+    """
+
+    backend: str
+    key: str
+    profile: Profile
+    steady_gpu_bytes: int | None = None
+    steady_host_bytes: int | None = None
+    source: str = "measured"
+    measured_at: float = 0.0
+    parts: Mapping[str, object] = field(default_factory=dict)
+
+
+_COLUMNS = (
+    "key, backend, parts, gpu_bytes, host_bytes, load_s, steady_gpu_bytes, "
+    "steady_host_bytes, source, measured_at"
+)
+
+
+def _row(row: tuple[object, ...]) -> StoredProfile:
+    key, backend, parts, gpu, host, load_s, steady_gpu, steady_host, source, at = row
+    return StoredProfile(
+        backend=str(backend),
+        key=str(key),
+        profile=Profile(
+            gpu_bytes=int(str(gpu)), host_bytes=int(str(host)), load_s=float(str(load_s))
+        ),
+        steady_gpu_bytes=None if steady_gpu is None else int(str(steady_gpu)),
+        steady_host_bytes=None if steady_host is None else int(str(steady_host)),
+        source=str(source),
+        measured_at=float(str(at)),
+        parts=json.loads(str(parts)) if parts else {},
+    )
+
+
+class SqliteProfileStore:
+    """The profile store behind :class:`yard.ports.ProfileStore`.
+
+    ``db`` must have been opened with :data:`PROFILE_MIGRATIONS` (or use
+    :func:`open_profile_store`). ``config`` gives each backend's command,
+    files and devices; ``devices`` labels the GPUs (``meter.describe()``);
+    ``clock`` gives ``measured_at`` (wall-clock seconds).
+    Unknown backend names have no profile; storing one raises ``KeyError``.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        config: ConfigLike,
+        *,
+        devices: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._db = db
+        self._config = config
+        self._devices = dict(devices or {})
+        self._clock = clock
+
+    @property
+    def db(self) -> Database:
+        return self._db
+
+    async def key(self, backend: str) -> FootprintKey:
+        """The current footprint key of ``backend`` (``KeyError`` if unknown)."""
+        config = self._config.backends[backend]
+        return await trio.to_thread.run_sync(
+            lambda: footprint_key(
+                config,
+                config_dir=self._config.path.parent,
+                data_dir=self._config.server.data_dir,
+                devices=self._devices,
+            )
+        )
+
+    async def record(self, backend: str) -> StoredProfile | None:
+        """The stored profile for the current footprint, with its details."""
+        if backend not in self._config.backends:
+            return None
+        key = await self.key(backend)
+        row = await self._db.fetchone(
+            f"SELECT {_COLUMNS} FROM profiles WHERE key = ?", (key.digest,)
+        )
+        return None if row is None else _row(row)
+
+    async def get(self, backend: str) -> Profile | None:
+        record = await self.record(backend)
+        return None if record is None else record.profile
+
+    async def put(self, backend: str, profile: Profile) -> None:
+        """Store what the engine measured (first load) or raised (live use
+        above the profile). A steady state measured before is kept."""
+        previous = await self.record(backend)
+        await self.store(
+            backend,
+            profile,
+            steady_gpu_bytes=None if previous is None else previous.steady_gpu_bytes,
+            steady_host_bytes=None if previous is None else previous.steady_host_bytes,
+            source="measured" if previous is None else "raised",
+        )
+
+    async def store(
+        self,
+        backend: str,
+        profile: Profile,
+        *,
+        steady_gpu_bytes: int | None = None,
+        steady_host_bytes: int | None = None,
+        source: str = "probe",
+    ) -> StoredProfile:
+        """Store (replace) the profile for the current footprint, with its
+        steady state, and append it to the history."""
+        key = await self.key(backend)
+        record = StoredProfile(
+            backend=backend,
+            key=key.digest,
+            profile=profile,
+            steady_gpu_bytes=steady_gpu_bytes,
+            steady_host_bytes=steady_host_bytes,
+            source=source,
+            measured_at=self._clock(),
+            parts=key.parts,
+        )
+        values = (
+            record.key,
+            backend,
+            json.dumps(key.parts, sort_keys=True),
+            profile.gpu_bytes,
+            profile.host_bytes,
+            profile.load_s,
+            steady_gpu_bytes,
+            steady_host_bytes,
+            source,
+            record.measured_at,
+        )
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                f"INSERT OR REPLACE INTO profiles ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", values
+            )
+            conn.execute(
+                "INSERT INTO profile_history (key, backend, gpu_bytes, host_bytes, load_s, "
+                "steady_gpu_bytes, steady_host_bytes, source, measured_at) "
+                "VALUES (?,?,?,?,?,?,?,?,?)",
+                (values[0], values[1], *values[3:]),
+            )
+
+        await self._db.transaction(write)
+        return record
+
+    async def forget(self, backend: str) -> None:
+        """Drop the current footprint's profile (history stays)."""
+        if backend not in self._config.backends:
+            return
+        key = await self.key(backend)
+        await self._db.execute("DELETE FROM profiles WHERE key = ?", (key.digest,))
+
+    async def history(self, backend: str, limit: int = 50) -> list[StoredProfile]:
+        """Every measurement stored for ``backend`` (any footprint), newest first."""
+        rows = await self._db.fetchall(
+            "SELECT key, backend, '', gpu_bytes, host_bytes, load_s, steady_gpu_bytes, "
+            "steady_host_bytes, source, measured_at FROM profile_history "
+            "WHERE backend = ? ORDER BY id DESC LIMIT ?",
+            (backend, limit),
+        )
+        return [_row(row) for row in rows]
+
+    async def aclose(self) -> None:
+        await self._db.close()
+
+
+async def open_profile_store(
+    config: ConfigLike, *, devices: Mapping[str, str] | None = None
+) -> SqliteProfileStore:
+    """Open (creating if needed) ``data_dir/profiles.sqlite`` as a store.
+    Close it with :meth:`SqliteProfileStore.aclose`."""
+    path = config.server.data_dir / PROFILES_FILE
+    await trio.Path(path.parent).mkdir(parents=True, exist_ok=True)
+    db = await Database.open(path, PROFILE_MIGRATIONS)
+    return SqliteProfileStore(db, config, devices=devices)
+
+
+class MemoryProfileStore:
+    """A :class:`yard.ports.ProfileStore` in a dict, for tests and the simulator."""
+
+    def __init__(self, profiles: Mapping[str, Profile] | None = None) -> None:
+        self.profiles: dict[str, Profile] = dict(profiles or {})
+        self.puts: list[tuple[str, Profile]] = []
+
+    async def get(self, backend: str) -> Profile | None:
+        return self.profiles.get(backend)
+
+    async def put(self, backend: str, profile: Profile) -> None:
+        self.profiles[backend] = profile
+        self.puts.append((backend, profile))
+
+    async def forget(self, backend: str) -> None:
+        self.profiles.pop(backend, None)
