@@ -144,6 +144,10 @@ def _delta_walk(nvml: FakePynvml, proc: FakeProc) -> list[DeviceDetail]:
     steps.append(gpu(m.sample({"llm": 100})))
     board.used = 6 * GIB
     steps.append(gpu(m.sample({"llm": 100, "tts": 300})))
+    # The engine may read one backend alone (waiting for a stopped one's
+    # memory to go): the others have not left.
+    steps.append(gpu(m.sample({"tts": 300})))
+    proc.remove(100)
     board.used = 3 * GIB
     steps.append(gpu(m.sample({"tts": 300})))
     return steps
@@ -159,16 +163,17 @@ def test_refused_process_lists_fall_back_to_device_deltas(
     board = FakeGpu(process_error=code)
     with caplog.at_level(logging.WARNING):
         steps = _delta_walk(FakePynvml([board]), proc)
-    assert [s.attribution for s in steps] == ["none"] + ["device-delta"] * 4
+    assert [s.attribution for s in steps] == ["none"] + ["device-delta"] * 5
     assert why in steps[1].note
     assert steps[1].backends["llm"].held_bytes == 200 * MIB
     assert steps[2].backends["llm"].held_bytes == 3 * GIB
     # tts arrived: llm keeps its figure from just before, tts gets the growth.
     assert steps[3].backends["llm"].held_bytes == 3 * GIB
     assert steps[3].backends["tts"].held_bytes == 2 * GIB
-    # llm gone: tts keeps its figure, and the foreign gigabyte is still foreign.
     assert dict(steps[4].reading().backends) == {"tts": 2 * GIB}
-    assert steps[4].foreign_bytes == GIB
+    # llm exited: tts keeps its figure, and the foreign gigabyte is still foreign.
+    assert dict(steps[5].reading().backends) == {"tts": 2 * GIB}
+    assert steps[5].foreign_bytes == GIB
     assert sum(why in r.getMessage() for r in caplog.records) == 1  # said once
 
 

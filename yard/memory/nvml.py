@@ -109,11 +109,16 @@ class _Gpu:
 
 @dataclass(slots=True)
 class _DeltaState:
-    """Device-delta attribution of one GPU (see the module docstring)."""
+    """Device-delta attribution of one GPU (see the module docstring).
+
+    known: backend -> root pid (/proc) of every backend seen on the device and
+    still alive; reads that pass only some backends (the engine waiting for
+    one stopped backend's memory to go) must not make the others "leave".
+    """
 
     last_used: int
     unattributed: int
-    known: set[str] = field(default_factory=set)
+    known: dict[str, int] = field(default_factory=dict)
     frozen: dict[str, int] = field(default_factory=dict)
     latest: str | None = None
 
@@ -186,6 +191,7 @@ class NvmlMeter:
                 for backend, root in proc_roots.items()
             }
         owner = {pid: backend for backend, tree in trees.items() for pid in tree}
+        roots = {backend: tree[0] for backend, tree in trees.items() if tree}
         visible = self._visible_gpus(pids)
         entries: dict[str, dict[int, int | None] | str] = {}
         memory: dict[str, tuple[int, int, int]] = {}
@@ -214,13 +220,17 @@ class NvmlMeter:
             if reason is None:
                 assert isinstance(found, dict)
                 usage = self._per_process(found, owner, candidates)
-                self._last_per_process[gpu.name] = {b: u.held_bytes for b, u in usage.items()}
+                last = self._last_per_process.setdefault(gpu.name, {})
+                for backend in list(last):
+                    if backend not in roots:
+                        del last[backend]
+                last.update((b, u.held_bytes) for b, u in usage.items())
                 self._deltas.pop(gpu.name, None)
                 attribution = "per-process" if candidates else "none"
                 note = ""
             else:
                 self._say(gpu.name, reason)
-                usage = self._by_delta(gpu.name, used, candidates)
+                usage = self._by_delta(gpu.name, used, candidates, roots)
                 attribution = "device-delta" if candidates else "none"
                 note = reason
             details.append(
@@ -355,32 +365,47 @@ class NvmlMeter:
         }
 
     def _by_delta(
-        self, device: str, used: int, candidates: Sequence[str]
+        self,
+        device: str,
+        used: int,
+        candidates: Sequence[str],
+        roots: Mapping[str, int],
     ) -> dict[str, BackendUsage]:
+        """Figures for ``candidates`` by device deltas. ``roots``: the live
+        backends of this read (root pid in /proc); a candidate not in it has
+        exited."""
         state = self._deltas.get(device)
-        present = set(candidates)
+        alive = {b: roots[b] for b in candidates if b in roots}
         if state is None:
             # Entering the fallback: backends already running keep the last
             # per-process figures we had for them. One we never measured is
             # credited with growth from now on (it was there before we could
             # measure: what it holds already shows as foreign).
             last = self._last_per_process.get(device, {})
-            frozen = {b: last[b] for b in candidates if b in last}
-            unmeasured = sorted(b for b in candidates if b not in last)
+            frozen = {b: last[b] for b in alive if b in last}
+            unmeasured = sorted(b for b in alive if b not in last)
             frozen.update(dict.fromkeys(unmeasured[1:], 0))
             state = _DeltaState(
                 last_used=used,
                 unattributed=max(0, used - sum(frozen.values())),
-                known=set(present),
+                known=dict(alive),
                 frozen=frozen,
                 latest=unmeasured[0] if unmeasured else None,
             )
             self._deltas[device] = state
-        for gone in state.known - present:
-            state.frozen.pop(gone, None)
-            if state.latest == gone:
+        gone = [
+            b
+            for b, pid in state.known.items()
+            if alive.get(b, pid) != pid
+            or (b in candidates and b not in alive)
+            or (b not in candidates and not (self._proc / str(pid)).is_dir())
+        ]
+        for backend in gone:
+            del state.known[backend]
+            state.frozen.pop(backend, None)
+            if state.latest == backend:
                 state.latest = None
-        arrived = sorted(present - state.known)
+        arrived = sorted(b for b in alive if b not in state.known)
         if arrived:
             if state.latest is not None:
                 state.frozen[state.latest] = self._latest_figure(state, state.last_used)
@@ -392,7 +417,7 @@ class NvmlMeter:
             state.latest = arrived[0]
             for other in arrived[1:]:
                 state.frozen[other] = 0
-        state.known = present
+            state.known.update((b, alive[b]) for b in arrived)
         state.last_used = used
         figures = dict(state.frozen)
         if state.latest is not None:
