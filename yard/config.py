@@ -27,7 +27,9 @@ import dataclasses
 import difflib
 import ipaddress
 import math
+import os
 import re
+import shutil
 import string
 import sys
 import tomllib
@@ -53,6 +55,7 @@ __all__ = [
     "parse_size",
     "run",
     "summary",
+    "warnings",
 ]
 
 PLACEHOLDERS: Mapping[str, str] = {
@@ -602,8 +605,6 @@ def load_config(path: Path, *, env: Mapping[str, str] | None = None) -> Config:
     problem found (including a missing file or a TOML syntax error).
     """
     if env is None:
-        import os
-
         env = os.environ
     path = path.resolve() if path.is_absolute() else (Path.cwd() / path).resolve()
     try:
@@ -988,8 +989,33 @@ def run(args: argparse.Namespace) -> int:
         count = len(exc.errors)
         print(f"{count} error{'s' if count != 1 else ''}", file=sys.stderr)
         return 1
+    for line in warnings(config):
+        print(line, file=sys.stderr)
     print(summary(config))
     return 0
+
+
+def warnings(config: Config) -> list[str]:
+    """Problems of a valid file that only show on this machine: a program not
+    on PATH, a model file or working directory that does not exist (yet).
+    ``yard check`` prints them; they do not make the file invalid."""
+    found = []
+    for b in config.backends.values():
+        key = f"{config.path}: backends.{b.name}"
+        program = b.command[0].replace("{python}", sys.executable)
+        cwd = b.cwd or config.config_dir
+        if "{" not in program:
+            if "/" in program:
+                target = cwd / program
+                if not os.access(target, os.X_OK):
+                    found.append(f"{key}.command[0]: warning: {target} is not an executable file")
+            elif shutil.which(program) is None:
+                found.append(f"{key}.command[0]: warning: {program} is not on PATH")
+        if b.model_file is not None and not b.model_file.exists():
+            found.append(f"{key}.model_file: warning: {b.model_file} does not exist (yet)")
+        if b.cwd is not None and not b.cwd.is_dir():
+            found.append(f"{key}.cwd: warning: {b.cwd} is not a directory (yet)")
+    return found
 
 
 def summary(config: Config) -> str:

@@ -523,3 +523,35 @@ def test_a_subcommand_whose_module_is_missing_fails_only_when_used(
     assert "yard.no_such_module is missing" in capsys.readouterr().err
     path = write(tmp_path, "")
     assert cli.main(["check", str(path)]) == 0
+
+
+def test_yard_check_warns_about_what_is_missing_on_this_machine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(
+        tmp_path,
+        """
+        [backends.a]
+        models = ["a"]
+        command = ["no-such-program-here", "{port}"]
+        model_file = "models/a.gguf"
+        [backends.b]
+        models = ["b"]
+        command = ["./bin/server"]
+        cwd = "work"
+        [backends.c]
+        models = ["c"]
+        command = ["{python}", "-m", "http.server", "{port}"]
+        """,
+    )
+    assert cli.main(["check", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"{path}: backends.a.command[0]: warning: no-such-program-here is not on PATH",
+        f"{path}: backends.a.model_file: warning: {tmp_path / 'models' / 'a.gguf'} does not "
+        "exist (yet)",
+        f"{path}: backends.b.command[0]: warning: {tmp_path / 'work/bin/server'} is not an "
+        "executable file",
+        f"{path}: backends.b.cwd: warning: {tmp_path / 'work'} is not a directory (yet)",
+    ]
+    assert f"{path}: OK" in captured.out
