@@ -8,13 +8,17 @@ Rules this package keeps (a test enforces the first):
 - Same events at the same times give the same decisions, always.
 
 Layout: ``spec`` (devices, backends, profiles, settings), ``events`` (what the
-core is told), ``decisions`` (what it asks for), and the policy modules.
+core is told), ``decisions`` (what it asks for), ``scheduler`` (the policy:
+order, memory fit, eviction, failures; the wait bound is proved in its
+docstring), ``queue`` (the order of waiting requests), ``lifecycle`` (a
+backend's states, as a table) and ``views`` (read-only snapshots).
 """
 
 from yard.core.decisions import (
     Decision,
     Dispatch,
     Flag,
+    ProfileRaised,
     Reject,
     Requeue,
     StartBackend,
@@ -37,7 +41,10 @@ from yard.core.events import (
     RequestFinished,
     Tick,
 )
+from yard.core.lifecycle import BackendState, IllegalTransition
+from yard.core.scheduler import Scheduler
 from yard.core.spec import HOST, BackendSpec, DeviceSpec, Profile, SchedulerConfig
+from yard.core.views import BackendView, DeviceView, QueuedView, Snapshot
 
 __all__ = [
     "HOST",
@@ -49,21 +56,29 @@ __all__ = [
     "BackendReady",
     "BackendSpec",
     "BackendStartFailed",
+    "BackendState",
     "BackendStopped",
+    "BackendView",
     "Decision",
     "DeviceSpec",
+    "DeviceView",
     "Dispatch",
     "Event",
     "Flag",
+    "IllegalTransition",
     "MemoryMeasured",
     "Profile",
     "ProfileMeasured",
+    "ProfileRaised",
+    "QueuedView",
     "Reject",
     "RequestArrived",
     "RequestCancelled",
     "RequestFinished",
     "Requeue",
+    "Scheduler",
     "SchedulerConfig",
+    "Snapshot",
     "StartBackend",
     "StopBackend",
     "Tick",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from yard.core.spec import Profile
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
@@ -82,3 +84,13 @@ class Flag(Decision):
 
     request_id: str | None = None
     backend: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileRaised(Flag):
+    """The core raised a backend's profile after an out-of-memory it caused
+    itself (the profile proved too small). ``profile`` is the new figure,
+    margin not applied; the engine may persist it through its ProfileStore.
+    An engine that treats it as a plain :class:`Flag` loses nothing else."""
+
+    profile: Profile

@@ -1,0 +1,163 @@
+"""Waiting requests of one backend, in the order they are dispatched.
+
+Ordering rules (DESIGN.md "Priority with aging", "Start-by deadlines"):
+
+- A request's *effective priority* is ``base + aging_rate * (now - arrived_at)``.
+  Linear aging never changes the order of two waiting requests, so each
+  request gets a fixed *rank* ``base - aging_rate * arrived_at`` at arrival
+  (effective = rank + aging_rate * now) and heaps can hold the order.
+- Urgent requests (a start-by deadline is near) are ordered among themselves
+  earliest-deadline-first and count ``deadline_boost`` extra points.
+- The next request is the urgent one with the earliest deadline *if* its
+  boosted rank is at least the rank of every other waiting request; otherwise
+  the request with the best boosted rank. Either way the request chosen, X,
+  satisfies ``rank(X) + deadline_boost >= rank(R)`` for every waiting R. This
+  is the inequality the wait bound rests on (see ``yard.core.scheduler``).
+- Ties: earlier arrival first, then request id.
+
+Three heaps per backend: normal requests by rank, urgent ones by deadline and
+urgent ones by rank. Removals are lazy: an entry is live only while its
+request is still queued, in the same heap kind, with the same generation (a
+requeued request gets a new generation).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class ReqState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    LOST = "lost"  # upstream connection broke; waiting for the backend's exit report
+    DONE = "done"
+
+
+@dataclass(slots=True, eq=False)
+class Req:
+    """The core's record of one request."""
+
+    id: str
+    backend: str
+    priority: float
+    app: str
+    arrived_at: float
+    rank: float
+    start_by: float | None
+    allow_late: bool
+    requeued: bool
+    urgent_at: float | None = None
+    state: ReqState = ReqState.QUEUED
+    urgent: bool = False
+    gen: int = 0
+    overtakes: int = 0
+    deadline_met: bool = False
+    late_flagged: bool = False
+    dispatched_at: float | None = None
+    lost_at: float | None = None
+
+    def score(self, boost: float) -> float:
+        """Boosted rank: the effective priority minus ``aging_rate * now``."""
+        return self.rank + boost if self.urgent else self.rank
+
+    def effective(self, now: float, rate: float, boost: float) -> float:
+        return self.score(boost) + rate * now
+
+
+_NORMAL = 0
+_URGENT = 1
+
+_Entry = tuple[float, float, str, int, int, Req]
+
+
+def order_key(req: Req, boost: float) -> tuple[float, float, str]:
+    """Sort key across backends: best boosted rank, then arrival, then id."""
+    return (-req.score(boost), req.arrived_at, req.id)
+
+
+@dataclass(slots=True)
+class RequestQueue:
+    """The waiting requests of one backend."""
+
+    boost: float
+    size: int = 0
+    _normal: list[_Entry] = field(default_factory=list)
+    _edf: list[_Entry] = field(default_factory=list)
+    _urank: list[_Entry] = field(default_factory=list)
+
+    def push(self, req: Req) -> None:
+        """Add a queued request (``req.state`` must be QUEUED)."""
+        self.size += 1
+        self._push(req)
+
+    def _push(self, req: Req) -> None:
+        if req.urgent:
+            deadline = req.start_by if req.start_by is not None else float("inf")
+            heapq.heappush(self._edf, (deadline, -req.rank, req.id, req.gen, _URGENT, req))
+            heapq.heappush(self._urank, (-req.rank, req.arrived_at, req.id, req.gen, _URGENT, req))
+        else:
+            heapq.heappush(self._normal, (-req.rank, req.arrived_at, req.id, req.gen, _NORMAL, req))
+
+    def make_urgent(self, req: Req) -> None:
+        """Move a queued request into the urgent order."""
+        if req.urgent:
+            return
+        req.urgent = True
+        self._push(req)
+
+    def removed(self) -> None:
+        """Account for a request that left (its state already changed)."""
+        self.size -= 1
+
+    @staticmethod
+    def _live(entry: _Entry) -> bool:
+        req = entry[5]
+        return (
+            req.state is ReqState.QUEUED
+            and req.gen == entry[3]
+            and (entry[4] == _URGENT) == req.urgent
+        )
+
+    def _top(self, heap: list[_Entry]) -> Req | None:
+        while heap and not self._live(heap[0]):
+            heapq.heappop(heap)
+        return heap[0][5] if heap else None
+
+    def head(self) -> Req | None:
+        """The request to dispatch next, or None."""
+        return self._choose(self._top(self._normal), self._top(self._edf), self._top(self._urank))
+
+    def _choose(self, n: Req | None, u: Req | None, m: Req | None) -> Req | None:
+        if u is None or m is None:
+            return n
+        best_other = m.rank if n is None else max(n.rank, m.rank)
+        if u.rank + self.boost >= best_other:
+            return u
+        if n is None:
+            return m
+        return n if order_key(n, self.boost) < order_key(m, self.boost) else m
+
+    def ordered(self) -> list[Req]:
+        """Every queued request in dispatch order (O(k log k), for views)."""
+        normal = [e for e in self._normal if self._live(e)]
+        edf = [e for e in self._edf if self._live(e)]
+        urank = [e for e in self._urank if self._live(e)]
+        heapq.heapify(normal)
+        heapq.heapify(edf)
+        heapq.heapify(urank)
+        taken: set[str] = set()
+        out: list[Req] = []
+
+        def top(heap: list[_Entry]) -> Req | None:
+            while heap and heap[0][5].id in taken:
+                heapq.heappop(heap)
+            return heap[0][5] if heap else None
+
+        while True:
+            req = self._choose(top(normal), top(edf), top(urank))
+            if req is None:
+                return out
+            taken.add(req.id)
+            out.append(req)
