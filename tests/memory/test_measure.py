@@ -1,0 +1,193 @@
+"""measure_profile on virtual time with a fake launcher and meter; the fit report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import trio
+import trio.testing
+
+from yard.core.spec import Profile
+from yard.memory import FakeMeter
+from yard.memory.measure import Measurement, measure_profile
+from yard.memory.probe import fit_report
+from yard.memory.readings import DeviceDetail
+from yard.ports import BackendStartError, ExitStatus
+
+MIB = 1 << 20
+
+
+@dataclass
+class FakeProcess:
+    """Grows on the meter as it loads: 100 MiB host at once, GPU 1 GiB at 1 s,
+    ready at 2 s (1.5 GiB GPU), then settles back to 1.2 GiB."""
+
+    meter: FakeMeter
+    fail: bool = False
+    stopped: int = 0
+    name: str = "llm"
+    base_url: str = "http://127.0.0.1:9"
+    pid: int | None = 4242
+    events: list[str] = field(default_factory=list)
+
+    async def wait_ready(self) -> None:
+        self.meter.set_backend("host", "llm", 100 * MIB)
+        await trio.sleep(1.0)
+        self.meter.set_backend("gpu0", "llm", 1024 * MIB)
+        await trio.sleep(1.0)
+        if self.fail:
+            raise BackendStartError("exited with 1: CUDA error: out of memory", oom=True)
+        self.meter.set_backend("gpu0", "llm", 1536 * MIB)
+        self.events.append("ready")
+
+    async def wait_exit(self) -> ExitStatus:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def stop(self) -> ExitStatus:
+        self.stopped += 1
+        return ExitStatus(code=0)
+
+
+@dataclass
+class FakeLauncher:
+    process: FakeProcess
+    launched: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+
+    async def launch(self, backend: str, gpus: tuple[str, ...]) -> FakeProcess:
+        self.launched.append((backend, gpus))
+        return self.process
+
+
+def machine() -> FakeMeter:
+    meter = FakeMeter({"host": 64 << 30, "gpu0": 80 << 30})
+    meter.set_foreign("gpu0", 2 << 30)
+    return meter
+
+
+async def test_a_first_load_is_measured_through_start_up_and_warm_up(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    meter = machine()
+    process = FakeProcess(meter)
+    launcher = FakeLauncher(process)
+    phases: list[str] = []
+
+    async def warmup(base_url: str) -> None:
+        assert base_url == "http://127.0.0.1:9"
+        meter.set_backend("gpu0", "llm", 2048 * MIB)  # the worst case
+        await trio.sleep(0.5)
+        meter.set_backend("gpu0", "llm", 1200 * MIB)
+        process.events.append("warm-up")
+
+    def seen(phase: str, details: list[DeviceDetail]) -> None:
+        phases.append(phase)
+
+    t0 = trio.current_time()
+    m = await measure_profile(
+        backend="llm",
+        gpus=("gpu0",),
+        launcher=launcher,
+        meter=meter,
+        interval_s=0.2,
+        warmup=warmup,
+        settle_s=1.0,
+        on_sample=seen,
+    )
+    assert trio.current_time() - t0 == 3.5
+    assert launcher.launched == [("llm", ("gpu0",))]
+    assert process.events == ["ready", "warm-up"]
+    assert process.stopped == 1
+    assert m.load_s == 2.0
+    assert m.warmup_s == 0.5
+    assert dict(m.peak_bytes) == {"host": 100 * MIB, "gpu0": 2048 * MIB}
+    assert dict(m.steady_bytes) == {"host": 100 * MIB, "gpu0": 1200 * MIB}
+    assert m.profile() == Profile(gpu_bytes=2048 * MIB, host_bytes=100 * MIB, load_s=m.load_s)
+    # The reading before launch shows the device as others left it.
+    before = {d.device: d for d in m.before}
+    assert before["gpu0"].used_bytes == 2 << 30
+    assert phases[0] == "before"
+    assert {"loading", "warm-up", "settling"} <= set(phases)
+    assert m.samples == 19  # every 200 ms over 3.5 s, plus the last one
+
+
+async def test_a_failed_start_still_stops_the_process(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    meter = machine()
+    process = FakeProcess(meter, fail=True)
+    with pytest.raises(BackendStartError, match="out of memory"):
+        await measure_profile(
+            backend="llm", gpus=("gpu0",), launcher=FakeLauncher(process), meter=meter
+        )
+    assert process.stopped == 1
+
+
+async def test_the_callers_timeout_stops_the_process(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    meter = machine()
+    process = FakeProcess(meter)
+    with trio.move_on_after(1.5) as scope:
+        await measure_profile(
+            backend="llm", gpus=("gpu0",), launcher=FakeLauncher(process), meter=meter
+        )
+    assert scope.cancelled_caught
+    assert process.stopped == 1
+
+
+def measurement(host: int, gpu: int, before_used: dict[str, int]) -> Measurement:
+    before = tuple(
+        DeviceDetail(
+            device=name,
+            kind="host" if name == "host" else "gpu",
+            label=name,
+            total_bytes=0,
+            used_bytes=used,
+        )
+        for name, used in before_used.items()
+    )
+    return Measurement(
+        backend="llm",
+        gpus=("gpu0",),
+        load_s=1.0,
+        warmup_s=None,
+        peak_bytes={"host": host, "gpu0": gpu},
+        steady_bytes={"host": host, "gpu0": gpu},
+        reclaimable_bytes=0,
+        samples=1,
+        before=before,
+    )
+
+
+def test_fit_is_peak_times_margin_against_total_reserve_and_the_pinned() -> None:
+    m = measurement(1000 * MIB, 10_000 * MIB, {"host": 2000 * MIB, "gpu0": 500 * MIB, "gpu1": 0})
+    pinned = {
+        "tts": (Profile(gpu_bytes=8000 * MIB, host_bytes=500 * MIB, load_s=1), ("gpu0",)),
+        "embed": (Profile(gpu_bytes=1000 * MIB, host_bytes=100 * MIB, load_s=1), ("gpu1",)),
+    }
+    fits = {
+        f.device: f
+        for f in fit_report(
+            m,
+            candidates=("gpu0", "gpu1"),
+            totals={"host": 8000 * MIB, "gpu0": 20_000 * MIB, "gpu1": 13_000 * MIB},
+            reserves={"host": 1000 * MIB, "gpu0": 500 * MIB},
+            pinned=pinned,
+            margin=1.1,
+        )
+    }
+    # gpu0: the pinned tts reservation (8800) is more than what was in use (500).
+    assert fits["gpu0"].others_bytes == 8800 * MIB
+    assert fits["gpu0"].available_bytes == (20_000 - 500 - 8800) * MIB
+    assert fits["gpu0"].need_bytes == 11_000 * MIB
+    assert not fits["gpu0"].fits
+    assert fits["gpu0"].pinned == ("tts",)
+    assert fits["gpu1"].others_bytes == 1100 * MIB
+    assert fits["gpu1"].fits
+    # host: what was in use (2000) is more than the pinned reservations (660).
+    assert fits["host"].others_bytes == 2000 * MIB
+    assert fits["host"].need_bytes == 1100 * MIB
+    assert fits["host"].fits
+    assert fits["host"].pinned == ("embed", "tts")
