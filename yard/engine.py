@@ -41,6 +41,7 @@ from yard.core.decisions import (
     Decision,
     Dispatch,
     Flag,
+    ProfileRaised,
     Reject,
     Requeue,
     StartBackend,
@@ -418,6 +419,7 @@ class Engine:
             StartBackend: self._apply_start,
             StopBackend: self._apply_stop,
             Flag: self._apply_flag,
+            ProfileRaised: self._apply_profile_raised,
         }
 
     # -- the public surface ------------------------------------------------------
@@ -590,7 +592,20 @@ class Engine:
             apply = self._apply_by_type
             for decision in decisions:
                 self._record(decision, now)
-                apply[type(decision)](decision, now)
+                handler = apply.get(type(decision))
+                if handler is None:
+                    handler = self._handler_for(type(decision))
+                handler(decision, now)
+
+    def _handler_for(self, kind: type[Decision]) -> Callable[[Any, float], None]:
+        """A decision type the table does not name: use its nearest known base
+        (a new kind of Flag is still a Flag)."""
+        for base in kind.__mro__[1:]:
+            handler = self._apply_by_type.get(base)
+            if handler is not None:
+                self._apply_by_type[kind] = handler
+                return handler
+        raise TypeError(f"the engine cannot carry out {kind.__name__}")
 
     def _record(self, decision: Decision, now: float) -> None:
         self._decisions += 1
@@ -685,6 +700,15 @@ class Engine:
 
     def _apply_flag(self, decision: Flag, now: float) -> None:
         log.info("flag: %s", decision.reason)
+
+    def _apply_profile_raised(self, decision: ProfileRaised, now: float) -> None:
+        log.warning("profile raised: %s", decision.reason)
+        if decision.backend is not None:
+            self._raised[decision.backend] = (
+                decision.profile.gpu_bytes,
+                decision.profile.host_bytes,
+            )
+            self._nursery_start(self._store_profile, decision.backend, decision.profile)
 
     def _apply_start(self, decision: StartBackend, now: float) -> None:
         if decision.backend in self._backends:

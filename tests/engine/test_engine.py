@@ -24,6 +24,7 @@ from yard.core.decisions import (
     Decision,
     Dispatch,
     Flag,
+    ProfileRaised,
     Reject,
     Requeue,
     StartBackend,
@@ -545,3 +546,22 @@ async def test_shutdown_stops_every_backend_and_ends_waiting_requests(
     assert outcomes == ["b: shutting_down"]
     late = engine.submit(backend="llm", priority=1, request_id="c")
     assert late.state == "rejected"
+
+
+async def test_a_profile_the_core_raised_after_an_oom_is_persisted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    raised = Profile(gpu_bytes=9 * GiB, host_bytes=GiB, load_s=4.0)
+
+    def react(event: Event, now: float) -> list[Decision]:
+        if isinstance(event, Tick):
+            return [ProfileRaised(reason="oom", backend="llm", profile=raised)]
+        return []
+
+    store = MemoryProfileStore()
+    async with running(react, profiles=store) as h:
+        await trio.sleep(3)
+        h.engine.send(Tick())
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.puts == [(3.0, "llm", raised)]
+        assert [type(d.decision) for d in h.engine.decisions()] == [ProfileRaised]

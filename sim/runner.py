@@ -1,0 +1,304 @@
+"""Run one scenario under one policy on virtual time: the same engine as ``yard serve``,
+with the simulated world at its edges.
+
+One seed, one run: the seed makes the workload and every random draw of the world
+(one ``random.Random``), and it seeds Trio's own scheduling order (see
+:func:`_deterministic_trio`), so the decision log of a seed is byte-identical from
+run to run. A run that raises prints its scenario, policy and seed on stderr.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+import trio.testing
+
+from sim.baselines import BASELINES
+from sim.workload import Arrival, Scenario
+from sim.world import OomKill, SimWorld
+from yard.core.decisions import Decision, Dispatch
+from yard.core.events import Event
+from yard.core.spec import Profile
+from yard.core.views import QueuedView, Snapshot
+from yard.engine import Engine, EngineStatistics, Policy, Rejected
+
+POLICIES = ("yard", *BASELINES)
+"""Every policy the simulator can run: yard's core first, then the baselines."""
+
+
+class DoubleEnd(AssertionError):
+    """A request ended twice: an engine or policy bug the simulation must catch."""
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request of the workload.
+
+    ready_at_arrival: its backend was loaded and serving when it arrived.
+    dispatches: every time it was dispatched (more than one after a requeue).
+    outcome: ``ok``, ``rejected`` (with ``code``), ``cancelled``; None while open
+        (a request still open at the horizon is stuck).
+    """
+
+    arrival: Arrival
+    ready_at_arrival: bool
+    dispatches: list[float] = field(default_factory=list)
+    outcome: str | None = None
+    code: str = ""
+    ended_at: float | None = None
+
+    def end(self, outcome: str, code: str = "") -> None:
+        if self.outcome is not None:
+            raise DoubleEnd(
+                f"{self.arrival.request_id} ended twice: {self.outcome} then {outcome} {code}"
+            )
+        self.outcome = outcome
+        self.code = code
+        self.ended_at = trio.current_time()
+
+
+@dataclass(slots=True, kw_only=True)
+class SimResult:
+    """Everything a run leaves behind, for the report and the tests."""
+
+    scenario: Scenario
+    policy: str
+    seed: int
+    records: list[RequestRecord]
+    log_digest: str
+    log: list[str] | None
+    dispatch_order: list[tuple[float, str]]
+    launches: list[tuple[float, str, tuple[str, ...]]]
+    ooms: list[OomKill]
+    gpu_seconds: dict[str, dict[str, float]]
+    statistics: EngineStatistics
+    faults: list[str]
+    end_time: float
+    wall_s: float
+
+    @property
+    def stuck(self) -> list[RequestRecord]:
+        return [r for r in self.records if r.outcome is None]
+
+
+class _Recorder:
+    """Wraps a policy: hashes (and optionally keeps) every decision with its time,
+    and notes the dispatch order for the lower bounds."""
+
+    def __init__(self, policy: Policy, keep: bool) -> None:
+        self.policy = policy
+        self.hash = hashlib.sha256()
+        self.lines: list[str] | None = [] if keep else None
+        self.dispatches: list[tuple[float, str]] = []
+
+    def handle(self, event: Event, now: float) -> list[Decision]:
+        decisions = self.policy.handle(event, now)
+        for decision in decisions:
+            line = f"{now:.6f} {decision!r}\n"
+            self.hash.update(line.encode())
+            if self.lines is not None:
+                self.lines.append(line)
+            if type(decision) is Dispatch:
+                self.dispatches.append((now, decision.backend))
+        return decisions
+
+    def next_wakeup(self) -> float | None:
+        return self.policy.next_wakeup()
+
+    def snapshot(self, now: float, limit: int = 200) -> Snapshot:
+        return self.policy.snapshot(now, limit)
+
+    def explain(self, request_id: str, now: float) -> QueuedView | None:
+        return self.policy.explain(request_id, now)
+
+    def profile(self, backend: str) -> Profile | None:
+        return self.policy.profile(backend)
+
+
+def make_policy(name: str, scenario: Scenario) -> Policy:
+    """Build ``name`` (see :data:`POLICIES`) for the scenario's machine and backends."""
+    devices = scenario.machine.device_specs()
+    backends = [m.backend_spec() for m in scenario.models]
+    if name == "yard":
+        from yard.core import Scheduler
+
+        policy: Policy = Scheduler(devices, backends, scenario.config)
+        return policy
+    factory = BASELINES[name]
+    return factory(devices, backends, {m.name: m.gpu_bytes for m in scenario.models})
+
+
+def _deterministic_trio(seed: int) -> None:
+    """Make Trio's run loop order same-instant tasks from a seed.
+
+    Trio shuffles each batch of runnable tasks with a module-level ``random.Random``
+    unless deterministic scheduling is on (the switch pytest-trio and Hypothesis
+    flip for reproducible tests). The simulator owns every source of randomness, so
+    it flips the same switch and seeds that generator from its own.
+    """
+    import trio._core._run as trio_run
+
+    trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
+    trio_run._r.seed(seed)
+
+
+def run(
+    scenario: Scenario,
+    policy: str = "yard",
+    seed: int | None = None,
+    *,
+    keep_log: bool = False,
+    on_started: Callable[[Engine, SimWorld], None] | None = None,
+) -> SimResult:
+    """Simulate ``scenario`` under ``policy`` with ``seed`` (default: the scenario's).
+
+    keep_log: keep the decision log lines (the digest is always computed).
+    on_started: called once the engine is serving (tests use it to look inside).
+    """
+    seed = scenario.seed if seed is None else seed
+    try:
+        rng = random.Random(seed)
+        arrivals = scenario.workload(rng)
+        _deterministic_trio(rng.getrandbits(64))
+        started = time.perf_counter()
+        result = trio.run(
+            _simulate,
+            scenario,
+            policy,
+            seed,
+            rng,
+            arrivals,
+            keep_log,
+            on_started,
+            clock=trio.testing.MockClock(autojump_threshold=0),
+        )
+        result.wall_s = time.perf_counter() - started
+        return result
+    except BaseException:
+        print(
+            f"simulation failed: scenario={scenario.name} policy={policy} seed={seed} "
+            f"(replay: sim.runner.run(scenarios.get({scenario.name!r}), {policy!r}, {seed}))",
+            file=sys.stderr,
+        )
+        raise
+
+
+async def _simulate(
+    scenario: Scenario,
+    policy_name: str,
+    seed: int,
+    rng: random.Random,
+    arrivals: list[Arrival],
+    keep_log: bool,
+    on_started: Callable[[Engine, SimWorld], None] | None,
+) -> SimResult:
+    stored: dict[str, Profile] | None = None
+    if scenario.profiles is not None:
+        stored = dict(scenario.profiles)
+    elif scenario.stored_profiles:
+        stored = {
+            m.name: Profile(gpu_bytes=m.peak_gpu_bytes, host_bytes=m.host_bytes, load_s=m.load_s)
+            for m in scenario.models
+        }
+    world = SimWorld(
+        scenario.machine, scenario.models, rng, faults=scenario.faults, stored_profiles=stored
+    )
+    recorder = _Recorder(make_policy(policy_name, scenario), keep_log)
+    load_s = {m.name: m.load_s for m in scenario.models}
+    engine = Engine(
+        scheduler=recorder,
+        launcher=world,
+        meter=world,
+        profiles=world,
+        start_timeout_s=lambda backend: max(60.0, 5 * load_s.get(backend, 60.0)),
+        meter_interval_s=scenario.meter_interval_s,
+        profile_interval_s=0.25,
+    )
+    ledger = world.ledger
+    records: list[RequestRecord] = []
+
+    async def client(admission_id: int, record: RequestRecord) -> None:
+        arrival = record.arrival
+        admission = admissions[admission_id]
+        waiting = True
+        patience = math.inf if arrival.cancel_after_s is None else arrival.cancel_after_s
+        with trio.move_on_after(patience):
+            while True:
+                try:
+                    assignment = await admission.wait_dispatched()
+                except Rejected as exc:
+                    if waiting:
+                        ledger.wait(arrival.backend, -1)
+                    record.end("rejected", exc.code)
+                    return
+                record.dispatches.append(trio.current_time())
+                if waiting:
+                    ledger.wait(arrival.backend, -1)
+                    waiting = False
+                if await world.serve(assignment.base_url, arrival.service_s):
+                    admission.report("ok")
+                    record.end("ok")
+                    return
+                admission.report("upstream_lost", "connection reset by peer")
+                ledger.wait(arrival.backend, +1)
+                waiting = True
+        # Only the client's own patience ends up here; the horizon cancels through.
+        admission.cancel()
+        if waiting:
+            ledger.wait(arrival.backend, -1)
+        record.end("cancelled")
+
+    admissions = []
+    async with trio.open_nursery() as root:
+        await root.start(world.run)
+        await root.start(engine.run)
+        if on_started is not None:
+            on_started(engine, world)
+        with trio.move_on_at(scenario.horizon_s):
+            async with trio.open_nursery() as clients:
+                for arrival in arrivals:
+                    if arrival.at > trio.current_time():
+                        await trio.sleep_until(arrival.at)
+                    record = RequestRecord(arrival, ready_at_arrival=world.ready(arrival.backend))
+                    records.append(record)
+                    # Submitted here, in arrival order, not by the client task, so that
+                    # same-instant arrivals reach the core in workload order.
+                    admissions.append(
+                        engine.submit(
+                            backend=arrival.backend,
+                            priority=arrival.priority,
+                            app=arrival.app,
+                            request_id=arrival.request_id,
+                            start_by=arrival.start_by,
+                            allow_late=arrival.allow_late,
+                        )
+                    )
+                    ledger.wait(arrival.backend, +1)
+                    clients.start_soon(client, len(admissions) - 1, record)
+        end_time = trio.current_time()
+        ledger.close()
+        statistics = engine.statistics()
+        root.cancel_scope.cancel()
+    return SimResult(
+        scenario=scenario,
+        policy=policy_name,
+        seed=seed,
+        records=records,
+        log_digest=recorder.hash.hexdigest(),
+        log=recorder.lines,
+        dispatch_order=recorder.dispatches,
+        launches=world.launches,
+        ooms=world.ooms,
+        gpu_seconds=ledger.seconds,
+        statistics=statistics,
+        faults=world.fault_log,
+        end_time=end_time,
+        wall_s=0.0,
+    )

@@ -1,0 +1,559 @@
+"""The simulated machine: devices with a real capacity and backends that load, serve,
+grow and crash on virtual time.
+
+Rules this module keeps:
+
+- Memory is physical here. Every allocation of a simulated process is checked against
+  the device's capacity at that moment (its own use, every other process's, foreign
+  use); one that does not fit kills the allocating process with ``oom=True``, as CUDA
+  or the kernel would. The sim never asks the policy whether it over-committed: it
+  finds out.
+- The only randomness is the simulator's ``random.Random`` passed in (load-time
+  jitter); the only clock is Trio's (a ``MockClock`` in every simulation).
+- The world implements the ports (:class:`~yard.ports.Launcher`,
+  :class:`~yard.ports.BackendProcess`, :class:`~yard.ports.Meter`,
+  :class:`~yard.ports.ProfileStore`), so the engine drives it exactly as it drives
+  real processes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import trio
+
+from yard.core.spec import HOST, BackendSpec, DeviceSpec, Profile
+from yard.ports import BackendStartError, DeviceReading, ExitStatus
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """One simulated backend and how its process behaves.
+
+    gpu_bytes: resident on each GPU it occupies once loaded (the "declared" size a
+        user would write down, and what baselines are told).
+    host_bytes: resident host memory once loaded.
+    load_s: mean time from launch to ready (warm-up included); each load varies
+        uniformly by ``load_jitter`` (a fraction) around it.
+    warmup_extra_bytes: held on each GPU during the second half of loading (the
+        warm-up request exercising the longest context), then released.
+    growth_bytes: allocated on each GPU when the first request is served (caches,
+        fragmentation), and kept.
+    """
+
+    name: str
+    gpu_bytes: int
+    load_s: float
+    host_bytes: int = 1 * GiB
+    load_jitter: float = 0.1
+    warmup_extra_bytes: int = 0
+    growth_bytes: int = 0
+    slots: int = 1
+    gpus: tuple[str, ...] = ("gpu0",)
+    gpu_count: int = 1
+    idle_ttl_s: float | None = None
+    pinned: bool = False
+
+    def backend_spec(self) -> BackendSpec:
+        return BackendSpec(
+            name=self.name,
+            gpus=self.gpus,
+            gpu_count=self.gpu_count,
+            slots=self.slots,
+            idle_ttl_s=self.idle_ttl_s,
+            pinned=self.pinned,
+        )
+
+    @property
+    def peak_gpu_bytes(self) -> int:
+        """The most it ever holds on one GPU (after growth or during warm-up)."""
+        return self.gpu_bytes + max(self.warmup_extra_bytes, self.growth_bytes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MachineSpec:
+    """GPUs (name, capacity) and host RAM. ``reserve_bytes`` is what yard is told
+    to keep free on each GPU."""
+
+    gpus: tuple[tuple[str, int], ...]
+    host_bytes: int = 64 * GiB
+    reserve_bytes: int = 256 * MiB
+    host_reserve_bytes: int = 2 * GiB
+
+    def device_specs(self) -> list[DeviceSpec]:
+        specs = [
+            DeviceSpec(name=name, kind="gpu", total_bytes=total, reserve_bytes=self.reserve_bytes)
+            for name, total in self.gpus
+        ]
+        specs.append(
+            DeviceSpec(
+                name=HOST,
+                kind="host",
+                total_bytes=self.host_bytes,
+                reserve_bytes=self.host_reserve_bytes,
+            )
+        )
+        return specs
+
+
+# -- faults --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashWhileLoading:
+    """The ``load``-th launch of ``backend`` (1-based) crashes halfway through loading."""
+
+    backend: str
+    load: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HangOnLoad:
+    """The ``load``-th launch of ``backend`` never becomes ready."""
+
+    backend: str
+    load: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlowStart:
+    """The ``load``-th launch of ``backend`` takes ``factor`` times as long."""
+
+    backend: str
+    load: int = 1
+    factor: float = 3.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashWhileServing:
+    """From ``at`` on, the first time ``backend`` is serving a request (checked every
+    second), its process dies of a segfault."""
+
+    backend: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForeignMemory:
+    """At ``at``, a process yard does not own takes ``bytes`` on ``device`` (as much
+    of it as is free), until ``until`` (None: for good)."""
+
+    device: str
+    at: float
+    bytes: int
+    until: float | None = None
+
+
+Fault = CrashWhileLoading | HangOnLoad | SlowStart | CrashWhileServing | ForeignMemory
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OomKill:
+    """One out-of-memory death in the world, for the report."""
+
+    at: float
+    backend: str
+    device: str
+    phase: str  # "loading", "serving" (growth on first request)
+    foreign_bytes: int
+
+
+# -- accounting ------------------------------------------------------------------------
+
+
+class Ledger:
+    """Where each GPU's time went: loading, serving, idle while work waited, idle.
+
+    Priority of states: a GPU with a load in progress counts as loading; else with a
+    request running, serving; else, if a request waits for a backend that may use
+    it, idle while work waited.
+    """
+
+    def __init__(self, gpus: Sequence[str], backend_gpus: Mapping[str, tuple[str, ...]]) -> None:
+        self.gpus = tuple(gpus)
+        self.backend_gpus = dict(backend_gpus)
+        self.loading = dict.fromkeys(self.gpus, 0)
+        self.serving = dict.fromkeys(self.gpus, 0)
+        self.waiting = dict.fromkeys(self.gpus, 0)
+        self.seconds = {
+            g: {"loading": 0.0, "serving": 0.0, "idle_with_work": 0.0, "idle": 0.0}
+            for g in self.gpus
+        }
+        self._last = 0.0
+
+    def _account(self) -> None:
+        now = trio.current_time()
+        dt = now - self._last
+        if dt <= 0:
+            return
+        self._last = now
+        for gpu in self.gpus:
+            if self.loading[gpu]:
+                state = "loading"
+            elif self.serving[gpu]:
+                state = "serving"
+            elif self.waiting[gpu]:
+                state = "idle_with_work"
+            else:
+                state = "idle"
+            self.seconds[gpu][state] += dt
+
+    def load(self, gpus: tuple[str, ...], delta: int) -> None:
+        self._account()
+        for gpu in gpus:
+            self.loading[gpu] += delta
+
+    def serve(self, gpus: tuple[str, ...], delta: int) -> None:
+        self._account()
+        for gpu in gpus:
+            self.serving[gpu] += delta
+
+    def wait(self, backend: str, delta: int) -> None:
+        self._account()
+        for gpu in self.backend_gpus.get(backend, ()):
+            self.waiting[gpu] += delta
+
+    def close(self) -> None:
+        self._account()
+
+
+# -- devices and processes -------------------------------------------------------------
+
+
+class SimDevice:
+    """One memory pool with a hard capacity."""
+
+    __slots__ = ("capacity", "foreign", "name", "used")
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.used = 0
+        self.foreign = 0
+
+
+class SimProcess:
+    """One simulated backend process (implements :class:`~yard.ports.BackendProcess`)."""
+
+    def __init__(self, world: SimWorld, model: ModelSpec, gpus: tuple[str, ...], serial: int):
+        self._world = world
+        self.model = model
+        self.gpus = gpus
+        self.serial = serial
+        self.state = "loading"
+        self.usage: dict[str, int] = {}
+        self.active = 0
+        self.served = 0
+        self.stopping = False
+        self._settled = trio.Event()
+        self._dead = trio.Event()
+        self._status = ExitStatus(code=None)
+        self._base_url = f"sim://{model.name}/{serial}"
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    @property
+    def pid(self) -> int | None:
+        return None
+
+    @property
+    def alive(self) -> bool:
+        return self.state != "dead"
+
+    async def wait_ready(self) -> None:
+        await self._settled.wait()
+        if self.state == "dead":
+            raise BackendStartError(self._status.detail, oom=self._status.oom)
+
+    async def wait_exit(self) -> ExitStatus:
+        await self._dead.wait()
+        return self._status
+
+    async def stop(self) -> ExitStatus:
+        if self.state != "dead":
+            self.stopping = True
+            await trio.sleep(self._world.stop_s)
+            self.die(ExitStatus(code=-15, detail="stopped"))
+        else:
+            await trio.lowlevel.checkpoint()
+        return self._status
+
+    def log_lines(self) -> list[str]:
+        return [f"{self.name}#{self.serial}: {self.state}", self._status.detail]
+
+    # -- driven by the world ---------------------------------------------------------
+
+    def die(self, status: ExitStatus) -> None:
+        if self.state == "dead":
+            return
+        world = self._world
+        if self.state == "loading":
+            world.ledger.load(self.gpus, -1)
+        self.state = "dead"
+        self._status = status
+        for device, used in self.usage.items():
+            world.devices[device].used -= used
+        self.usage.clear()
+        if world.running.get(self.name) is self:
+            del world.running[self.name]
+        self._settled.set()
+        self._dead.set()
+
+    def allocate(self, device: str, amount: int, phase: str) -> bool:
+        """Take ``amount`` more bytes on ``device``; die of OOM if it does not fit."""
+        if self.state == "dead":
+            return False
+        dev = self._world.devices[device]
+        if dev.used + dev.foreign + amount > dev.capacity:
+            self._world.ooms.append(
+                OomKill(
+                    at=trio.current_time(),
+                    backend=self.name,
+                    device=device,
+                    phase=phase,
+                    foreign_bytes=dev.foreign,
+                )
+            )
+            self.die(ExitStatus(code=-9, oom=True, detail=f"{device}: out of memory ({phase})"))
+            return False
+        dev.used += amount
+        self.usage[device] = self.usage.get(device, 0) + amount
+        return True
+
+    def release(self, device: str, amount: int) -> None:
+        if self.state == "dead":
+            return
+        amount = min(amount, self.usage.get(device, 0))
+        self._world.devices[device].used -= amount
+        self.usage[device] -= amount
+
+    async def life(self, load_s: float, crash: bool, hang: bool) -> None:
+        """Load: host memory and half the weights at once, the rest halfway, the
+        warm-up's extra during the second half; then ready."""
+        model = self.model
+        if not self.allocate(HOST, model.host_bytes, "loading"):
+            return
+        half = model.gpu_bytes // 2
+        for gpu in self.gpus:
+            if not self.allocate(gpu, half, "loading"):
+                return
+        await trio.sleep(load_s / 2)
+        if self.state == "dead":
+            return
+        if crash:
+            self.die(ExitStatus(code=1, detail="crashed while loading the model"))
+            return
+        for gpu in self.gpus:
+            if not self.allocate(gpu, model.gpu_bytes - half + model.warmup_extra_bytes, "loading"):
+                return
+        if hang:
+            await self._dead.wait()
+            return
+        await trio.sleep(load_s / 2)
+        if self.state == "dead":
+            return
+        for gpu in self.gpus:
+            self.release(gpu, model.warmup_extra_bytes)
+        self.state = "ready"
+        self._world.ledger.load(self.gpus, -1)
+        self._settled.set()
+
+
+class SimWorld:
+    """The machine, its processes and the faults scheduled against it.
+
+    It is the launcher, the meter and the profile store of a simulation run; ``serve``
+    plays the upstream call a request makes once dispatched.
+    """
+
+    def __init__(
+        self,
+        machine: MachineSpec,
+        models: Sequence[ModelSpec],
+        rng: random.Random,
+        *,
+        faults: Sequence[Fault] = (),
+        stored_profiles: Mapping[str, Profile] | None = None,
+        stop_s: float = 1.0,
+    ) -> None:
+        self.machine = machine
+        self.models = {m.name: m for m in models}
+        self.rng = rng
+        self.faults = tuple(faults)
+        self.stop_s = stop_s
+        self.devices = {name: SimDevice(name, total) for name, total in machine.gpus}
+        self.devices[HOST] = SimDevice(HOST, machine.host_bytes)
+        self.profiles: dict[str, Profile] = dict(stored_profiles or {})
+        self.profile_puts: list[tuple[float, str, Profile]] = []
+        self.running: dict[str, SimProcess] = {}
+        self.by_url: dict[str, SimProcess] = {}
+        self.launches: list[tuple[float, str, tuple[str, ...]]] = []
+        self.load_counts: dict[str, int] = {}
+        self.ooms: list[OomKill] = []
+        self.fault_log: list[str] = []
+        self.ledger = Ledger([name for name, _ in machine.gpus], {m.name: m.gpus for m in models})
+        self._nursery: trio.Nursery | None = None
+        self._serial = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host the processes' lives and the timed faults until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for fault in self.faults:
+                if isinstance(fault, CrashWhileServing | ForeignMemory):
+                    nursery.start_soon(self._timed_fault, fault)
+            task_status.started()
+            await trio.sleep_forever()
+
+    # -- Launcher ----------------------------------------------------------------------
+
+    async def launch(self, backend: str, gpus: tuple[str, ...]) -> SimProcess:
+        await trio.lowlevel.checkpoint()
+        model = self.models.get(backend)
+        if model is None:
+            raise BackendStartError(f"{backend}: no such backend in this simulation")
+        assert self._nursery is not None, "the world must be running"
+        count = self.load_counts.get(backend, 0) + 1
+        self.load_counts[backend] = count
+        crash = hang = False
+        factor = 1.0
+        for fault in self.faults:
+            if getattr(fault, "backend", None) != backend or getattr(fault, "load", 0) != count:
+                continue
+            if isinstance(fault, CrashWhileLoading):
+                crash = True
+            elif isinstance(fault, HangOnLoad):
+                hang = True
+            elif isinstance(fault, SlowStart):
+                factor *= fault.factor
+            self.fault_log.append(f"{trio.current_time():.3f} {fault!r}")
+        jitter = model.load_jitter * (2 * self.rng.random() - 1)
+        load_s = model.load_s * (1 + jitter) * factor
+        self._serial += 1
+        process = SimProcess(self, model, gpus, self._serial)
+        self.launches.append((trio.current_time(), backend, gpus))
+        self.running[backend] = process
+        self.by_url[process.base_url] = process
+        self.ledger.load(gpus, +1)
+        self._nursery.start_soon(process.life, load_s, crash, hang)
+        return process
+
+    # -- Meter -------------------------------------------------------------------------
+
+    def device_totals(self) -> Mapping[str, int]:
+        return {name: dev.capacity for name, dev in self.devices.items()}
+
+    async def read(self, pids: Mapping[str, int]) -> list[DeviceReading]:
+        await trio.lowlevel.checkpoint()
+        return self.readings()
+
+    def readings(self) -> list[DeviceReading]:
+        readings = []
+        for name, dev in self.devices.items():
+            backends = {
+                p.name: p.usage[name] for p in self.running.values() if p.usage.get(name, 0) > 0
+            }
+            readings.append(
+                DeviceReading(
+                    device=name,
+                    total_bytes=dev.capacity,
+                    used_bytes=dev.used + dev.foreign,
+                    backends=backends,
+                )
+            )
+        return readings
+
+    # -- ProfileStore --------------------------------------------------------------------
+
+    async def get(self, backend: str) -> Profile | None:
+        await trio.lowlevel.checkpoint()
+        return self.profiles.get(backend)
+
+    async def put(self, backend: str, profile: Profile) -> None:
+        await trio.lowlevel.checkpoint()
+        self.profiles[backend] = profile
+        self.profile_puts.append((trio.current_time(), backend, profile))
+
+    async def forget(self, backend: str) -> None:
+        await trio.lowlevel.checkpoint()
+        self.profiles.pop(backend, None)
+
+    # -- the upstream call ------------------------------------------------------------
+
+    def ready(self, backend: str) -> bool:
+        process = self.running.get(backend)
+        return process is not None and process.state == "ready" and not process.stopping
+
+    async def serve(self, base_url: str, service_s: float) -> bool:
+        """Serve one request on the process at ``base_url`` for ``service_s``.
+        Returns False if the process was gone or died meanwhile (the upstream
+        connection broke)."""
+        process = self.by_url.get(base_url)
+        if process is None or process.state != "ready":
+            await trio.lowlevel.checkpoint()
+            return False
+        if process.served == 0 and process.model.growth_bytes:
+            for gpu in process.gpus:
+                if not process.allocate(gpu, process.model.growth_bytes, "serving"):
+                    await trio.lowlevel.checkpoint()
+                    return False
+        process.served += 1
+        process.active += 1
+        self.ledger.serve(process.gpus, +1)
+        with trio.move_on_after(service_s):
+            await process._dead.wait()
+        process.active -= 1
+        self.ledger.serve(process.gpus, -1)
+        return process.state != "dead"
+
+    # -- faults ------------------------------------------------------------------------
+
+    async def _timed_fault(self, fault: CrashWhileServing | ForeignMemory) -> None:
+        await trio.sleep_until(fault.at)
+        if isinstance(fault, CrashWhileServing):
+            # From ``at`` on, the first moment the backend is serving a request.
+            while True:
+                process = self.running.get(fault.backend)
+                if process is not None and process.state == "ready" and process.active > 0:
+                    break
+                await trio.sleep(1.0)
+            self.fault_log.append(f"{trio.current_time():.3f} {fault!r}")
+            process.die(ExitStatus(code=-11, detail="segmentation fault"))
+            return
+        dev = self.devices[fault.device]
+        taken = max(0, min(fault.bytes, dev.capacity - dev.used - dev.foreign))
+        dev.foreign += taken
+        self.fault_log.append(f"{trio.current_time():.3f} {fault!r} took {taken}")
+        if fault.until is not None:
+            await trio.sleep_until(fault.until)
+            dev.foreign -= taken
+
+
+__all__ = [
+    "CrashWhileLoading",
+    "CrashWhileServing",
+    "Fault",
+    "ForeignMemory",
+    "GiB",
+    "HangOnLoad",
+    "Ledger",
+    "MachineSpec",
+    "MiB",
+    "ModelSpec",
+    "OomKill",
+    "SimDevice",
+    "SimProcess",
+    "SimWorld",
+    "SlowStart",
+]
