@@ -196,6 +196,7 @@ class _Plan:
     cost: float = 0.0
     slack: int = 0
     free_wait_s: float = 0.0
+    room: str = ""
 
     def key(self) -> tuple[int, bool, float, int, tuple[str, ...]]:
         busy = bool(self.drain or self.pending)
@@ -521,11 +522,13 @@ class Scheduler:
             return
         caused = self._self_caused(b, now) if oom else None
         self._set(b, Move.START_FAILED, f"failed to start: {detail}")
-        self._release(b)
         if caused is not None and b.self_caused_start_failures == 0:
             b.self_caused_start_failures += 1
             self._raise_profile(b, caused, out)
-            return  # its waiting requests stay; the next start uses the raised profile
+            self._release(b)
+            self._reject_if_unfit(b, out)
+            return
+        self._release(b)  # its waiting requests stay; the next start uses the raised profile
         b.want_load = False
         # Clients must not hang on a command that does not start: the requests
         # waiting for it fail now, with the detail. New requests try it again.
@@ -546,9 +549,9 @@ class Scheduler:
         caused = self._self_caused(b, now) if ev.oom else None
         victims = list(b.running.values())
         self._set(b, Move.EXITED, f"exited on its own: {detail}")
-        self._release(b)
         if caused is not None:
             self._raise_profile(b, caused, out)
+        self._release(b)
         for req in victims:
             if caused is not None and not req.requeued:
                 self._requeue(req, now, f"{b.name} ran out of memory because {caused}", out)
@@ -557,6 +560,8 @@ class Scheduler:
                 if caused is not None:
                     msg += " (out of memory; this request was already requeued once)"
                 self._end(req, 502, "backend_failed", msg, out)
+        if caused is not None:
+            self._reject_if_unfit(b, out)
 
     def _on_stopped(self, ev: BackendStopped, now: float) -> None:
         b = self._backends.get(ev.backend)
@@ -593,14 +598,14 @@ class Scheduler:
         old = b.profile
         if old is None:
             return
-        m = self.config.profile_margin
         live_gpu = max((b.live.get(g, 0) for g in b.gpus), default=0)
         live_host = b.live.get(HOST, 0)
+        # The profile is a peak without margin: the last live reading is one.
         new = Profile(
-            gpu_bytes=max(math.ceil(old.gpu_bytes * _RAISE_FACTOR), math.ceil(live_gpu * m))
+            gpu_bytes=max(math.ceil(old.gpu_bytes * _RAISE_FACTOR), live_gpu)
             if b.gpus
             else old.gpu_bytes,
-            host_bytes=max(math.ceil(old.host_bytes * _RAISE_FACTOR), math.ceil(live_host * m)),
+            host_bytes=max(math.ceil(old.host_bytes * _RAISE_FACTOR), live_host),
             load_s=old.load_s,
         )
         b.profile = new
@@ -613,6 +618,13 @@ class Scheduler:
                 f"{_gib(new.gpu_bytes)} / {_gib(new.host_bytes)}",
             )
         )
+
+    def _reject_if_unfit(self, b: _Backend, out: list[Decision]) -> None:
+        """After a profile grew: its waiting requests fail if it can never fit."""
+        fits, why = self._fits_empty_machine(b)
+        if not fits:
+            for req in b.queue.ordered():
+                self._end(req, 503, "does_not_fit", why, out)
 
     # -- memory --------------------------------------------------------------------
 
@@ -632,10 +644,7 @@ class Scheduler:
         if b.state in OCCUPYING and b.devices:
             b.reserved = self._need(b, b.gpus)
             b.measuring = False
-        fits, why = self._fits_empty_machine(b)
-        if not fits:
-            for req in b.queue.ordered():
-                self._end(req, 503, "does_not_fit", why, out)
+        self._reject_if_unfit(b, out)
 
     def _on_memory(self, ev: MemoryMeasured) -> None:
         dev = self._devices.get(ev.device)
@@ -981,10 +990,15 @@ class Scheduler:
             if plan.status == _BLOCKED:
                 continue
             for v in plan.stop:
-                self._stop(v, f"making room for {b.name}: {plan.reason}", out)
+                self._stop(
+                    v,
+                    f"making room for {b.name} ({plan.room}); idle, cheapest to reload "
+                    f"({_secs(self._load_s(v))})",
+                    out,
+                )
             for v in plan.drain:
                 if v.state is BackendState.READY:
-                    self._set(v, Move.DRAIN, f"draining to make room for {b.name}")
+                    self._set(v, Move.DRAIN, f"draining to make room for {b.name} ({plan.room})")
                 v.drain_reason = "swap"
             for v in plan.pending:
                 if v.state is BackendState.DRAINING and v.drain_reason == "swap":
@@ -1215,11 +1229,11 @@ class Scheduler:
                 parts.append(
                     f"stopping idle {o.name} (cheapest to reload, {_secs(self._load_s(o))})"
                 )
-        short = min(primary)
-        plan.reason = (
-            f"waiting for {where}: {b.name} needs {_gib(need[short])}, "
-            f"{_gib(max(0, free_now[short]))} free; " + "; ".join(parts)
+        short = max(devs, key=lambda d: (need[d] - free_now[d], d))
+        plan.room = (
+            f"{short}: {b.name} needs {_gib(need[short])}, {_gib(max(0, free_now[short]))} free"
         )
+        plan.reason = f"waiting for {plan.room}; " + "; ".join(parts)
         return plan
 
     # -- admin ---------------------------------------------------------------------
@@ -1312,6 +1326,8 @@ class Scheduler:
             return before + f"waiting for {b.name} to load (est. {_secs(cost)})"
         if b.state is BackendState.DRAINING:
             return before + f"waiting: {b.name} is draining ({b.reason})"
+        if b.state is BackendState.STOPPING:
+            return before + f"waiting: {b.name} is stopping ({b.reason}); it loads again after"
         return before + (b.wait_reason or f"waiting for {b.name} to be loaded")
 
     def _position_in_backend(self, req: Req) -> int:

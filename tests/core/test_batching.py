@@ -1,0 +1,89 @@
+"""Swap-aware batching: loaded work may go ahead of a swap, a bounded number of times."""
+
+from __future__ import annotations
+
+from tests.core.harness import Harness, gpu, host
+from yard.core import BackendSpec, Dispatch, SchedulerConfig, StartBackend, StopBackend
+
+
+def swap_pending(batch_bound: int = 4) -> Harness:
+    """chat (1 slot) is serving r0; big needs chat's memory; six small chat jobs wait."""
+    h = Harness(
+        [BackendSpec(name="chat", gpus=("gpu0",)), BackendSpec(name="big", gpus=("gpu0",))],
+        config=SchedulerConfig(batch_bound=batch_bound),
+        profiles={"chat": (10, 1, 5), "big": (16, 1, 20)},
+    )
+    h.load("chat", "r0")
+    h.arrive("swap", "big", priority=50, at=1)
+    for i in range(1, 7):
+        h.arrive(f"c{i}", "chat", priority=10, at=1 + i / 10)
+    return h
+
+
+def finish_chat_jobs(h: Harness, start: float) -> None:
+    t = start
+    while (last := h.dispatched()[-1]).startswith(("r0", "c")) and h.state("chat") != "stopping":
+        h.finish(last, at=t)
+        t += 1
+        if h.dispatched()[-1] == last:
+            break
+
+
+def test_loaded_work_overtakes_a_waiting_swap_at_most_batch_bound_times() -> None:
+    h = swap_pending(batch_bound=4)
+    finish_chat_jobs(h, start=2)
+    assert h.dispatched() == ["r0", "c1", "c2", "c3", "c4"]
+    assert h.stops() == ["chat"]
+    [start] = h.stopped("chat", at=20)
+    assert isinstance(start, StartBackend) and start.backend == "big"
+
+
+def test_overtakes_are_counted_in_the_dispatch_reasons() -> None:
+    h = swap_pending(batch_bound=2)
+    finish_chat_jobs(h, start=2)
+    reasons = [d.reason for d in h.decisions(Dispatch)[1:]]
+    assert ["overtake 1 of 2" in reasons[0], "overtake 2 of 2" in reasons[1]] == [True, True]
+
+
+def test_a_request_held_back_by_the_swap_says_so() -> None:
+    h = swap_pending(batch_bound=1)
+    finish_chat_jobs(h, start=2)
+    view = h.s.explain("c2", h.now)
+    assert view is not None
+    assert view.reason.startswith("waiting: chat is stopping (making room for big (gpu0: big")
+
+
+def test_batching_off_drains_the_victim_at_once() -> None:
+    h = swap_pending(batch_bound=0)
+    assert h.state("chat") == "draining"
+    [stop] = h.finish("r0", at=2)
+    assert isinstance(stop, StopBackend)
+    assert h.dispatched() == ["r0"]
+
+
+def test_a_drained_backend_is_ready_again_when_the_swap_is_no_longer_needed() -> None:
+    h = swap_pending(batch_bound=0)
+    h.cancel("swap", at=2)
+    assert h.state("chat") == "ready"
+    h.finish("r0", at=3)
+    assert h.dispatched() == ["r0", "c1"]
+
+
+def test_work_for_backends_the_swap_does_not_touch_is_not_limited() -> None:
+    h = Harness(
+        [
+            BackendSpec(name="chat", gpus=("gpu0",)),
+            BackendSpec(name="big", gpus=("gpu0",)),
+            BackendSpec(name="other", gpus=("gpu1",)),
+        ],
+        devices=(gpu("gpu0"), gpu("gpu1"), host()),
+        config=SchedulerConfig(batch_bound=0),
+        profiles={"chat": (10, 1, 5), "big": (16, 1, 20), "other": (1, 1, 1)},
+    )
+    h.load("chat", "r0")
+    h.load("other", "o0")
+    h.arrive("swap", "big", priority=90, at=1)
+    for i in range(1, 4):
+        h.arrive(f"o{i}", "other", priority=1, at=1 + i)
+        h.finish(f"o{i - 1}", at=1 + i)
+    assert h.dispatched() == ["r0", "o0", "o1", "o2", "o3"]

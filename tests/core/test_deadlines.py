@@ -1,0 +1,94 @@
+"""Start-by deadlines: urgency, infeasible deadlines, missed deadlines."""
+
+from __future__ import annotations
+
+from tests.core.harness import Harness
+from yard.core import BackendSpec, Reject, SchedulerConfig
+
+
+def busy_chat(**cfg: float) -> Harness:
+    """chat (1 slot, loads in 5 s) is loaded and serving r0 since t=0."""
+    h = Harness(
+        [BackendSpec(name="chat", gpus=("gpu0",)), BackendSpec(name="big", gpus=("gpu0",))],
+        config=SchedulerConfig(default_service_s=10, **cfg),  # type: ignore[arg-type]
+        profiles={"chat": (4, 1, 5), "big": (16, 1, 20)},
+    )
+    h.load("chat", "r0")
+    return h
+
+
+def test_an_urgent_deadline_request_goes_ahead_of_higher_priority_work() -> None:
+    h = busy_chat(urgency_window_s=30)
+    h.arrive("vip", "chat", priority=100, at=1)
+    h.arrive("announce", "chat", priority=0, at=2, start_by=40.0)  # urgent from 40-15-30
+    h.finish("r0", at=3)
+    assert h.dispatched() == ["r0", "announce"]
+
+
+def test_a_deadline_far_away_does_not_jump_the_queue() -> None:
+    h = busy_chat(urgency_window_s=30)
+    h.arrive("vip", "chat", priority=100, at=1)
+    h.arrive("later", "chat", priority=0, at=2, start_by=1000.0)
+    h.finish("r0", at=3)
+    assert h.dispatched() == ["r0", "vip"]
+
+
+def test_a_request_becomes_urgent_at_its_wakeup() -> None:
+    h = busy_chat(urgency_window_s=30)
+    h.arrive("vip", "chat", priority=100, at=1)
+    h.arrive("later", "chat", priority=0, at=2, start_by=100.0)
+    # urgent at 100 - (5 s load + 10 s service) - 30 = 55
+    assert h.s.next_wakeup() == 55
+    h.tick(55)
+    h.finish("r0", at=56)
+    assert h.dispatched() == ["r0", "later"]
+
+
+def test_urgent_requests_go_earliest_deadline_first() -> None:
+    h = busy_chat(urgency_window_s=1000)
+    h.arrive("late", "chat", priority=50, at=1, start_by=300.0)
+    h.arrive("soon", "chat", priority=40, at=2, start_by=200.0)
+    h.finish("r0", at=3)
+    assert h.dispatched() == ["r0", "soon"]
+
+
+def test_the_deadline_boost_is_bounded() -> None:
+    h = busy_chat(urgency_window_s=1000, deadline_boost=20, aging_rate=1.0)
+    h.arrive("old", "chat", priority=50, at=1)
+    h.arrive("urgent", "chat", priority=10, at=30, start_by=500.0)  # rank 10-30+20 < 50-1
+    h.finish("r0", at=31)
+    assert h.dispatched() == ["r0", "old"]
+
+
+def test_an_infeasible_deadline_is_refused_at_arrival_with_the_earliest_start() -> None:
+    h = busy_chat()
+    [reject] = h.arrive("r1", "big", at=1, start_by=10.0)  # big loads in 20 s
+    assert isinstance(reject, Reject) and (reject.status, reject.code) == (
+        409,
+        "deadline_infeasible",
+    )
+    assert "earliest possible start is in" in reject.message
+
+
+def test_an_infeasible_deadline_is_accepted_and_flagged_when_late_is_allowed() -> None:
+    h = busy_chat()
+    out = h.arrive("r1", "big", at=1, start_by=10.0, allow_late=True)
+    assert not [d for d in out if isinstance(d, Reject)]
+    assert any(f.request_id == "r1" and "late" in f.reason for f in h.flags())
+
+
+def test_a_deadline_that_passes_in_the_queue_ends_the_request_with_504() -> None:
+    h = busy_chat(urgency_window_s=0)
+    h.arrive("r1", "chat", at=1, start_by=20.0)  # feasible: r0 should end in ~10 s
+    [reject] = h.tick(20)
+    assert isinstance(reject, Reject) and (reject.status, reject.code) == (504, "deadline_missed")
+    assert "19.0 s in the queue" in reject.message
+
+
+def test_a_passed_deadline_that_allows_late_keeps_the_request() -> None:
+    h = busy_chat(urgency_window_s=0)
+    h.arrive("r1", "chat", at=1, start_by=20.0, allow_late=True)
+    h.tick(20)
+    assert h.rejected() == {}
+    h.finish("r0", at=25)
+    assert h.dispatched() == ["r0", "r1"]
