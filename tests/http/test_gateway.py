@@ -55,7 +55,8 @@ async def test_yard_headers_and_hop_by_hop_headers_are_not_forwarded(gw: Gateway
     sent = _headers(_echo(response))
     assert sent["x-custom"] == "kept"
     assert sent["content-length"] == str(len(gw.upstream.bodies[0]))
-    assert not any(name.startswith("x-yard-") for name in sent)
+    assert [name for name in sent if name.startswith("x-yard-")] == ["x-yard-request-id"]
+    assert sent["x-yard-request-id"] == gw.engine.admissions[0].request_id
     assert "connection" not in sent
     # No app keys configured: the key is not yard's, so it goes on to the backend.
     assert sent["authorization"] == "Bearer backend-key"

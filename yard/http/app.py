@@ -15,12 +15,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-import hypercorn.trio
 import trio
-from hypercorn.config import Config as HypercornConfig
 from quart import Quart
 from quart_trio import QuartTrio
 
+from yard.http import server
 from yard.http.errors import error_body
 from yard.http.gateway import ASGIApp, Gateway
 from yard.http.runtime import RUNTIME_KEY, Runtime
@@ -91,7 +90,7 @@ async def serve_app(
     graceful_s: float = 10.0,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` with hypercorn's Trio worker on ``host:port``.
+    """Serve ``app`` on ``host:port`` with yard's lean HTTP/1.1 server.
 
     Reports the bound addresses (``["http://127.0.0.1:8080"]``; port 0 picks a
     free one) through ``task_status`` once the socket listens. When
@@ -99,17 +98,11 @@ async def serve_app(
     ``graceful_s`` seconds before they are cancelled. No response timeout
     applies: a stream lasts as long as its backend sends.
     """
-    config = HypercornConfig()
-    shown = f"[{host}]" if ":" in host else host
-    config.bind = [f"{shown}:{port}"]
-    config.accesslog = None
-    config.graceful_timeout = graceful_s
-    config.keep_alive_timeout = 75.0
-    config.backlog = 1024
-    config.include_server_header = False
-    await hypercorn.trio.serve(
-        app,  # type: ignore[arg-type]
-        config,
+    await server.serve(
+        app,
+        host,
+        port,
         shutdown_trigger=shutdown_trigger,
+        graceful_s=graceful_s,
         task_status=task_status,
     )

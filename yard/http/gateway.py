@@ -311,11 +311,14 @@ class Gateway:
                         _ACCEL,
                     )
                     started = True
+                    # When the body is already here, the head waits for it and
+                    # both go out in one write (see yard.http.server).
                     await send(
                         {
                             "type": "http.response.start",
                             "status": response.status,
                             "headers": headers,
+                            "yard.hold": response.buffered(),
                         }
                     )
                     async for chunk in response.chunks():
@@ -402,6 +405,8 @@ class Gateway:
         app, consumed = authenticate(config, authorization)
         if consumed:
             forwarded = [h for h in forwarded if h[0] != b"authorization"]
+        # The backend sees yard's id, so its logs can be matched with yard's.
+        forwarded.append((b"x-yard-request-id", request_id.encode()))
         if (
             content_length is not None
             and content_length.isdigit()

@@ -49,6 +49,7 @@ HOP_BY_HOP = frozenset(
 """Headers about one connection, not the message: never forwarded."""
 
 _READ_SIZE = 65536
+_JOIN_LIMIT = 256 * 1024
 _MAX_IDLE_PER_HOST = 128
 
 
@@ -62,7 +63,8 @@ class ProxyRequest:
     query: the raw query string, without ``?`` (``b""`` when none).
     headers: the client's headers to pass on (lower-case names), already
         without hop-by-hop headers, ``host``, ``content-length``, yard's own
-        ``x-yard-*`` and ``prefer`` headers, and the API key yard consumed.
+        ``x-yard-*`` and ``prefer`` headers, and the API key yard consumed;
+        with ``x-yard-request-id`` added.
     body: the request body, exactly as received.
     backend: the backend that serves it.
     app: the app that sent it.
@@ -145,6 +147,11 @@ class _Connection:
         return not self.stream.socket.is_readable()
 
     async def send(self, data: Sequence[bytes]) -> None:
+        # One write for small requests (each write wakes the backend); large
+        # bodies go as they are rather than being copied into one buffer.
+        if sum(map(len, data)) <= _JOIN_LIMIT:
+            await self.stream.send_all(b"".join(data))
+            return
         for piece in data:
             if piece:
                 await self.stream.send_all(piece)
@@ -254,7 +261,7 @@ def _can_reuse(conn: _Connection) -> bool:
 class UpstreamResponse:
     """A backend's response: status and headers now, body as it arrives."""
 
-    __slots__ = ("_conn", "complete", "headers", "reason", "status")
+    __slots__ = ("_conn", "_stash", "complete", "headers", "reason", "status")
 
     def __init__(self, conn: _Connection, event: h11.Response) -> None:
         self._conn = conn
@@ -262,6 +269,20 @@ class UpstreamResponse:
         self.reason: bytes = event.reason
         self.headers: Headers = list(event.headers)
         self.complete = False
+        self._stash: h11.Event | type[h11.PAUSED] | None = None
+
+    def buffered(self) -> bool:
+        """Whether more of the body (or its end) has already arrived, so the
+        next chunk is available without waiting."""
+        if self._stash is None and not self.complete:
+            try:
+                event = self._conn.h11.next_event()
+            except h11.RemoteProtocolError:
+                return False  # reading on raises it again, as UpstreamError
+            if event is h11.NEED_DATA:
+                return False
+            self._stash = event  # type: ignore[assignment]
+        return True
 
     def chunks(self) -> UpstreamResponse:
         """The body, chunk by chunk as the backend sends it (``async for``).
@@ -280,7 +301,10 @@ class UpstreamResponse:
         conn = self._conn
         while not self.complete:
             try:
-                event = await conn.next_event()
+                if self._stash is not None:
+                    event, self._stash = self._stash, None
+                else:
+                    event = await conn.next_event()
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 raise UpstreamError(
                     f"connection to the backend broke mid-response: {exc}", response_started=True
