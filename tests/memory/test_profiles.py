@@ -6,6 +6,8 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
+
 from yard.config import Config, load_config
 from yard.core.spec import Profile
 from yard.memory.profiles import (
@@ -48,7 +50,7 @@ data_dir = "data"
 
 [backends.llm]
 models = ["tiny"]
-command = ["{server}", "--port", "{{port}}", "-m", "{{model_file}}", "-c", "{ctx}"]
+command = ['{server}', "--port", "{{port}}", "-m", "{{model_file}}", "-c", "{ctx}"]
 model_file = "{{config_dir}}/models/tiny.gguf"
 gpus = {gpus}
 
@@ -195,3 +197,21 @@ async def test_the_memory_store_fake_behaves_like_the_port() -> None:
     await store.forget("a")
     assert await store.get("a") is None
     assert store.puts == [("a", profile)]
+
+
+def test_the_key_follows_the_llama_server_behind_the_demo_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(tmp_path, server="{python}', '-m', 'yard.demo.llama_server")
+    binary = tmp_path / "bin" / "llama-server"
+    monkeypatch.setenv("YARD_LLAMA_SERVER", str(binary))
+    before = key(config)
+    assert footprint_key(
+        config.backends["llm"], config_dir=tmp_path, data_dir=config.server.data_dir
+    ).parts["server"] == {
+        "path": str(binary.resolve()),
+        "size": binary.stat().st_size,
+        "mtime_ns": binary.stat().st_mtime_ns,
+    }
+    binary.write_text("#!/bin/sh\n# a newer build\n")
+    assert key(config) != before

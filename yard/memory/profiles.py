@@ -136,6 +136,18 @@ def _expand(arg: str, values: Mapping[str, str]) -> str:
     return arg
 
 
+def _wrapped_server(argv: Sequence[str]) -> dict[str, object] | None:
+    """The real server behind a launcher module: ``{python} -m
+    yard.demo.llama_server`` execs llama-server, whose build is the version
+    that matters, not the interpreter's."""
+    if "yard.demo.llama_server" not in argv:
+        return None
+    from yard.demo.llama_server import find_llama_server
+
+    binary = find_llama_server()
+    return None if binary is None else _identity(binary.resolve())
+
+
 def footprint_key(
     backend: BackendLike,
     *,
@@ -184,6 +196,7 @@ def footprint_key(
         "command": list(backend.command),
         "env": sorted(backend.env.items()),
         "executable": executable or exe_name,
+        "server": _wrapped_server(argv),
         "files": files,
         "gpus": [[gpu, labels.get(gpu, "")] for gpu in backend.gpus],
         "gpu_count": backend.gpu_count if backend.gpus else 0,
