@@ -475,7 +475,8 @@ def sized_dimensions(
 ) -> Dimensions:
     """Dimensions of the widest model of ``n_layers`` layers whose tensors
     take at most ``size_bytes`` (the narrowest possible, ``head_dim × gqa``
-    wide, if even that is larger). ``gqa``: query heads per KV head."""
+    wide, if even that is larger); its feed-forward is widened to fill what
+    the width steps leave. ``gqa``: query heads per KV head."""
     step = head_dim * gqa
     best: Dimensions | None = None
     n_embd = step
@@ -490,9 +491,17 @@ def sized_dimensions(
             vocab_size=vocab_size,
         )
         if size_for(**dims, weight_type=weight_type) > size_bytes:
-            return best if best is not None else dims
+            break
         best = dims
         n_embd += step
+    if best is None:
+        return dims
+    # Widen the feed-forward into what is left: width steps are coarse.
+    while True:
+        wider = Dimensions(**{**best, "n_ff": best["n_ff"] + 32})
+        if size_for(**wider, weight_type=weight_type) > size_bytes:
+            return best
+        best = wider
 
 
 def write_sized_llama(
