@@ -64,6 +64,9 @@ OOM_SIGNS = (
 OOM_LOOKBACK_LINES = 50
 """How many of the last log lines are searched for :data:`OOM_SIGNS`."""
 
+MAX_LINE_BYTES = 64 * 1024
+"""Longer output without a newline is cut into lines of this size in the ring."""
+
 LOG_ROTATE_BYTES = 16 * 2**20
 """A backend log larger than this at start is moved to ``NAME.log.1``."""
 
@@ -439,6 +442,10 @@ class ManagedProcess:
                 self._write_log(chunk)
                 buffer += chunk
                 *lines, buffer = buffer.split(b"\n")
+                if len(buffer) > MAX_LINE_BYTES:
+                    # A progress bar without newlines must not grow without end.
+                    lines.append(buffer)
+                    buffer = b""
                 self._ring.extend(line.decode(errors="replace").rstrip("\r") for line in lines)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
