@@ -203,7 +203,10 @@ def model_of(method: str, content_type: bytes | None, body: bytes) -> str:
         if raw is None:
             raise ApiError(400, "model_required", "the form has no 'model' field")
         return raw.decode("utf-8", "replace").strip()
-    if ctype.startswith(b"application/x-www-form-urlencoded"):
+    if ctype.startswith(b"application/x-www-form-urlencoded") and not body.lstrip().startswith(
+        b"{"
+    ):
+        # (A JSON body under the form type is what `curl -d '{...}'` sends.)
         values = parse_qs(body.decode("utf-8", "replace")).get("model")
         if not values:
             raise ApiError(400, "model_required", "the form has no 'model' field")

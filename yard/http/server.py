@@ -21,9 +21,11 @@ once, so streams show their headers without waiting for a first chunk.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from functools import partial
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote
 
@@ -43,6 +45,14 @@ _READ = 65536
 _MAX_HEAD = 64 * 1024
 _DRAIN_LIMIT = 16 * 2**20
 _ERROR_HEAD = [(b"content-type", b"text/plain"), (b"connection", b"close")]
+
+
+@functools.cache
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
 
 
 class _Connection:
@@ -230,7 +240,7 @@ class _Exchange:
                 h11.Response(
                     status_code=message["status"],
                     headers=message.get("headers", ()),
-                    reason=b"",
+                    reason=_reason(message["status"]),
                 )
             )
             if message.get("yard.hold"):
