@@ -295,6 +295,31 @@ async def test_a_new_yard_reaps_the_backends_a_killed_yard_left(tmp_path: Path) 
 
 
 @pytest.mark.slow
+async def test_reaping_finds_a_group_whose_leader_died_too(tmp_path: Path) -> None:
+    path = write_config(tmp_path, backend_toml("llm", child=True))
+    with trio.fail_after(60):
+        yard = await trio.lowlevel.open_process(
+            [sys.executable, "-c", KILLED_YARD, str(path)], stdout=subprocess.PIPE
+        )
+        try:
+            assert yard.stdout is not None
+            output = b""
+            while b"\n" not in output:
+                output += await yard.stdout.receive_some(1024)
+            backend_pid = int(output.split()[1])
+        finally:
+            yard.kill()
+            await yard.wait()
+        child = psutil.Process(backend_pid).children()[0].pid
+        os.kill(backend_pid, signal.SIGKILL)  # the leader dies; its child lives on
+        await trio.sleep(0.2)  # for init to reap it (where PID 1 reaps at all)
+        assert not gone(child)
+        orphans = await Supervisor(load_config(path, env={})).reap_orphans()
+        assert [o.killed for o in orphans] == [True]
+        assert gone(child)
+
+
+@pytest.mark.slow
 async def test_reaping_never_kills_a_process_that_reused_the_pid(tmp_path: Path) -> None:
     path = write_config(tmp_path, backend_toml("llm"))
     stranger = await trio.lowlevel.open_process(

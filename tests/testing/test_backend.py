@@ -85,6 +85,15 @@ async def test_health_is_503_while_loading_then_200() -> None:
 
 
 @pytest.mark.slow
+async def test_slow_start_delays_even_the_listening_socket() -> None:
+    with trio.fail_after(20):
+        t0 = trio.current_time()
+        async with running_backend(wait_ready=False, slow_start=0.6) as backend:
+            assert trio.current_time() - t0 >= 0.6
+            assert backend.stdout_lines[-1].startswith("listening on http://127.0.0.1:")
+
+
+@pytest.mark.slow
 async def test_memory_is_really_held_and_grows_after_the_first_request(tmp_path: Path) -> None:
     counter = tmp_path / "served"
     with trio.fail_after(30):
