@@ -72,21 +72,18 @@ PAGE = 4096
 MAX_BODY = 256 * 2**20
 
 
-def backend_command(
-    *,
-    port: int | str = "{port}",
-    python: str | None = None,
-    **switches: object,
-) -> list[str]:
+def backend_command(**switches: object) -> list[str]:
     """The argv that starts the test backend, e.g.
     ``backend_command(load_time=0.5, memory="64MiB", crash_after=3)``.
 
     Keyword names are the switches with ``_`` for ``-``; True adds a bare
-    flag, False/None leave it out, lists repeat the switch. ``port`` defaults
-    to the ``{port}`` placeholder of a yard config, ``python`` to this
-    interpreter.
+    flag, False/None leave it out, lists repeat the switch. Two are special:
+    ``port`` defaults to the ``{port}`` placeholder of a yard config, and
+    ``python`` (the interpreter) to this one.
     """
-    argv = [python or sys.executable, "-m", "yard.testing.backend", "--port", str(port)]
+    port = switches.pop("port", "{port}")
+    python = switches.pop("python", None)
+    argv = [str(python or sys.executable), "-m", "yard.testing.backend", "--port", str(port)]
     for name, value in switches.items():
         flag = "--" + name.replace("_", "-")
         if value is None or value is False:

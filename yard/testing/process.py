@@ -14,7 +14,6 @@ import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 import trio
@@ -78,8 +77,7 @@ async def running_backend(
     :func:`yard.testing.backend.backend_command`) and yield it once it
     listens (and is healthy, if ``wait_ready``). Its process group is killed
     on exit. The caller bounds the whole thing with ``trio.fail_after``."""
-    options: dict[str, Any] = dict(switches)
-    argv = backend_command(port=0, **options)
+    argv = backend_command(**{**switches, "port": 0})
     process = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE, start_new_session=True)
     try:
         assert process.stdout is not None
