@@ -107,11 +107,12 @@ def _open_meter() -> Any:
 async def serve(
     config: Config,
     *,
-    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run yard with ``config`` until SIGINT/SIGTERM (or cancellation).
 
-    Reports the HTTP addresses it listens on once ``/healthz`` answers.
+    Reports its :class:`Runtime` (``runtime.urls``: where it listens) once
+    ``/healthz`` answers.
     Raises :class:`ConfigError` when the configuration does not match this
     machine (a GPU it names is not there).
     """
@@ -171,8 +172,9 @@ async def serve(
         binds = await nursery.start(
             _serve_http, runtime, config.server.listen_host, config.server.listen_port, stop
         )
+        runtime.urls = binds
         log.info("yard is serving on %s (data in %s)", ", ".join(binds), config.server.data_dir)
-        task_status.started(binds)
+        task_status.started(runtime)
         # The HTTP server returns once stop is set and its grace is over;
         # then everything else winds down (backends stopped, shielded).
         await stop.wait()

@@ -49,6 +49,8 @@ class Runtime:
         then answers ``Prefer: respond-async`` with 501).
     started_at: wall-clock time (``time.time()``) yard started serving.
     upstream: the connection pool every call to a backend goes through.
+    urls: where the HTTP server listens, once it does (``["http://127.0.0.1:8080"]``).
+    extras: room for the parts to share small things without new fields.
     """
 
     config: Config
@@ -57,6 +59,7 @@ class Runtime:
     jobs: JobService | None = None
     started_at: float = 0.0
     upstream: UpstreamPool = field(default_factory=lambda: _default_pool())
+    urls: list[str] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,0 +1,245 @@
+"""yard end to end: ``yard serve``'s nursery, real test-backend processes,
+real sockets (loopback). Slow: each test starts processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import trio
+
+from tests.gateway.conftest import backend_toml, running_yard, wait_until, write_config
+from yard.config import load_config
+from yard.core.spec import Profile
+from yard.http.runtime import Runtime
+from yard.memory import default_meter
+from yard.memory.profiles import open_profile_store
+
+pytestmark = pytest.mark.slow
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _llm(tmp_path: Path, **switches: object) -> str:
+    return backend_toml("llm", models=("tiny",), switches=switches)
+
+
+def _engine_stats(runtime: Runtime) -> object:
+    return runtime.engine.statistics()
+
+
+async def test_openai_client_gets_the_same_answers_through_yard_as_directly(
+    tmp_path: Path,
+) -> None:
+    body = _llm(tmp_path, chunks=4, chunk_interval=0.01) + backend_toml("echo", api="plain")
+    with trio.fail_after(60):
+        async with running_yard(tmp_path, body) as runtime:
+            url = runtime.urls[0]
+
+            def talk(base_url: str) -> tuple[str, list[str]]:
+                client = openai.OpenAI(base_url=base_url + "/v1", api_key="none", max_retries=0)
+                with client:
+                    answer = client.chat.completions.create(
+                        model="tiny", messages=[{"role": "user", "content": "hello"}]
+                    )
+                    stream = client.chat.completions.create(
+                        model="tiny", messages=[{"role": "user", "content": "hello"}], stream=True
+                    )
+                    pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+                return answer.choices[0].message.content or "", pieces
+
+            via_yard = await trio.to_thread.run_sync(talk, url)
+            direct_url = runtime.launcher.running()["llm"].base_url
+            direct = await trio.to_thread.run_sync(talk, direct_url)
+            assert via_yard == direct
+            assert via_yard[1][:4] == ["tok0 ", "tok1 ", "tok2 ", "tok3 "]
+
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                models = await client.get("/v1/models")
+                plain = await client.post("/backends/echo/render?x=1", content=b"\x00raw")
+            echo = plain.json()
+            assert (echo["method"], echo["path"], echo["body"]) == ("POST", "/render", "\x00raw")
+            assert echo["query"] == {"x": ["1"]}
+            assert plain.headers["x-yard-request-id"] == echo["headers"]["x-yard-request-id"]
+            assert [(m["id"], m["state"]) for m in models.json()["data"]] == [("tiny", "ready")]
+
+
+async def test_two_apps_contending_for_one_slot_are_served_in_priority_order(
+    tmp_path: Path,
+) -> None:
+    counter = tmp_path / "served.txt"
+    apps = (
+        '[apps.chat]\nkey = "key-chat"\ndefault_priority = 80\nmax_priority = 90\n\n'
+        '[apps.batch]\nkey = "key-batch"\ndefault_priority = 10\nmax_priority = 20\n\n'
+    )
+    body = apps + _llm(tmp_path, service_time=0.4, counter_file=str(counter))
+    with trio.fail_after(60):
+        async with running_yard(tmp_path, body) as runtime:
+            engine = runtime.engine
+            ids: dict[str, str] = {}
+            async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
+
+                async def send(label: str, key: str) -> None:
+                    response = await client.post(
+                        "/v1/chat/completions",
+                        json=CHAT,
+                        headers={"authorization": f"Bearer {key}"},
+                    )
+                    assert response.status_code == 200, response.text
+                    ids[label] = response.headers["x-yard-request-id"]
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(send, "first", "key-batch")
+                    await wait_until(lambda: engine.statistics().inflight == 1)
+                    nursery.start_soon(send, "batch", "key-batch")
+                    await wait_until(lambda: engine.statistics().queue_length == 1)
+                    nursery.start_soon(send, "chat", "key-chat")
+                    await wait_until(lambda: engine.statistics().queue_length == 2)
+            served = counter.read_text().split()
+            assert served == [ids["first"], ids["chat"], ids["batch"]]
+
+
+async def test_client_that_disconnects_mid_stream_frees_the_slot_at_once(
+    tmp_path: Path,
+) -> None:
+    body = _llm(tmp_path, chunks=10_000, chunk_interval=0.02)
+    with trio.fail_after(60):
+        async with running_yard(tmp_path, body) as runtime:
+            engine = runtime.engine
+            host, port = runtime.urls[0].removeprefix("http://").rsplit(":", 1)
+            stream = await trio.open_tcp_stream(host, int(port))
+            payload = json.dumps({**CHAT, "stream": True}).encode()
+            await stream.send_all(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: yard\r\n"
+                b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(payload), payload)
+            )
+            first = await stream.receive_some(65536)
+            assert first.startswith(b"HTTP/1.1 200")
+            assert engine.statistics().inflight == 1
+            await stream.aclose()
+            await wait_until(lambda: engine.statistics().inflight == 0)
+            stats = engine.statistics()
+            assert stats.requests.get("cancelled") == 1
+            assert stats.requests.get("ok", 0) == 0
+            assert engine.snapshot().backends[0].inflight == 0
+
+
+async def test_backend_crash_mid_request_fails_the_client_and_is_never_retried(
+    tmp_path: Path,
+) -> None:
+    counter = tmp_path / "served.txt"
+    body = _llm(tmp_path, crash_after=1, counter_file=str(counter))
+    with trio.fail_after(60):
+        async with running_yard(tmp_path, body) as runtime:
+            async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
+                ok = await client.post("/v1/chat/completions", json=CHAT)
+                crashed = await client.post("/v1/chat/completions", json=CHAT)
+                again = await client.post("/v1/chat/completions", json=CHAT)
+            assert ok.status_code == 200
+            assert crashed.status_code == 502
+            assert crashed.json()["error"]["code"] == "backend_failed"
+            # The next request starts the backend again: a new process.
+            assert again.status_code == 200
+            assert again.headers["x-test-backend-pid"] != ok.headers["x-test-backend-pid"]
+            served = counter.read_text().split()
+            assert served == [ok.headers["x-yard-request-id"], again.headers["x-yard-request-id"]]
+            stats = runtime.engine.statistics()
+            assert stats.requeues == 0
+            assert stats.loads == 2
+
+
+async def test_model_that_cannot_fit_is_refused_at_once(tmp_path: Path) -> None:
+    body = _llm(tmp_path)
+    config = load_config(write_config(tmp_path, body))
+    meter = default_meter()
+    store = await open_profile_store(config, devices=meter.describe())
+    await store.put("llm", Profile(gpu_bytes=0, host_bytes=2**62, load_s=1.0))
+    await store.aclose()
+    meter.close()
+    with trio.fail_after(60):
+        async with running_yard(tmp_path, body) as runtime:
+            async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
+                start = trio.current_time()
+                response = await client.post("/v1/chat/completions", json=CHAT)
+                took = trio.current_time() - start
+            assert response.status_code == 503
+            assert response.json()["error"]["code"] == "does_not_fit"
+            assert took < 2.0
+            assert runtime.engine.statistics().loads == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def _wait_healthy(client: httpx.AsyncClient) -> None:
+    while True:
+        try:
+            if (await client.get("/healthz")).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        await trio.sleep(0.1)
+
+
+async def test_yard_killed_with_sigkill_leaves_no_orphan_once_started_again(
+    tmp_path: Path,
+) -> None:
+    port = _free_port()
+    config = write_config(tmp_path, _llm(tmp_path), listen=f"127.0.0.1:{port}")
+    argv = [sys.executable, "-m", "yard.cli", "serve", "--config", str(config)]
+    first = await trio.lowlevel.open_process(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    second: trio.Process | None = None
+    backend_pid = 0
+    try:
+        with trio.fail_after(60):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+                await _wait_healthy(client)
+                response = await client.post("/v1/chat/completions", json=CHAT)
+                assert response.status_code == 200
+                backend_pid = int(response.headers["x-test-backend-pid"])
+                first.kill()
+                await first.wait()
+                assert _alive(backend_pid), "the backend should outlive a SIGKILLed yard"
+                second = await trio.lowlevel.open_process(
+                    argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
+                await _wait_healthy(client)
+                # Orphans are reaped before yard serves.
+                await wait_until(lambda: not _alive(backend_pid))
+                again = await client.post("/v1/chat/completions", json=CHAT)
+                assert again.status_code == 200
+                assert int(again.headers["x-test-backend-pid"]) != backend_pid
+    finally:
+        with trio.CancelScope(shield=True):
+            for proc in (first, second):
+                if proc is not None and proc.returncode is None:
+                    proc.send_signal(signal.SIGTERM)
+                    with trio.move_on_after(20):
+                        await proc.wait()
+                    if proc.returncode is None:
+                        proc.kill()
+                        await proc.wait()
+        if backend_pid and _alive(backend_pid):
+            os.kill(backend_pid, signal.SIGKILL)
