@@ -103,6 +103,12 @@ def group_members(pgid: int) -> list[int]:
         except (ProcessLookupError, PermissionError):
             return []
         return [pgid]
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []  # the usual case, without reading all of /proc
+    except PermissionError:
+        pass
     members = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
