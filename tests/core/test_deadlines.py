@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.core.harness import Harness
-from yard.core import BackendSpec, Reject, SchedulerConfig
+from yard.core import BackendSpec, Dispatch, Reject, SchedulerConfig
 
 
 def busy_chat(**cfg: float) -> Harness:
@@ -92,3 +92,39 @@ def test_a_passed_deadline_that_allows_late_keeps_the_request() -> None:
     assert h.rejected() == {}
     h.finish("r0", at=25)
     assert h.dispatched() == ["r0", "r1"]
+
+
+def test_the_wait_bound_follows_the_documented_formula() -> None:
+    h = busy_chat(aging_rate=2.0, deadline_boost=50, min_priority=0, max_priority=100)
+    c = h.s.config
+    # loads: chat 5 s, big 20 s; longest service asked for: 7 s
+    expected = (100 + 50) / 2.0 + (c.queue_limit + c.batch_bound) * (20 + 7)
+    assert h.s.wait_bound(max_service_s=7) == expected
+    assert h.s.wait_bound() is None  # nothing served yet: no measured service time
+    h.finish("r0", at=3)
+    assert h.s.wait_bound() == (100 + 50) / 2.0 + (c.queue_limit + c.batch_bound) * (20 + 3)
+
+
+def test_a_stream_of_high_priority_work_cannot_starve_a_swap() -> None:
+    h = Harness(
+        [BackendSpec(name="chat", gpus=("gpu0",)), BackendSpec(name="big", gpus=("gpu0",))],
+        config=SchedulerConfig(aging_rate=1.0, deadline_boost=0, batch_bound=2, queue_limit=50),
+        profiles={"chat": (10, 1, 5), "big": (16, 1, 20)},
+    )
+    h.load("chat", "c0", priority=100)
+    h.arrive("patient", "big", priority=0, at=0.5)
+    t, n = 1.0, 0
+    while "patient" not in h.dispatched() and t < 1000:
+        n += 1
+        h.arrive(f"c{n}", "chat", priority=100, at=t)
+        if h.dispatched()[-1].startswith("c"):
+            h.finish(h.dispatched()[-1], at=t + 0.5)
+        if h.state("chat") == "stopping":
+            h.stopped("chat", at=t + 0.6)
+        if h.state("big") == "starting":
+            h.ready("big", at=t + 0.7)
+        t += 1.0
+    waited = h.log[[d for _, d in h.log].index(h.decisions(Dispatch)[-1])][0] - 0.5
+    bound = h.s.wait_bound(max_service_s=0.5)
+    assert bound is not None and waited <= bound
+    assert 90 <= waited <= 100 + 10  # aging alone overtakes priority 100 after 100 s

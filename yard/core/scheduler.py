@@ -1123,8 +1123,10 @@ class Scheduler:
             return None
 
         chosen: list[_Backend] = []
+        still_stopping: list[str] = []
         for o in required:
             if o.state is BackendState.STOPPING:
+                still_stopping.append(o.name)
                 continue
             why_not = eligible(o)
             if why_not is not None:
@@ -1195,7 +1197,7 @@ class Scheduler:
             chosen.extend(greedy)
         slack = min(-deficit[d] for d in devs)
         if not chosen:
-            if all(need[d] <= free_now[d] for d in devs):
+            if all(need[d] <= free_now[d] for d in devs) and not still_stopping:
                 fig = ", ".join(
                     f"{d}: needs {_gib(need[d])}, {_gib(free_now[d])} free" for d in devs
                 )
