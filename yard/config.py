@@ -195,6 +195,22 @@ class BackendConfig:
     warmup: WarmupConfig | None = None
     model_file: Path | None = None
     stop_grace_s: float = 10.0
+    path_templates: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """``cwd`` / ``model_file`` as written in the file (before placeholders)."""
+
+    def relocated(self, config_dir: Path, data_dir: Path) -> BackendConfig:
+        """The same backend with ``{data_dir}`` in ``cwd`` / ``model_file``
+        pointing at ``data_dir``."""
+        t = self.path_templates
+        return dataclasses.replace(
+            self,
+            cwd=_expand(t["cwd"], config_dir, data_dir) if "cwd" in t else self.cwd,
+            model_file=(
+                _expand(t["model_file"], config_dir, data_dir)
+                if "model_file" in t
+                else self.model_file
+            ),
+        )
 
     def startup_timeout(self, load_s: float | None) -> float:
         """How long a start may take before it counts as failed.
@@ -321,9 +337,15 @@ class Config:
             _check_exposure(server, self.apps, errors, "--listen")
             if errors:
                 raise ConfigError(errors)
+        backends = self.backends
         if data_dir is not None:
             server = dataclasses.replace(server, data_dir=data_dir.resolve())
-        return dataclasses.replace(self, server=server)
+            # Paths written with {data_dir} follow the new data directory.
+            backends = {
+                name: b.relocated(self.config_dir, server.data_dir)
+                for name, b in self.backends.items()
+            }
+        return dataclasses.replace(self, server=server, backends=backends)
 
 
 # -- sizes, addresses ---------------------------------------------------------
@@ -713,9 +735,13 @@ def _path(r: _Reader, key: str, text: str, data_dir: Path | None) -> Path | None
     if problem:
         r.error(key, problem)
         return None
-    values = {"config_dir": str(r.path.parent), "data_dir": str(data_dir)}
+    return _expand(text, r.path.parent, data_dir)
+
+
+def _expand(text: str, config_dir: Path, data_dir: Path | None) -> Path:
+    values = {"config_dir": str(config_dir), "data_dir": str(data_dir)}
     expanded = Path(text.format_map(values)).expanduser()
-    return expanded if expanded.is_absolute() else (r.path.parent / expanded).resolve()
+    return expanded if expanded.is_absolute() else (config_dir / expanded).resolve()
 
 
 def _devices(r: _Reader, data: dict[str, Any]) -> dict[str, DeviceConfig]:
@@ -941,6 +967,9 @@ def _backend(
         api=api,  # type: ignore[arg-type]
         warmup=warmup,
         model_file=model_file,
+        path_templates={
+            key: text for key, text in (("cwd", cwd_text), ("model_file", model_file_text)) if text
+        },
         stop_grace_s=r.get(table, key, "stop_grace_s", float, server.stop_grace_s, _non_negative),
     )
 

@@ -355,6 +355,24 @@ def test_listen_override_keeps_the_loopback_rule(tmp_path: Path) -> None:
     assert info.value.errors[0].startswith("--listen: 192.168.1.5 is reachable from the network")
 
 
+def test_data_dir_override_moves_paths_written_with_data_dir(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        MINIMAL_BACKEND
+        + 'model_file = "{data_dir}/m.gguf"\ncwd = "{config_dir}/work"\n'
+        + '[backends.other]\napi = "plain"\ncommand = ["x"]\nmodel_file = "/abs/o.gguf"\n',
+    )
+    assert config.backends["llm"].model_file == tmp_path / "data" / "m.gguf"
+    moved = config.with_overrides(data_dir=tmp_path / "elsewhere")
+    assert moved.backends["llm"].model_file == tmp_path / "elsewhere" / "m.gguf"
+    assert moved.backends["llm"].cwd == tmp_path / "work"
+    assert moved.backends["other"].model_file == Path("/abs/o.gguf")
+    assert moved.backends["llm"].command == config.backends["llm"].command
+    with pytest.raises(ConfigError) as info:
+        config.with_overrides(listen="192.168.1.5:80")
+    assert info.value.errors[0].startswith("--listen: 192.168.1.5 is reachable from the network")
+
+
 def test_a_missing_file_and_bad_toml_are_reported_with_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "nope.toml", env={})
