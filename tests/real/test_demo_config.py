@@ -17,7 +17,7 @@ def test_demo_config_loads_with_three_backends_on_loopback() -> None:
     assert set(config.backends) == {"llm", "tts", "images"}
     assert config.backend_for_model("tiny-llama") is config.backends["llm"]
     assert config.backend_for_model("tiny-image") is config.backends["images"]
-    assert config.backends["tts"].api == "plain"
+    assert config.backend_for_model("tts-joe") is config.backends["tts"]
     assert config.server.listen_host == "127.0.0.1"
     assert config.server.data_dir == ROOT / ".data"
 

@@ -23,7 +23,7 @@ from tests.real.servers import (
     running_server,
     yard_argv,
 )
-from tests.real.test_tts import assert_speech
+from tests.real.test_tts import assert_speech, speak
 from yard.demo.tinymodel import write_sized_llama
 
 pytestmark = pytest.mark.slow
@@ -68,7 +68,7 @@ async def test_openai_client_gets_chat_and_completions_through_yard(tmp_path: Pa
             )
             headers = await _headers_of_a_chat(yard)
     assert_full_round(answers)
-    assert set(answers.models) == {"tiny-llama", "tiny-image"}
+    assert set(answers.models) == {"tiny-llama", "tts-joe", "tiny-image"}
     assert headers.get("x-yard-request-id")
     assert float(headers["x-yard-queue-ms"]) >= 0
 
@@ -95,13 +95,18 @@ async def test_tts_and_images_answer_real_bytes_through_yard(tmp_path: Path) -> 
         async with running_server(
             argv, port=port, log=tmp_path / "yard.log", health_path="/healthz"
         ) as yard:
+            speech = await trio.to_thread.run_sync(
+                partial(speak, yard.base_url, "Platform two, on time.", api_key=KEY)
+            )
+            # The same server by name, on its own (piper's) API.
             async with httpx.AsyncClient(base_url=yard.base_url, timeout=90) as client:
-                speech = await client.post(
+                piper_api = await client.post(
                     "/backends/tts/synthesize",
                     headers={"Authorization": f"Bearer {KEY}"},
                     json={"text": "Platform two, the train is on time."},
                 )
             png = await trio.to_thread.run_sync(_image, yard.base_url)
-    assert speech.status_code == 200, speech.text
-    assert_speech(speech.content, min_seconds=1.0)
+    assert_speech(speech, min_seconds=1.0)
+    assert piper_api.status_code == 200, piper_api.text
+    assert_speech(piper_api.content, min_seconds=1.0)
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
