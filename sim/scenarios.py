@@ -53,7 +53,7 @@ TEN_JOBS: tuple[tuple[float, str, str, float, float, float | None], ...] = (
     (10.0, "j07", "tts", 30, 5.0, None),
     (12.0, "j08", "image", 40, 10.0, 90.0),
     (15.0, "j09", "llm", 70, 30.0, None),
-    (20.0, "j10", "tts", 90, 5.0, None),
+    (22.0, "j10", "tts", 90, 5.0, None),
 )
 
 
@@ -260,20 +260,27 @@ def radio_day_workload(rng: random.Random, hours: float = 24.0) -> list[Arrival]
     return renumber(out)
 
 
-def radio_day(gpu_count: int, hours: float = 24.0) -> Scenario:
+def radio_day(gpu_count: int, hours: float = 24.0, *, first_day: bool = False) -> Scenario:
     """The radio station's day on ``gpu_count`` 24 GiB GPUs (``hours`` < 24: a slice
-    from midnight, for tests)."""
+    from midnight, for tests).
+
+    An ordinary day starts with the profiles measured on earlier days. The
+    ``first_day`` starts with none: yard measures each model's first load alone.
+    """
     gpus = tuple(f"gpu{i}" for i in range(gpu_count))
-    suffix = "" if hours == 24.0 else f"-{hours:g}h"
+    suffix = ("" if hours == 24.0 else f"-{hours:g}h") + ("-first-day" if first_day else "")
+    what = "first day (no profiles yet)" if first_day else "day"
     return Scenario(
         name=f"radio-day-{gpu_count}gpu{suffix}",
-        title=f"a radio station's day on {gpu_count} x 24 GiB",
+        title=f"a radio station's {what} on {gpu_count} x 24 GiB",
         machine=MachineSpec(gpus=tuple((g, 24 * GiB) for g in gpus)),
         models=_radio_models(gpus),
         workload=lambda rng: radio_day_workload(rng, hours),
         horizon_s=hours * HOUR + HOUR,
+        stored_profiles=not first_day,
         meter_interval_s=5.0,
         seed=2024,
+        policies=("yard",) if first_day else None,
     )
 
 
@@ -456,7 +463,13 @@ def fault_scenario(kind: str) -> Scenario:
 
 def report_scenarios() -> list[Scenario]:
     """The scenarios ``python -m sim report`` runs, in order."""
-    return [ten_jobs(), radio_day(1), radio_day(2), *(sweep(f) for f in SWEEP_FACTORS)]
+    return [
+        ten_jobs(),
+        radio_day(1),
+        radio_day(2),
+        radio_day(1, first_day=True),
+        *(sweep(f) for f in SWEEP_FACTORS),
+    ]
 
 
 def get(name: str) -> Scenario:
@@ -467,6 +480,12 @@ def get(name: str) -> Scenario:
     if name.startswith("faults-"):
         return fault_scenario(name.removeprefix("faults-"))
     if name.startswith("radio-day-"):
-        gpus, _, hours = name.removeprefix("radio-day-").partition("-")
-        return radio_day(int(gpus.removesuffix("gpu")), float(hours.removesuffix("h") or 24))
+        rest = name.removeprefix("radio-day-")
+        first_day = rest.endswith("-first-day")
+        gpus, _, hours = rest.removesuffix("-first-day").partition("-")
+        return radio_day(
+            int(gpus.removesuffix("gpu")),
+            float(hours.removesuffix("h") or 24),
+            first_day=first_day,
+        )
     raise KeyError(f"no scenario {name!r}")

@@ -53,6 +53,7 @@ class Scenario:
         load alone. profiles: stored profiles to use instead of the exact ones.
     meter_interval_s: how often the engine reads the simulated meter.
     seed: the default seed of ``python -m sim report``.
+    policies: the policies the report runs it under (None: all).
     """
 
     name: str
@@ -67,6 +68,7 @@ class Scenario:
     meter_interval_s: float = 5.0
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
     seed: int = 1
+    policies: tuple[str, ...] | None = None
 
     def model(self, name: str) -> ModelSpec:
         for model in self.models:

@@ -1,0 +1,128 @@
+"""``python -m sim report [--json]`` and ``python -m sim bench``.
+
+report: every report scenario under yard and each baseline, side by side (a table,
+    or ``{scenario: {policy: {metric: value}}}`` with ``--json``).
+bench: the core benchmark (``sim.bench_core.main()``, if present), then the wall
+    time of the simulated radio day through the whole engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+
+from sim import scenarios
+from sim.metrics import metrics
+from sim.runner import POLICIES, run
+
+
+def _report(args: argparse.Namespace) -> int:
+    chosen = [scenarios.get(name) for name in args.scenario] or scenarios.report_scenarios()
+    policies = args.policy or list(POLICIES)
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for scenario in chosen:
+        results[scenario.name] = {}
+        for policy in policies:
+            if scenario.policies is not None and policy not in scenario.policies:
+                continue
+            result = run(scenario, policy, args.seed)
+            results[scenario.name][policy] = metrics(result)
+            if not args.json:
+                print(f"  ran {scenario.name} / {policy} in {result.wall_s:.1f} s", file=sys.stderr)
+        if not args.json:
+            print(render_table(scenario.name, scenario.title, results[scenario.name]))
+    if args.json:
+        print(json.dumps(results, indent=2, sort_keys=True))
+    return 0
+
+
+COLUMNS = (
+    ("loads", "loads", "{:.0f}"),
+    ("LB", "loads_lower_bound", "{:.0f}"),
+    ("x LB", "", ""),
+    ("OOMs", "ooms", "{:.0f}"),
+    ("met", "deadlines_met", "{:.0f}"),
+    ("missed", "deadlines_missed", "{:.0f}"),
+    ("avoid.", "deadlines_missed_avoidable", "{:.0f}"),
+    ("high p50/p95/max s", "high", ""),
+    ("normal p50/p95/max s", "normal", ""),
+    ("low p50/p95/max s", "low", ""),
+    ("load %", "gpu_loading_share", "{:.1%}"),
+    ("idle+work %", "gpu_idle_with_work_share", "{:.1%}"),
+    ("stuck", "stuck", "{:.0f}"),
+)
+
+
+def _cell(row: dict[str, float], key: str, fmt: str, header: str) -> str:
+    if header == "x LB":
+        bound = row["loads_lower_bound"]
+        return f"{row['loads'] / bound:.2f}" if bound else "-"
+    if key in ("high", "normal", "low"):
+        return "/".join(
+            f"{row[f'{key}_wait_{q}_s']:.0f}"
+            if row[f"{key}_wait_{q}_s"] >= 10
+            else f"{row[f'{key}_wait_{q}_s']:.1f}"
+            for q in ("p50", "p95", "max")
+        )
+    return fmt.format(row[key])
+
+
+def render_table(name: str, title: str, rows: dict[str, dict[str, float]]) -> str:
+    """One scenario's results as a Markdown table (docs/simulation.md uses it too)."""
+    headers = ["policy", *(h for h, _, _ in COLUMNS)]
+    lines = [f"### {name}: {title}", ""]
+    lines.append("| " + " | ".join(headers) + " |")
+    lines.append("|" + "|".join("---" for _ in headers) + "|")
+    for policy, row in rows.items():
+        cells = [policy, *(_cell(row, key, fmt, h) for h, key, fmt in COLUMNS)]
+        lines.append("| " + " | ".join(cells) + " |")
+    any_row = next(iter(rows.values()))
+    lines.append("")
+    hours = any_row["sim_seconds"] / 3600
+    lines.append(f"{any_row['requests']:.0f} requests over {hours:.1f} simulated hours.")
+    return "\n".join(lines) + "\n"
+
+
+def _bench(args: argparse.Namespace) -> int:
+    try:
+        bench_core = importlib.import_module("sim.bench_core")
+    except ModuleNotFoundError:
+        print("core benchmark: sim/bench_core.py is not there; skipped")
+    else:
+        bench_core.main()
+    for gpus in (1, 2):
+        scenario = scenarios.radio_day(gpus)
+        result = run(scenario, "yard")
+        print(
+            f"radio day ({gpus} GPU): {len(result.records)} requests, "
+            f"{result.end_time / 3600:.1f} simulated hours, {result.wall_s:.1f} s wall "
+            f"({len(result.records) / result.wall_s:,.0f} requests/s), "
+            f"{result.statistics.events} events, {result.statistics.decisions} decisions"
+        )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    report = commands.add_parser("report", help="every scenario under every policy")
+    report.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    report.add_argument(
+        "--scenario", action="append", default=[], help="only this scenario (repeatable)"
+    )
+    report.add_argument(
+        "--policy", action="append", choices=POLICIES, help="only this policy (repeatable)"
+    )
+    report.add_argument("--seed", type=int, default=None, help="instead of each scenario's own")
+    commands.add_parser("bench", help="the core benchmark and the radio day's wall time")
+    args = parser.parse_args(argv)
+    if args.command == "report":
+        return _report(args)
+    return _bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
