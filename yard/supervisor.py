@@ -35,7 +35,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -200,6 +200,7 @@ def _write_pid_file(path: Path, backend: str, pid: int, argv: Sequence[str]) -> 
         "start_time": _start_time(pid),
         "argv": list(argv),
         "yard_pid": os.getpid(),
+        "yard_start_time": _start_time(os.getpid()),
     }
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record))
@@ -220,6 +221,15 @@ def _open_log(path: Path) -> IO[bytes]:
         if path.stat().st_size > LOG_ROTATE_BYTES:
             path.replace(path.with_name(path.name + ".1"))
     return path.open("ab")
+
+
+def _owner_alive(record: Mapping[str, object]) -> bool:
+    """Whether the yard that wrote the pid file is another process still running."""
+    owner, started = record.get("yard_pid"), record.get("yard_start_time")
+    if not isinstance(owner, int) or not isinstance(started, int | float) or owner == os.getpid():
+        return False
+    now_started = _start_time(owner)
+    return now_started is not None and abs(now_started - float(started)) < 0.05
 
 
 # -- one process ------------------------------------------------------------------
@@ -660,13 +670,19 @@ class Supervisor:
         A pid file whose pid now belongs to a different process (its start
         time differs) is stale: that process is left alone. If the recorded
         leader is gone but members of its group live on, they are killed only
-        when no process has taken the group's number since.
+        when no process has taken the group's number since. Backends this
+        supervisor runs, and backends of another yard that is still running
+        (same data directory), are not orphans: they and their pid files are
+        left alone.
         """
         orphans: list[Orphan] = []
         if not self._run_dir.is_dir():
             return orphans
+        mine = {p.pid for p in self.running().values()}
         for path in sorted(self._run_dir.glob("*.pid")):
             record = _read_pid_file(path)
+            if record is not None and (record.get("pid") in mine or _owner_alive(record)):
+                continue
             orphan = await self._reap(path, record)
             if orphan is not None:
                 orphans.append(orphan)

@@ -358,3 +358,43 @@ async def test_cancelling_the_supervisor_stops_every_backend(tmp_path: Path) -> 
             assert sorted(supervisor.running()) == ["a", "b"]
         assert all(pid is not None and gone(pid) for pid in pids)
         assert list((tmp_path / "data" / "run").glob("*.pid")) == []
+
+
+@pytest.mark.slow
+async def test_backends_of_another_running_yard_are_not_orphans(tmp_path: Path) -> None:
+    path = write_config(tmp_path, backend_toml("llm"))
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    other_yard = await trio.lowlevel.open_process(sleep)
+    its_backend = await trio.lowlevel.open_process(sleep, start_new_session=True)
+    try:
+        run_dir = tmp_path / "data" / "run"
+        run_dir.mkdir(parents=True)
+        pid_file = run_dir / "llm.pid"
+        pid_file.write_text(
+            json.dumps(
+                {
+                    "backend": "llm",
+                    "pid": its_backend.pid,
+                    "pgid": its_backend.pid,
+                    "start_time": psutil.Process(its_backend.pid).create_time(),
+                    "yard_pid": other_yard.pid,
+                    "yard_start_time": psutil.Process(other_yard.pid).create_time(),
+                }
+            )
+        )
+        supervisor = Supervisor(load_config(path, env={}))
+        with trio.fail_after(10):
+            assert await supervisor.reap_orphans() == []
+        assert its_backend.poll() is None
+        assert pid_file.exists()
+        # Once that yard is gone (killed), its backend is an orphan.
+        other_yard.kill()
+        await other_yard.wait()
+        with trio.fail_after(10):
+            orphans = await supervisor.reap_orphans()
+        assert [(o.pid, o.killed) for o in orphans] == [(its_backend.pid, True)]
+        assert await its_backend.wait() == -signal.SIGKILL
+    finally:
+        for process in (other_yard, its_backend):
+            process.kill()
+            await process.wait()
