@@ -849,10 +849,11 @@ def _backend(
         api = "openai"
 
     models = _str_list(r, table, key, "models")
-    if api == "openai" and not models and "models" not in table:
+    if api == "openai" and not models and not isinstance(table.get("models", []), str):
+        what = "is missing" if "models" not in table else "is empty"
         r.error(
             f"{key}.models",
-            "is missing: an openai backend needs the model names apps send, "
+            f"{what}: an openai backend is reached by the model names apps send, "
             'e.g. models = ["llama-3-8b"] (or api = "plain")',
         )
         ok = False

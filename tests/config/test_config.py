@@ -241,6 +241,8 @@ def test_every_error_is_reported_at_once(tmp_path: Path) -> None:
         ),
         ("[apps.a]\nkey = 'k'\nkey_env = 'K'\n", "apps.a: give either key or key_env, not both"),
         ("[backends.b]\ncommand = ['x']\n", "backends.b.models: is missing"),
+        ("[backends.b]\nmodels = []\ncommand = ['x']\n", "backends.b.models: is empty"),
+        ("[backends.b]\nmodels = 'm'\ncommand = ['x']\n", "backends.b.models: must be a list"),
         ("[backends.b]\nmodels = ['m']\n", "backends.b.command: is missing"),
         (
             "[backends.b]\nmodels = ['m']\ncommand = 'srv --port {port}'\n",
