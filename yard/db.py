@@ -53,11 +53,14 @@ class Database:
     Open it with :meth:`open`; close it with :meth:`close` (idempotent).
     """
 
-    def __init__(self, path: Path, connection: sqlite3.Connection) -> None:
+    def __init__(
+        self, path: Path, connection: sqlite3.Connection, *, threaded: bool = True
+    ) -> None:
         # Use Database.open(): it also sets the pragmas and migrates.
         self._path = path
         self._conn: sqlite3.Connection | None = connection
         self._limiter = trio.CapacityLimiter(1)
+        self._threaded = threaded
 
     @property
     def path(self) -> Path:
@@ -65,10 +68,16 @@ class Database:
         return self._path
 
     @classmethod
-    async def open(cls, path: Path, migrations: Sequence[Migration]) -> Database:
+    async def open(
+        cls, path: Path, migrations: Sequence[Migration], *, threaded: bool = True
+    ) -> Database:
         """Open (creating it and its parent directory if needed) the database
         at ``path`` and apply every migration of ``migrations`` not yet
         recorded, in order.
+
+        threaded: False runs every call in the Trio thread itself, blocking
+        it. Only for tests on virtual time (``MockClock(autojump_threshold=0)``):
+        while a task waits for a worker thread, the mock clock would jump.
 
         Raises :class:`DatabaseError` if a migration fails (that migration is
         rolled back; earlier ones stay) or if the file is not a database.
@@ -96,8 +105,12 @@ class Database:
                 raise
             return conn
 
-        conn = await trio.to_thread.run_sync(_open)
-        return cls(path, conn)
+        if threaded:
+            conn = await trio.to_thread.run_sync(_open)
+        else:
+            await trio.lowlevel.checkpoint()
+            conn = _open()
+        return cls(path, conn, threaded=threaded)
 
     async def execute(
         self, sql: str, params: Sequence[object] = (), *, durable: bool = False
@@ -170,15 +183,21 @@ class Database:
         async with self._limiter:
             conn, self._conn = self._conn, None
             if conn is not None:
-                await trio.to_thread.run_sync(_close, conn)
+                await self._call(_close, conn)
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         async with self._limiter:
             conn = self._conn
             if conn is None:
                 raise DatabaseError(f"{self._path}: the database is closed")
-            # Not abandoned on cancel: a statement that has begun finishes.
-            return await trio.to_thread.run_sync(fn, conn)
+            return await self._call(fn, conn)
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> T:
+        if not self._threaded:
+            await trio.lowlevel.checkpoint()
+            return fn(conn)
+        # Not abandoned on cancel: a statement that has begun finishes.
+        return await trio.to_thread.run_sync(fn, conn)
 
 
 def _migrate(conn: sqlite3.Connection, path: Path, migrations: Sequence[Migration]) -> None:

@@ -547,7 +547,8 @@ class Jobs:
             method=stored.method,
             path=stored.path,
             query=stored.query.encode("latin-1"),
-            headers=list(stored.headers),
+            # The backend (its log, a counter file) can tell which job this is.
+            headers=[*stored.headers, (b"x-yard-request-id", job.id.encode())],
             body=stored.body,
             backend=job.backend,
             app=_app_config(job),
@@ -561,14 +562,22 @@ class Jobs:
         async with self._upstream(request, base_url) as response:
             parts: list[bytes] = []
             size = 0
-            async for chunk in response.chunks():
-                size += len(chunk)
-                if size > limit:
-                    raise _ResultTooLarge(
-                        f"the backend's answer is larger than {limit} bytes, the most a job "
-                        "stores ([jobs] max_result_bytes)"
-                    )
-                parts.append(chunk)
+            chunks = response.chunks()
+            try:
+                async for chunk in chunks:
+                    size += len(chunk)
+                    if size > limit:
+                        raise _ResultTooLarge(
+                            f"the backend's answer is larger than {limit} bytes, the most a job "
+                            "stores ([jobs] max_result_bytes)"
+                        )
+                    parts.append(chunk)
+            finally:
+                # Leaving early (too large) must close the generator now, not
+                # whenever it is garbage-collected.
+                aclose = getattr(chunks, "aclose", None)
+                if aclose is not None:
+                    await aclose()
             return StoredResult(
                 status=response.status, headers=tuple(response.headers), body=b"".join(parts)
             )

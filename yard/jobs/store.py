@@ -164,9 +164,10 @@ class JobStore:
         self._db = db
 
     @classmethod
-    async def open(cls, path: Path) -> JobStore:
-        """Open (create, migrate) the job database at ``path``."""
-        return cls(await Database.open(path, MIGRATIONS))
+    async def open(cls, path: Path, *, threaded: bool = True) -> JobStore:
+        """Open (create, migrate) the job database at ``path``.
+        ``threaded=False``: see :meth:`yard.db.Database.open` (tests only)."""
+        return cls(await Database.open(path, MIGRATIONS, threaded=threaded))
 
     @property
     def path(self) -> Path:
