@@ -172,17 +172,18 @@ def png_bytes(width: int, height: int, seed: bytes = b"") -> bytes:
             + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
         )
 
+    # Built a row at a time with slice assignment: a 512x512 image in a few
+    # milliseconds, so that generating one never stalls the event loop.
+    reds = bytes((x * 255 // max(1, width - 1)) ^ tint[0] for x in range(width))
+    blues = bytes([tint[2]]) * width
     rows = bytearray()
     for y in range(height):
+        row = bytearray(3 * width)
+        row[0::3] = reds
+        row[1::3] = bytes([(y * 255 // max(1, height - 1)) ^ tint[1]]) * width
+        row[2::3] = blues
         rows.append(0)  # filter: none
-        for x in range(width):
-            rows += bytes(
-                (
-                    (x * 255 // max(1, width - 1)) ^ tint[0],
-                    (y * 255 // max(1, height - 1)) ^ tint[1],
-                    tint[2],
-                )
-            )
+        rows += row
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return (
         b"\x89PNG\r\n\x1a\n"
