@@ -92,7 +92,9 @@ class Submitted:
 class FakeEngine:
     """The engine's surface, with a FIFO queue the test drives by hand."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, offset: float = 0.0) -> None:
+        # A fresh process's engine clock starts anywhere: offset moves it.
+        self.offset = offset
         self.queue: list[FakeAdmission] = []
         self.admissions: dict[str, FakeAdmission] = {}
         self.submitted: list[Submitted] = []
@@ -100,7 +102,7 @@ class FakeEngine:
         self.refuse: Rejected | None = None
 
     def now(self) -> float:
-        return trio.current_time()
+        return trio.current_time() + self.offset
 
     def submit(
         self,

@@ -53,6 +53,8 @@ from yard.jobs.store import (
 
 log = logging.getLogger("yard.jobs")
 
+_VERDICT_POLL_S = 0.05
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobsConfig:
@@ -516,6 +518,10 @@ class Jobs:
                 await self.store.mark_requeue_spent(job.id)
                 admission.report("upstream_lost", exc.detail)
                 lost = True
+                if await self._wait_verdict(admission):
+                    # Back in the queue: on disk too, so that a restart puts it
+                    # back at its place instead of ending it as interrupted.
+                    await self.store.mark_requeued(job.id)
                 continue
             except _ResultTooLarge as exc:
                 admission.report("ok", str(exc))
@@ -541,6 +547,15 @@ class Jobs:
                     result,
                 )
             return
+
+    async def _wait_verdict(self, admission: AdmissionLike) -> bool:
+        """After an ``upstream_lost`` report, wait for the core's verdict (it
+        comes within its ``lost_grace_s``); True if it requeued the request."""
+        # The Admission has no wait for "requeued": wait_dispatched waits on
+        # through it. Polling its state costs little in this short, rare window.
+        while admission.state == "lost":  # noqa: ASYNC110
+            await trio.sleep(_VERDICT_POLL_S)
+        return admission.state in ("queued", "dispatched")
 
     async def _call(self, job: JobRecord, stored: StoredRequest, base_url: str) -> StoredResult:
         request = ProxyRequest(

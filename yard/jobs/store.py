@@ -250,6 +250,16 @@ class JobStore:
         another (kept for good, across restarts)."""
         await self._db.execute("UPDATE jobs SET requeued = 1 WHERE id = ?", (job_id,), durable=True)
 
+    async def mark_requeued(self, job_id: str) -> bool:
+        """Running -> queued: the core put it back after a self-caused OOM."""
+        changed = await self._db.execute(
+            "UPDATE jobs SET status = 'queued', requeued = 1, started_at = NULL "
+            "WHERE id = ? AND status = 'running'",
+            (job_id,),
+            durable=True,
+        )
+        return changed == 1
+
     async def mark_rerun(self, job_id: str) -> bool:
         """Running -> queued after a restart, for a job the client marked
         rerun-safe; the one rerun is spent."""
