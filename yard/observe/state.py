@@ -1,0 +1,95 @@
+"""The observability side of one running yard: what the views share."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from prometheus_client import CollectorRegistry
+from quart import current_app, request
+
+from yard.observe import auth
+from yard.observe.metrics import DecisionMetrics, new_registry
+from yard.observe.report import EngineSource, Json, build_status
+
+if TYPE_CHECKING:
+    from yard.http.runtime import Runtime
+
+
+class ProfileForgetter(Protocol):
+    """The part of ``yard.ports.ProfileStore`` the admin API uses."""
+
+    async def forget(self, backend: str) -> None: ...
+
+
+@dataclass(kw_only=True)
+class Observer:
+    """Everything the dashboard, the admin API and ``/metrics`` read.
+
+    engine: the running engine.
+    admin_key: ``server.admin_key`` (None: admin from loopback only).
+    models: backend name -> model names it serves.
+    profile_margin: the scheduler's factor from profile to reservation.
+    started_at: wall-clock time yard started serving.
+    profiles: the profile store, when yard keeps one.
+    """
+
+    KEY: ClassVar[str] = "yard.observe"
+
+    engine: EngineSource
+    admin_key: str | None = None
+    models: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    profile_margin: float = 1.0
+    started_at: float = 0.0
+    profiles: ProfileForgetter | None = None
+    registry: CollectorRegistry = field(init=False)
+    decision_metrics: DecisionMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.registry, self.decision_metrics = new_registry(
+            self.engine, profile_margin=self.profile_margin
+        )
+
+    @classmethod
+    def from_runtime(cls, runtime: Runtime) -> Observer:
+        """The observer for a gateway's runtime. The profile store is taken
+        from ``runtime.extras["profiles"]`` when the gateway put it there."""
+        config = runtime.config
+        profiles: Any = runtime.extras.get("profiles")
+        return cls(
+            engine=runtime.engine,
+            admin_key=config.server.admin_key,
+            models={name: tuple(b.models) for name, b in config.backends.items()},
+            profile_margin=config.scheduler.profile_margin,
+            started_at=runtime.started_at,
+            profiles=profiles,
+        )
+
+    def status(self, *, queue_limit: int = 200) -> Json:
+        """The status document (see :func:`yard.observe.report.build_status`)."""
+        return build_status(
+            self.engine,
+            models=self.models,
+            profile_margin=self.profile_margin,
+            started_at=self.started_at,
+            queue_limit=queue_limit,
+        )
+
+    def refusal(self) -> auth.Refusal | None:
+        """Why the current request may not act as the admin (None: it may)."""
+        return auth.check_admin(
+            admin_key=self.admin_key,
+            method=request.method,
+            remote_addr=request.remote_addr,
+            authorization=request.headers.get("Authorization"),
+            cookie=request.cookies.get(auth.COOKIE),
+            csrf_header=request.headers.get(auth.CSRF_HEADER),
+        )
+
+
+def current_observer() -> Observer:
+    """The observer of the app serving the current request."""
+    observer = current_app.extensions[Observer.KEY]
+    assert isinstance(observer, Observer)
+    return observer

@@ -1,0 +1,291 @@
+"""``yard status``: what the dashboard shows, in the terminal.
+
+Reads ``GET /admin/status`` from a running yard and prints devices and their
+memory, backends, the queue, recent decisions and failures, and the stored
+profiles, as rich tables. ``--json`` prints the document as it came.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from yard.config import ConfigError, load_config
+from yard.observe.dashboard import format_bytes, format_duration
+
+Json = dict[str, Any]
+
+KEY_ENV = "YARD_ADMIN_KEY"
+"""Environment variable read for the admin key when ``--key`` is not given."""
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+_STATE_STYLES = {
+    "ready": "green",
+    "busy": "yellow",
+    "starting": "magenta",
+    "draining": "cyan",
+    "stopping": "cyan",
+    "failed": "bold red",
+    "stopped": "dim",
+}
+_KIND_STYLES = {
+    "load": "blue",
+    "stop": "cyan",
+    "dispatch": "green",
+    "reject": "red",
+    "requeue": "yellow",
+    "flag": "dim yellow",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``yard status [--url URL] [--key KEY] [--config FILE] [--json]``."""
+    parser.description = (
+        "Show a running yard: memory per device, backends, the queue, recent decisions "
+        "and failures, stored profiles."
+    )
+    parser.add_argument(
+        "--url",
+        help=f"where yard listens (default: from --config's [server] listen, else {DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--key", help=f"the admin key (default: ${KEY_ENV}, else server.admin_key of --config)"
+    )
+    parser.add_argument("--config", type=Path, help="yard's configuration file")
+    parser.add_argument("--json", action="store_true", help="print the status document as JSON")
+
+
+def _target(args: argparse.Namespace) -> tuple[str, str | None]:
+    url: str | None = args.url
+    key: str | None = args.key or os.environ.get(KEY_ENV) or None
+    if args.config is not None and (url is None or key is None):
+        config = load_config(args.config)
+        host = config.server.listen_host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        url = url or f"http://{host}:{config.server.listen_port}"
+        key = key or config.server.admin_key
+    return (url or DEFAULT_URL).rstrip("/"), key
+
+
+def fetch_status(url: str, key: str | None) -> Json:
+    """GET ``URL/admin/status``. Raises :class:`StatusError` with a message
+    for people when yard cannot be reached or refuses."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        response = httpx.get(f"{url}/admin/status", headers=headers, timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise StatusError(f"cannot reach yard at {url} ({exc}); is `yard serve` running?") from exc
+    if response.status_code != 200:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text.strip()[:200]
+        hint = (
+            f" (give the admin key with --key or ${KEY_ENV})" if response.status_code == 401 else ""
+        )
+        raise StatusError(f"yard at {url} answered {response.status_code}: {message}{hint}")
+    document = response.json()
+    if not isinstance(document, dict):
+        raise StatusError(f"yard at {url} sent a status that is not a JSON object")
+    return document
+
+
+class StatusError(Exception):
+    """``yard status`` could not get the status."""
+
+
+def _summary(status: Json) -> Text:
+    text = Text()
+    text.append(f"yard {status.get('version', '?')}", style="bold")
+    text.append(f"  up {format_duration(status.get('uptime_s'))}")
+    queue = status.get("queue", {})
+    text.append(f"  {queue.get('length', 0)} queued")
+    inflight = status.get("statistics", {}).get("inflight")
+    if inflight is not None:
+        text.append(f"  {inflight} in flight")
+    if status.get("host_only"):
+        text.append("  host-only mode (no GPU found)", style="bold yellow")
+    return text
+
+
+def _bar(device: Json, width: int = 30) -> Text:
+    total = device.get("total_bytes") or 0
+    bar = Text()
+    if total <= 0:
+        return bar
+    used = 0
+    for share in device.get("backends", []):
+        size = max(share.get("reserved_bytes") or 0, share.get("live_bytes") or 0)
+        cells = round(width * size / total)
+        style = _STATE_STYLES.get(share.get("state", ""), "green")
+        bar.append("█" * cells, style=style)
+        used += cells
+    foreign = round(width * (device.get("foreign_bytes") or 0) / total)
+    reserve = round(width * (device.get("reserve_bytes") or 0) / total)
+    bar.append("▒" * foreign, style="yellow")
+    bar.append("·" * max(0, width - used - foreign - reserve), style="dim")
+    bar.append("░" * reserve, style="dim")
+    return bar
+
+
+def _devices(status: Json) -> Table:
+    table = Table(title="Memory", title_justify="left", expand=True)
+    for column in ("device", "use", "live", "reserved", "foreign", "kept free", "free", "total"):
+        table.add_column(column, justify="right" if column not in ("device", "use") else "left")
+    for device in status.get("devices", []):
+        name = device["name"] + (" (exclusive)" if device.get("exclusive") else "")
+        table.add_row(
+            name,
+            _bar(device),
+            format_bytes(device.get("live_bytes")),
+            format_bytes(device.get("committed_bytes")),
+            format_bytes(device.get("foreign_bytes")),
+            format_bytes(device.get("reserve_bytes")),
+            format_bytes(device.get("free_bytes")),
+            format_bytes(device.get("total_bytes")),
+        )
+    return table
+
+
+def _backends(status: Json) -> Table:
+    table = Table(title="Backends", title_justify="left", expand=True)
+    for column in ("backend", "state", "uptime", "slots", "served", "last load", "why"):
+        table.add_column(column, overflow="fold")
+    for backend in status.get("backends", []):
+        name = Text(backend["name"], style="bold")
+        if backend.get("pinned"):
+            name.append(" pinned", style="cyan")
+        state = backend.get("state", "?")
+        table.add_row(
+            name,
+            Text(state, style=_STATE_STYLES.get(state, "")),
+            format_duration(backend.get("uptime_s")),
+            f"{backend.get('inflight', 0)}/{backend.get('slots', 0)}",
+            str(backend.get("served", 0)),
+            format_duration(backend.get("last_load_s")),
+            backend.get("reason", ""),
+        )
+    return table
+
+
+def _queue(status: Json) -> Table | Text:
+    queue = status.get("queue", {})
+    items = queue.get("items", [])
+    if not items:
+        return Text("Queue: nobody is waiting.", style="dim")
+    table = Table(
+        title=f"Queue ({queue.get('length', len(items))})", title_justify="left", expand=True
+    )
+    for column in ("#", "request", "app", "backend", "prio", "eff.", "waited", "deadline", "why"):
+        table.add_column(column, overflow="fold")
+    for item in items:
+        deadline = item.get("deadline_in_s")
+        table.add_row(
+            str(item.get("position")),
+            str(item.get("request_id", ""))[:12],
+            item.get("app") or "-",
+            item.get("backend", ""),
+            f"{item.get('priority', 0):.1f}",
+            f"{item.get('effective_priority', 0):.1f}",
+            format_duration(item.get("waited_s")),
+            f"in {format_duration(deadline)}" if deadline is not None else "-",
+            item.get("reason", ""),
+        )
+    return table
+
+
+def _decisions(status: Json, limit: int) -> Table | Text:
+    decisions = status.get("decisions", [])[:limit]
+    if not decisions:
+        return Text("Decisions: none yet.", style="dim")
+    table = Table(title="Recent decisions", title_justify="left", expand=True)
+    for column in ("ago", "kind", "backend", "why"):
+        table.add_column(column, overflow="fold")
+    for decision in decisions:
+        kind = decision.get("kind", "")
+        reason = decision.get("reason", "")
+        if decision.get("code"):
+            reason = f"[{decision.get('status')} {decision['code']}] {reason}"
+        table.add_row(
+            format_duration(decision.get("ago_s")),
+            Text(kind, style=_KIND_STYLES.get(kind, "")),
+            decision.get("backend") or "",
+            reason,
+        )
+    return table
+
+
+def _failures(status: Json) -> Group | Text:
+    failures = status.get("failures", [])
+    if not failures:
+        return Text("Failures: none.", style="dim")
+    parts: list[Panel] = []
+    for failure in failures:
+        body = Text(failure.get("reason", ""))
+        for line in failure.get("log", []):
+            body.append("\n" + line, style="dim")
+        title = f"{failure.get('kind')} {failure.get('backend') or ''}".strip()
+        title += f", {format_duration(failure.get('ago_s'))} ago"
+        parts.append(Panel(body, title=title, title_align="left", border_style="red"))
+    return Group(Text("Recent failures", style="bold"), *parts)
+
+
+def _profiles(status: Json) -> Table | Text:
+    profiles = status.get("profiles", [])
+    if not profiles:
+        return Text("Profiles: none stored yet (each backend is measured on its first load).")
+    table = Table(title="Profiles (measured peaks)", title_justify="left")
+    for column in ("backend", "gpu", "host", "load time"):
+        table.add_column(column, justify="left" if column == "backend" else "right")
+    for profile in profiles:
+        table.add_row(
+            profile["backend"],
+            format_bytes(profile.get("gpu_bytes")),
+            format_bytes(profile.get("host_bytes")),
+            format_duration(profile.get("load_s")),
+        )
+    return table
+
+
+def render(status: Json, console: Console, *, decisions: int = 15) -> None:
+    """Print the status document as the terminal dashboard."""
+    console.print(_summary(status))
+    console.print(_devices(status))
+    console.print(_backends(status))
+    console.print(_queue(status))
+    console.print(_decisions(status, decisions))
+    console.print(_failures(status))
+    console.print(_profiles(status))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fetch the status of a running yard and print it; 1 when it cannot."""
+    try:
+        url, key = _target(args)
+        status = fetch_status(url, key)
+    except StatusError as exc:
+        print(f"yard status: {exc}", file=sys.stderr)
+        return 1
+    except ConfigError as exc:
+        for line in exc.errors:
+            print(line, file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    render(status, Console())
+    return 0
