@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo-setup serve test lint typecheck unit bench sim-report clean
+.PHONY: setup demo-setup browser serve test lint typecheck unit bench sim-report clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,7 +47,11 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
-unit: setup demo-setup
+# The dashboard's browser test drives Debian's chromium (no browser download).
+browser:
+	command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+
+unit: setup demo-setup browser
 	$(VENV)/bin/pytest
 
 test: lint typecheck unit
