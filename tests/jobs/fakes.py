@@ -92,9 +92,11 @@ class Submitted:
 class FakeEngine:
     """The engine's surface, with a FIFO queue the test drives by hand."""
 
-    def __init__(self, *, offset: float = 0.0) -> None:
+    def __init__(self, *, offset: float = 0.0, auto_dispatch: str | None = None) -> None:
         # A fresh process's engine clock starts anywhere: offset moves it.
         self.offset = offset
+        # A base URL: every request is dispatched there as soon as it arrives.
+        self.auto_dispatch = auto_dispatch
         self.queue: list[FakeAdmission] = []
         self.admissions: dict[str, FakeAdmission] = {}
         self.submitted: list[Submitted] = []
@@ -141,6 +143,8 @@ class FakeEngine:
         )
         self.queue.append(admission)
         self.admissions[request_id] = admission
+        if self.auto_dispatch is not None:
+            self.dispatch(request_id, self.auto_dispatch)
         return admission
 
     def explain(self, request_id: str) -> QueuedView | None:

@@ -1,0 +1,185 @@
+"""The jobs API over real HTTP: the gateway's app with the job service, a
+real backend on loopback, the fake engine dispatching at once."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import httpx
+import pytest
+import trio
+
+from tests.jobs.backend import Backend, audio_bytes, serve_backend
+from tests.jobs.fakes import FakeEngine
+from yard.config import AppConfig, BackendConfig, Config, ServerConfig
+from yard.core.spec import SchedulerConfig
+from yard.engine import Engine
+from yard.http.app import create_app, serve_app
+from yard.http.runtime import Runtime
+from yard.jobs import open_jobs
+
+RADIO = {"authorization": "Bearer key-radio"}
+GAMES = {"authorization": "Bearer key-games"}
+ADMIN = {"authorization": "Bearer key-admin"}
+ASYNC = {"prefer": "respond-async"}
+
+
+def make_config(data_dir: Path) -> Config:
+    return Config(
+        path=data_dir / "yard.toml",
+        server=ServerConfig(data_dir=data_dir, admin_key="key-admin", max_body_bytes=1 << 20),
+        scheduler=SchedulerConfig(),
+        devices={},
+        apps={
+            name: AppConfig(name=name, key=f"key-{name}", default_priority=50, max_priority=100)
+            for name in ("radio", "games")
+        },
+        backends={"tts": BackendConfig(name="tts", models=("voice",), command=("true",))},
+    )
+
+
+@dataclass
+class Yard:
+    client: httpx.AsyncClient
+    backend: Backend
+    engine: FakeEngine
+
+
+@pytest.fixture
+async def yard(tmp_path: Path) -> AsyncIterator[Yard]:
+    async with trio.open_nursery() as nursery:
+        backend = await nursery.start(serve_backend, Backend())
+        engine = FakeEngine(auto_dispatch=backend.base_url)
+        async with open_jobs(engine=engine, data_dir=tmp_path) as jobs:
+            await nursery.start(jobs.run)
+            runtime = Runtime(config=make_config(tmp_path), engine=cast(Engine, engine), jobs=jobs)
+            binds = await nursery.start(serve_app, create_app(runtime), "127.0.0.1", 0)
+            async with httpx.AsyncClient(base_url=binds[0], timeout=20.0) as client:
+                yield Yard(client=client, backend=backend, engine=engine)
+            nursery.cancel_scope.cancel()
+
+
+async def submit(yard: Yard, path: str, body: object, headers: dict[str, str]) -> str:
+    response = await yard.client.post(path, json=body, headers={**ASYNC, **headers})
+    assert response.status_code == 202, response.text
+    job_id = str(response.json()["id"])
+    assert response.headers["location"] == f"/v1/jobs/{job_id}"
+    return job_id
+
+
+@pytest.mark.slow
+async def test_several_megabytes_of_audio_come_back_byte_for_byte(yard: Yard) -> None:
+    size = 6 * 2**20 + 12345
+    with trio.fail_after(30):
+        job_id = await submit(yard, "/v1/audio/speech", {"model": "voice", "bytes": size}, RADIO)
+        job = (await yard.client.get(f"/v1/jobs/{job_id}?wait=20", headers=RADIO)).json()
+        result = await yard.client.get(f"/v1/jobs/{job_id}/result", headers=RADIO)
+    assert job["status"] == "succeeded", job
+    assert job["result"]["bytes"] == size
+    assert result.status_code == 200
+    assert result.headers["content-type"] == "audio/wav"
+    assert result.headers["x-voice"] == "alto"
+    assert result.headers["x-yard-job-id"] == job_id
+    assert len(result.content) == size
+    assert result.content == audio_bytes(size)
+    assert yard.backend.seen == [("/v1/audio/speech", job_id)]
+
+
+@pytest.mark.slow
+async def test_another_apps_key_cannot_see_fetch_or_cancel_a_job(yard: Yard) -> None:
+    with trio.fail_after(30):
+        job_id = await submit(yard, "/backends/tts/slow", {"x": 1}, RADIO)
+        await yard.backend.slow_started.wait()
+        answers = [
+            await yard.client.get(f"/v1/jobs/{job_id}", headers=GAMES),
+            await yard.client.get(f"/v1/jobs/{job_id}/result", headers=GAMES),
+            await yard.client.delete(f"/v1/jobs/{job_id}", headers=GAMES),
+        ]
+        listing = (await yard.client.get("/v1/jobs", headers=GAMES)).json()
+        no_key = await yard.client.get(f"/v1/jobs/{job_id}")
+        wrong_key = await yard.client.get(f"/v1/jobs/{job_id}", headers={"authorization": "x"})
+        mine = (await yard.client.get(f"/v1/jobs/{job_id}", headers=RADIO)).json()
+        admin = (await yard.client.get("/v1/jobs", headers=ADMIN)).json()
+    assert [a.status_code for a in answers] == [404, 404, 404]
+    assert all(a.json()["error"]["code"] == "job_not_found" for a in answers)
+    assert listing["data"] == []
+    assert (no_key.status_code, wrong_key.status_code) == (401, 403)
+    assert mine["status"] == "running"  # the other app's DELETE did nothing
+    assert yard.backend.hung_up == 0
+    assert [j["id"] for j in admin["data"]] == [job_id]
+
+
+@pytest.mark.slow
+async def test_delete_of_a_running_job_cancels_its_upstream_request(yard: Yard) -> None:
+    with trio.fail_after(30):
+        job_id = await submit(yard, "/backends/tts/slow", {"x": 1}, RADIO)
+        await yard.backend.slow_started.wait()
+        deleted = await yard.client.delete(f"/v1/jobs/{job_id}", headers=RADIO)
+        await yard.backend.hung_up_event.wait()
+        again = await yard.client.delete(f"/v1/jobs/{job_id}", headers=RADIO)
+        result = await yard.client.get(f"/v1/jobs/{job_id}/result", headers=RADIO)
+    assert deleted.status_code == 200
+    assert deleted.json()["status"] == "cancelled"
+    assert (again.status_code, again.json()["error"]["code"]) == (409, "job_finished")
+    assert (result.status_code, result.json()["error"]["code"]) == (409, "cancelled")
+
+
+@pytest.mark.slow
+async def test_a_backend_error_is_the_result_and_a_queued_job_has_none_yet(
+    yard: Yard,
+) -> None:
+    with trio.fail_after(30):
+        failed_id = await submit(yard, "/backends/tts/fail", {"x": 1}, RADIO)
+        job = (await yard.client.get(f"/v1/jobs/{failed_id}?wait=20", headers=RADIO)).json()
+        result = await yard.client.get(f"/v1/jobs/{failed_id}/result", headers=RADIO)
+        yard.engine.auto_dispatch = None
+        queued_id = await submit(yard, "/v1/audio/speech", {"model": "voice", "bytes": 1}, RADIO)
+        early = await yard.client.get(f"/v1/jobs/{queued_id}/result?wait=0.2", headers=RADIO)
+        shown = (await yard.client.get(f"/v1/jobs/{queued_id}", headers=RADIO)).json()
+    assert job["status"] == "failed"
+    assert job["error"]["code"] == "upstream_status"
+    assert (result.status_code, result.content) == (500, b'{"error": "boom"}')
+    assert (early.status_code, early.json()["error"]["code"]) == (409, "job_not_finished")
+    assert shown["status"] == "queued"
+    assert shown["position"] == 0
+    assert shown["reason"] == "waiting for tts to load"
+
+
+@pytest.mark.slow
+async def test_listing_filters_by_status_and_pages_with_a_cursor(yard: Yard) -> None:
+    with trio.fail_after(30):
+        yard.engine.auto_dispatch = None
+        ids = [
+            await submit(yard, "/v1/audio/speech", {"model": "voice", "bytes": 1}, RADIO)
+            for _ in range(3)
+        ]
+        await yard.client.delete(f"/v1/jobs/{ids[0]}", headers=RADIO)
+        first = (await yard.client.get("/v1/jobs?limit=2", headers=RADIO)).json()
+        second = (
+            await yard.client.get(f"/v1/jobs?limit=2&after={first['last_id']}", headers=RADIO)
+        ).json()
+        queued = (await yard.client.get("/v1/jobs?status=queued", headers=RADIO)).json()
+        bad = await yard.client.get("/v1/jobs?status=sleeping", headers=RADIO)
+    assert [j["id"] for j in first["data"]] == [ids[2], ids[1]] and first["has_more"]
+    assert [j["id"] for j in second["data"]] == [ids[0]] and not second["has_more"]
+    assert [j["id"] for j in queued["data"]] == [ids[2], ids[1]]
+    assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_status")
+
+
+@pytest.mark.slow
+async def test_a_job_is_json_with_rfc3339_times_and_its_request_went_through_unchanged(
+    yard: Yard,
+) -> None:
+    body = {"model": "voice", "bytes": 10, "input": "caf\u00e9"}
+    with trio.fail_after(30):
+        job_id = await submit(yard, "/v1/audio/speech", body, {**RADIO, "x-yard-priority": "70"})
+        job = (await yard.client.get(f"/v1/jobs/{job_id}?wait=20", headers=RADIO)).json()
+    assert job["priority"] == 70
+    assert job["model"] == "voice" and job["app"] == "radio"
+    assert job["created_at"].endswith("Z") and "T" in job["created_at"]
+    assert job["finished_at"] >= job["started_at"] >= job["created_at"]
+    assert json.loads(json.dumps(job)) == job
