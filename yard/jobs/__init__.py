@@ -34,6 +34,7 @@ from yard.jobs.store import JobStore
 __all__ = ["JOBS_FILE", "JobStore", "Jobs", "JobsConfig", "open_jobs"]
 
 JOBS_FILE = "jobs.sqlite"
+_CLOSE_WAIT_S = 30.0
 
 
 @asynccontextmanager
@@ -49,14 +50,19 @@ async def open_jobs(
     running: start ``jobs.run`` with ``nursery.start``). The store is closed
     on the way out."""
     store = await JobStore.open(data_dir / JOBS_FILE)
+    jobs = Jobs(
+        engine=engine,
+        store=store,
+        pool=pool,
+        config=config or JobsConfig(),
+        wall=wall or time.time,
+    )
     try:
-        yield Jobs(
-            engine=engine,
-            store=store,
-            pool=pool,
-            config=config or JobsConfig(),
-            wall=wall or time.time,
-        )
+        yield jobs
     finally:
         with trio.CancelScope(shield=True):
+            # The caller may leave before the nursery running jobs.run has
+            # wound down; runners still record their ends in the store.
+            with trio.move_on_after(_CLOSE_WAIT_S):
+                await jobs.wait_stopped()
             await store.close()

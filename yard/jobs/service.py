@@ -202,6 +202,8 @@ class Jobs:
         self._upstream: Upstream = upstream or functools.partial(_forward, pool=pool)
         self._wall = wall
         self._nursery: trio.Nursery | None = None
+        self._run_started = False
+        self._run_ended = trio.Event()
         self._running: dict[str, _Running] = {}
         self._ended: dict[str, trio.Event] = {}
         self._counts = dict.fromkeys(
@@ -225,6 +227,19 @@ class Jobs:
         """Restore the jobs of the last run, then serve until cancelled (the
         runners and the reaper live here). Ready (``task_status.started()``)
         once every restored job is back in the engine's queue."""
+        self._run_started = True
+        try:
+            await self._serve(task_status)
+        finally:
+            self._run_ended.set()
+
+    async def wait_stopped(self) -> None:
+        """Return once :meth:`run` has ended (at once if it never started):
+        every runner has recorded what it could, so the store may close."""
+        if self._run_started:
+            await self._run_ended.wait()
+
+    async def _serve(self, task_status: trio.TaskStatus[None]) -> None:
         from yard.jobs.restore import restore
 
         async with trio.open_nursery() as nursery:
@@ -471,11 +486,16 @@ class Jobs:
             # A bug or a broken disk must not take yard down with it; the job
             # ends as failed if the store still works.
             log.exception("job %s: runner failed", job.id)
-            await self._end(
-                job.id,
-                "failed",
-                JobError(code="internal_error", message="yard failed running this job", status=500),
-            )
+            try:
+                await self._end(
+                    job.id,
+                    "failed",
+                    JobError(
+                        code="internal_error", message="yard failed running this job", status=500
+                    ),
+                )
+            except Exception:
+                log.exception("job %s: cannot record that it failed", job.id)
         finally:
             self._running.pop(job.id, None)
             self._notify(job.id)
