@@ -86,10 +86,13 @@ class RequestQueue:
     _normal: list[_Entry] = field(default_factory=list)
     _edf: list[_Entry] = field(default_factory=list)
     _urank: list[_Entry] = field(default_factory=list)
+    _head: Req | None = None
+    _head_known: bool = False
 
     def push(self, req: Req) -> None:
         """Add a queued request (``req.state`` must be QUEUED)."""
         self.size += 1
+        self._head_known = False
         self._push(req)
 
     def _push(self, req: Req) -> None:
@@ -105,11 +108,13 @@ class RequestQueue:
         if req.urgent:
             return
         req.urgent = True
+        self._head_known = False
         self._push(req)
 
     def removed(self) -> None:
         """Account for a request that left (its state already changed)."""
         self.size -= 1
+        self._head_known = False
 
     @staticmethod
     def _live(entry: _Entry) -> bool:
@@ -127,7 +132,12 @@ class RequestQueue:
 
     def head(self) -> Req | None:
         """The request to dispatch next, or None."""
-        return self._choose(self._top(self._normal), self._top(self._edf), self._top(self._urank))
+        if not self._head_known:
+            self._head = self._choose(
+                self._top(self._normal), self._top(self._edf), self._top(self._urank)
+            )
+            self._head_known = True
+        return self._head
 
     def _choose(self, n: Req | None, u: Req | None, m: Req | None) -> Req | None:
         if u is None or m is None:

@@ -207,6 +207,19 @@ class _Plan:
         return self.stop + self.drain + self.pending
 
 
+@dataclass(slots=True, eq=False)
+class _Ctx:
+    """Who holds what on each device, for one planning round."""
+
+    occupants: dict[str, list[_Backend]] = field(default_factory=dict)
+    used: dict[str, int] = field(default_factory=dict)
+    freeing: dict[str, int] = field(default_factory=dict)
+    loading: dict[str, _Backend] = field(default_factory=dict)
+    held: dict[str, dict[str, int]] = field(default_factory=dict)
+    heads: dict[str, Req | None] = field(default_factory=dict)
+    evict_order: list[_Backend] = field(default_factory=list)
+
+
 class Scheduler:
     """The pure scheduling core. See the module docstring for its rules.
 
@@ -244,6 +257,12 @@ class Scheduler:
         self._seq = itertools.count()
         self._victim_of: dict[str, Req] = {}
         self._booted = False
+        # Planning is skipped when nothing it reads changed: ``_epoch`` moves
+        # with every such change, and the heads of the queues are compared.
+        self._epoch = 0
+        self._planned: tuple[object, ...] | None = None
+        self._combo_cache: dict[str, list[tuple[str, ...]]] = {}
+        self._fit_cache: dict[str, tuple[bool, str]] = {}
 
     # -- the one entry point ---------------------------------------------------
 
@@ -256,6 +275,8 @@ class Scheduler:
                 if b.pinned:
                     b.want_load = True
         self._fire_wakeups(now, out)
+        if not isinstance(event, RequestArrived | Tick):
+            self._epoch += 1
         match event:
             case RequestArrived():
                 self._on_arrived(event, now, out)
@@ -295,6 +316,10 @@ class Scheduler:
         while self._wakeups and not self._wakeup_live(self._wakeups[0]):
             heapq.heappop(self._wakeups)
         return self._wakeups[0][0] if self._wakeups else None
+
+    def queue_length(self) -> int:
+        """How many requests are waiting (O(1), unlike :meth:`snapshot`)."""
+        return self._queued
 
     def profile(self, backend: str) -> Profile | None:
         """The backend's current profile (margin not applied), if known."""
@@ -405,6 +430,8 @@ class Scheduler:
                 self._wake(req.urgent_at, "urgent", rid, req.gen)
             self._wake(ev.start_by, "deadline", rid, req.gen)
         self._requests[rid] = req
+        if not b.queue.size:
+            self._epoch += 1
         b.queue.push(req)
         self._queued += 1
 
@@ -450,12 +477,14 @@ class Scheduler:
         del self._requests[req.id]
 
     def _unqueue(self, req: Req) -> None:
+        self._epoch += 1
         req.state = ReqState.DONE
         self._backends[req.backend].queue.removed()
         self._queued -= 1
 
     def _end(self, req: Req, status: int, code: str, message: str, out: list[Decision]) -> None:
         """End a queued, running or lost request with an error."""
+        self._epoch += 1
         if req.state is ReqState.QUEUED:
             self._unqueue(req)
         else:
@@ -496,6 +525,7 @@ class Scheduler:
     # -- backends ------------------------------------------------------------------
 
     def _set(self, b: _Backend, m: Move, reason: str) -> None:
+        self._epoch += 1
         b.state = move(b.name, b.state, m)
         b.reason = reason
 
@@ -609,6 +639,7 @@ class Scheduler:
             load_s=old.load_s,
         )
         b.profile = new
+        self._fit_cache.pop(b.name, None)
         out.append(
             ProfileRaised(
                 backend=b.name,
@@ -636,6 +667,7 @@ class Scheduler:
         if load is None and b.profile is not None and b.profile_has_load:
             load = b.profile.load_s
         b.profile_has_load = load is not None
+        self._fit_cache.pop(b.name, None)
         b.profile = Profile(
             gpu_bytes=ev.gpu_bytes,
             host_bytes=ev.host_bytes,
@@ -693,14 +725,27 @@ class Scheduler:
         return need
 
     def _combos(self, b: _Backend) -> list[tuple[str, ...]]:
-        if not b.spec.gpus:
-            return [()]
-        gpus = sorted(g for g in b.spec.gpus if g in self._devices)
-        if len(gpus) < b.spec.gpu_count:
-            return []
-        return list(itertools.combinations(gpus, b.spec.gpu_count))
+        combos = self._combo_cache.get(b.name)
+        if combos is None:
+            if not b.spec.gpus:
+                combos = [()]
+            else:
+                gpus = sorted(g for g in b.spec.gpus if g in self._devices)
+                combos = (
+                    list(itertools.combinations(gpus, b.spec.gpu_count))
+                    if len(gpus) >= b.spec.gpu_count
+                    else []
+                )
+            self._combo_cache[b.name] = combos
+        return combos
 
     def _fits_empty_machine(self, b: _Backend) -> tuple[bool, str]:
+        known = self._fit_cache.get(b.name)
+        if known is None:
+            known = self._fit_cache[b.name] = self._fits_empty(b)
+        return known
+
+    def _fits_empty(self, b: _Backend) -> tuple[bool, str]:
         combos = self._combos(b)
         if not combos:
             present = ", ".join(g for g in self._devices if g != HOST) or "none"
@@ -781,7 +826,7 @@ class Scheduler:
                         504,
                         "deadline_missed",
                         f"its start-by deadline passed after {_secs(waited)} in the queue "
-                        f"({self._waiting_reason(req, now)})",
+                        f"({self._waiting_reason(req, now, ahead=0)})",
                         out,
                     )
             else:  # lost
@@ -845,12 +890,15 @@ class Scheduler:
 
     def _pass(self, now: float, out: list[Decision]) -> None:
         self._plan_all(now, out)
+        # Plan again only when an overtake used up a swap's allowance: its
+        # victim must start draining now.
         if self._dispatch_all(now, out):
             self._plan_all(now, out)
             self._dispatch_all(now, out)
         self._settle(now, out)
 
     def _dispatch_all(self, now: float, out: list[Decision]) -> bool:
+        """Dispatch what can go; True if an overtake of a waiting swap happened."""
         c = self.config
         any_sent = False
         for b in self._backends.values():
@@ -886,7 +934,7 @@ class Scheduler:
                         f"(overtake {head.overtakes} of {c.batch_bound})"
                     )
                 out.append(Dispatch(request_id=req.id, backend=b.name, reason=reason))
-                any_sent = True
+                any_sent = any_sent or head is not None
         return any_sent
 
     def _settle(self, now: float, out: list[Decision]) -> None:
@@ -950,6 +998,36 @@ class Scheduler:
             )
         )
 
+    def _context(self) -> _Ctx:
+        """Who holds what, computed once per planning round."""
+        ctx = _Ctx()
+        for d in self._devices:
+            ctx.occupants[d] = []
+            ctx.used[d] = 0
+            ctx.freeing[d] = 0
+        occupying: list[_Backend] = []
+        for b in self._backends.values():
+            ctx.heads[b.name] = b.queue.head() if b.queue.size else None
+            if b.state not in OCCUPYING:
+                continue
+            occupying.append(b)
+            held: dict[str, int] = {}
+            for d in b.devices:
+                x = self._occ(b, d)
+                held[d] = x
+                ctx.occupants[d].append(b)
+                ctx.used[d] += x
+                if b.state is BackendState.STOPPING:
+                    ctx.freeing[d] += x
+                elif b.state is BackendState.STARTING:
+                    ctx.loading.setdefault(d, b)
+            ctx.held[b.name] = held
+        occupying.sort(
+            key=lambda o: (o.busy(), o.queue.size > 0, self._load_s(o), o.last_used, o.name)
+        )
+        ctx.evict_order = occupying
+        return ctx
+
     def _plan_all(self, now: float, out: list[Decision]) -> None:
         cands = [
             b
@@ -961,11 +1039,22 @@ class Scheduler:
         taken: set[str] = set()
         if not cands:
             self._reprieve(taken, victim_of)
+            self._planned = None
             return
+        signature = (
+            self._epoch,
+            *(
+                (h.id, h.urgent) if (h := b.queue.head()) is not None else None
+                for b in self._backends.values()
+            ),
+        )
+        if signature == self._planned:
+            return  # same inputs, same plan: it was carried out already
         boost = self.config.deadline_boost
+        ctx = self._context()
 
         def rank(b: _Backend) -> tuple[int, tuple[float, float, str]]:
-            head = b.queue.head()
+            head = ctx.heads[b.name]
             if b.want_load or head is None:
                 return (0, (0.0, 0.0, b.name))
             return (1, order_key(head, boost))
@@ -974,11 +1063,11 @@ class Scheduler:
         booked: dict[str, int] = {}
         claimed: set[str] = set()
         for b in cands:
-            head = b.queue.head()
+            head = ctx.heads[b.name]
             if b.state is BackendState.STOPPING:
                 b.wait_reason = f"waiting for {b.name} to finish stopping before it loads again"
                 continue
-            plan = self._best_plan(b, head, booked, claimed, taken)
+            plan = self._best_plan(b, head, booked, claimed, taken, ctx)
             if plan is None:
                 b.wait_reason = f"{b.name} has no place on this machine"
                 continue
@@ -986,6 +1075,7 @@ class Scheduler:
             if plan.status == _START:
                 self._start(plan, now, out)
                 claimed.update(b.primary)
+                ctx = self._context()
                 continue
             if plan.status == _BLOCKED:
                 continue
@@ -1006,11 +1096,14 @@ class Scheduler:
                     v.drain_reason = None
                 if head is not None:
                     victim_of[v.name] = head
+            if plan.stop:
+                ctx = self._context()
             taken.update(v.name for v in plan.victims)
             for d, n in plan.need.items():
                 booked[d] = booked.get(d, 0) + n
             claimed.update(plan.gpus or (HOST,))
         self._reprieve(taken, victim_of)
+        self._planned = signature
 
     def _reprieve(self, taken: set[str], victim_of: dict[str, Req]) -> None:
         for b in self._backends.values():
@@ -1030,17 +1123,19 @@ class Scheduler:
         booked: dict[str, int],
         claimed: set[str],
         taken: set[str],
+        ctx: _Ctx | None = None,
     ) -> _Plan | None:
+        if ctx is None:
+            ctx = self._context()
         best: _Plan | None = None
         for gpus in self._combos(b):
-            plan = self._plan_on(b, head, gpus, booked, claimed, taken)
+            plan = self._plan_on(b, head, gpus, booked, claimed, taken, ctx)
             if best is None or plan.key() < best.key():
                 best = plan
         return best
 
-    def _outranks(self, o: _Backend, head: Req | None) -> bool:
-        """Whether ``o``'s waiting requests rank above ``head`` (so it stays)."""
-        oh = o.queue.head()
+    def _outranks(self, oh: Req | None, head: Req | None) -> bool:
+        """Whether a backend whose best waiting request is ``oh`` stays for ``head``."""
         if oh is None:
             return False
         if head is None:
@@ -1056,6 +1151,7 @@ class Scheduler:
         booked: dict[str, int],
         claimed: set[str],
         taken: set[str],
+        ctx: _Ctx,
     ) -> _Plan:
         c = self.config
         primary = gpus or (HOST,)
@@ -1072,44 +1168,32 @@ class Scheduler:
                     f"waiting for {d}: it is being prepared for a request that ranks higher",
                     need=need,
                 )
-        for d in primary:
-            for o in self._occupants(d):
-                if o is not b and o.state is BackendState.STARTING:
-                    assert o.started_at is not None
-                    return _Plan(
-                        b,
-                        gpus,
-                        _WAIT,
-                        f"waiting for {d}: {o.name} is loading there (one load at a time)",
-                        need=need,
-                    )
+            loader = ctx.loading.get(d)
+            if loader is not None and loader is not b:
+                return _Plan(
+                    b,
+                    gpus,
+                    _WAIT,
+                    f"waiting for {d}: {loader.name} is loading there (one load at a time)",
+                    need=need,
+                )
         # Who must go: on exclusive devices everybody; for a first (measured)
         # load everybody on its devices; next to a backend whose footprint is
         # unknown, that backend.
         required: list[_Backend] = []
-        seen: set[str] = set()
         for d in primary:
             alone = measure or self._devices[d].spec.exclusive
-            for o in self._occupants(d):
-                if o is b or o.name in seen:
-                    continue
-                if alone or o.measuring:
+            for o in ctx.occupants[d]:
+                if o is not b and (alone or o.measuring) and o not in required:
                     required.append(o)
-                    seen.add(o.name)
         free_now: dict[str, int] = {}
         eventual: dict[str, int] = {}
+        deficit: dict[str, int] = {}
         for d in devs:
             dev = self._devices[d]
-            occ = 0
-            freeing = 0
-            for o in self._occupants(d):
-                x = self._occ(o, d)
-                occ += x
-                if o.state is BackendState.STOPPING:
-                    freeing += x
-            free_now[d] = dev.spec.usable_bytes - dev.foreign - occ - booked.get(d, 0)
-            eventual[d] = free_now[d] + freeing
-        deficit = {d: need[d] - eventual[d] for d in devs}
+            free_now[d] = dev.spec.usable_bytes - dev.foreign - ctx.used[d] - booked.get(d, 0)
+            eventual[d] = free_now[d] + ctx.freeing[d]
+            deficit[d] = need[d] - eventual[d]
 
         def eligible(o: _Backend) -> str | None:
             if o.pinned:
@@ -1118,15 +1202,22 @@ class Scheduler:
                 return f"{o.name} is {o.state.value}"
             if o.name in taken:
                 return f"{o.name} is already making room for another swap"
-            if self._outranks(o, head):
+            if self._outranks(ctx.heads[o.name], head):
                 return f"requests for {o.name} rank higher"
             return None
 
+        def free(o: _Backend, sign: int) -> None:
+            held = ctx.held[o.name]
+            for d in devs:
+                x = held.get(d)
+                if x:
+                    deficit[d] -= sign * x
+
         chosen: list[_Backend] = []
-        still_stopping: list[str] = []
+        still_stopping = False
         for o in required:
             if o.state is BackendState.STOPPING:
-                still_stopping.append(o.name)
+                still_stopping = True
                 continue
             why_not = eligible(o)
             if why_not is not None:
@@ -1138,36 +1229,15 @@ class Scheduler:
                     need=need,
                 )
             chosen.append(o)
-        for o in chosen:
-            for d in devs:
-                deficit[d] -= self._occ(o, d) if d in o.devices else 0
+            free(o, 1)
         if any(x > 0 for x in deficit.values()):
-            cands = sorted(
-                (
-                    o
-                    for o in self._backends.values()
-                    if o is not b
-                    and o not in chosen
-                    and o.state in OCCUPYING
-                    and any(d in o.devices for d in devs)
-                ),
-                key=lambda o: (
-                    o.busy(),
-                    o.queue.size > 0,
-                    self._load_s(o),
-                    o.last_used,
-                    o.name,
-                ),
-            )
             blockers: list[str] = []
             greedy: list[_Backend] = []
-            for o in cands:
-                if all(x <= 0 for x in deficit.values()):
-                    break
-                helps = any(
-                    deficit[d] > 0 and self._occ(o, d) > 0 for d in o.devices if d in deficit
-                )
-                if not helps:
+            for o in ctx.evict_order:
+                if o is b or o in chosen:
+                    continue
+                held = ctx.held[o.name]
+                if not any(deficit[d] > 0 and held.get(d, 0) > 0 for d in devs):
                     continue
                 why_not = eligible(o)
                 if why_not is not None:
@@ -1175,9 +1245,9 @@ class Scheduler:
                         blockers.append(why_not)
                     continue
                 greedy.append(o)
-                for d in devs:
-                    if d in o.devices:
-                        deficit[d] -= self._occ(o, d)
+                free(o, 1)
+                if all(x <= 0 for x in deficit.values()):
+                    break
             if any(x > 0 for x in deficit.values()):
                 short = max(devs, key=lambda d: deficit[d])
                 text = (
@@ -1189,28 +1259,28 @@ class Scheduler:
                 return _Plan(b, gpus, _BLOCKED, text, need=need)
             # stop no more than needed: drop greedy picks that turned out spare
             for o in reversed(list(greedy)):
-                if all(deficit[d] + (self._occ(o, d) if d in o.devices else 0) <= 0 for d in devs):
+                held = ctx.held[o.name]
+                if all(deficit[d] + held.get(d, 0) <= 0 for d in devs):
                     greedy.remove(o)
-                    for d in devs:
-                        if d in o.devices:
-                            deficit[d] += self._occ(o, d)
+                    free(o, -1)
             chosen.extend(greedy)
         slack = min(-deficit[d] for d in devs)
         if not chosen:
-            if all(need[d] <= free_now[d] for d in devs) and not still_stopping:
+            if not still_stopping and all(need[d] <= free_now[d] for d in devs):
                 fig = ", ".join(
                     f"{d}: needs {_gib(need[d])}, {_gib(free_now[d])} free" for d in devs
                 )
                 return _Plan(b, gpus, _START, f"placed on {where} ({fig})", need=need, slack=slack)
-            stopping = sorted(
-                o.name for d in devs for o in self._occupants(d) if o.state is BackendState.STOPPING
-            )
+            stopping = [
+                o.name
+                for o in ctx.evict_order
+                if o.state is BackendState.STOPPING and any(d in o.devices for d in devs)
+            ]
             return _Plan(
                 b,
                 gpus,
                 _WAIT,
-                f"waiting for {', '.join(dict.fromkeys(stopping)) or 'memory'} to stop and free "
-                f"memory on {where}",
+                f"waiting for {', '.join(stopping) or 'memory'} to stop and free memory on {where}",
                 need=need,
                 slack=slack,
             )
@@ -1287,6 +1357,7 @@ class Scheduler:
         if b is not None:
             b.profile = None
             b.profile_has_load = False
+            self._fit_cache.pop(b.name, None)
 
     def _on_admin_pin(self, ev: AdminPin, out: list[Decision]) -> None:
         b = self._backends.get(ev.backend)

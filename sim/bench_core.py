@@ -1,0 +1,195 @@
+"""The core's cost per event with 100, 1,000 and 10,000 requests waiting.
+
+A seeded mix of the events a busy yard sees (arrivals, finishes, ticks at
+``next_wakeup()``, meter readings, backends loading and stopping) is fed to one
+``Scheduler`` while the queue is held at the target length; every ``handle()``
+call is timed. Several backends share two GPUs and host memory, so swaps,
+drains and evictions happen along the way. Target: median under 50 us at
+10,000 waiting, and figures that grow slowly with the queue.
+
+Run: ``python -m sim bench`` (or ``python -m sim.bench_core``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import statistics
+import time
+
+from yard.core import (
+    HOST,
+    BackendReady,
+    BackendSpec,
+    BackendStopped,
+    Decision,
+    DeviceSpec,
+    Dispatch,
+    Event,
+    MemoryMeasured,
+    ProfileMeasured,
+    RequestArrived,
+    RequestFinished,
+    Scheduler,
+    SchedulerConfig,
+    StartBackend,
+    StopBackend,
+    Tick,
+)
+
+GIB = 1024**3
+SIZES = (100, 1_000, 10_000)
+TIMED_EVENTS = 20_000
+SEED = 7
+
+DEVICES = (
+    DeviceSpec(name="gpu0", kind="gpu", total_bytes=24 * GIB, reserve_bytes=GIB),
+    DeviceSpec(name="gpu1", kind="gpu", total_bytes=24 * GIB, reserve_bytes=GIB),
+    DeviceSpec(name=HOST, kind="host", total_bytes=64 * GIB, reserve_bytes=4 * GIB),
+)
+# name: gpus, slots, (gpu GiB, host GiB, load s), mean service s, share of arrivals
+BACKENDS: dict[str, tuple[tuple[str, ...], int, tuple[int, int, float], float, int]] = {
+    "chat": (("gpu0", "gpu1"), 4, (9, 2, 6.0), 3.0, 40),
+    "code": (("gpu0",), 2, (12, 2, 9.0), 6.0, 15),
+    "big": (("gpu1",), 1, (18, 4, 25.0), 20.0, 5),
+    "tts": (("gpu0", "gpu1"), 2, (3, 1, 2.0), 1.5, 20),
+    "embed": (("gpu0", "gpu1"), 8, (1, 1, 1.0), 0.2, 15),
+    "cpu": ((), 2, (0, 6, 3.0), 4.0, 5),
+}
+
+
+class _Bench:
+    def __init__(self, queued: int, rng: random.Random) -> None:
+        self.rng = rng
+        specs = [
+            BackendSpec(name=n, gpus=g, slots=s, idle_ttl_s=300.0)
+            for n, (g, s, _p, _svc, _w) in BACKENDS.items()
+        ]
+        self.s = Scheduler(
+            DEVICES, specs, SchedulerConfig(queue_limit=queued * 2 + 100, batch_bound=4)
+        )
+        self.now = 0.0
+        self.engine: list[tuple[float, int, Event]] = []
+        self.seq = itertools.count()
+        self.ids = itertools.count()
+        self.target = queued
+        self.timings: list[float] = []  # CPU time of this thread, us
+        self.walls: list[float] = []  # wall time, us (includes being preempted)
+        self.timing = False
+        self.names = list(BACKENDS)
+        self.weights = [w for (_g, _s, _p, _svc, w) in BACKENDS.values()]
+        for name, (_g, _s, (gpu, hst, load), _svc, _w) in BACKENDS.items():
+            self.feed(
+                ProfileMeasured(
+                    backend=name,
+                    gpu_bytes=gpu * GIB,
+                    host_bytes=hst * GIB,
+                    load_s=load,
+                    source="stored",
+                )
+            )
+        self.loaded: dict[str, tuple[str, ...]] = {}
+
+    def feed(self, event: Event) -> None:
+        if self.timing:
+            c0 = time.thread_time_ns()
+            t0 = time.perf_counter_ns()
+            out = self.s.handle(event, self.now)
+            self.walls.append((time.perf_counter_ns() - t0) / 1000)
+            self.timings.append((time.thread_time_ns() - c0) / 1000)
+        else:
+            out = self.s.handle(event, self.now)
+        for d in out:
+            self.carry_out(d)
+
+    def later(self, delay: float, event: Event) -> None:
+        heapq.heappush(self.engine, (self.now + delay, next(self.seq), event))
+
+    def carry_out(self, d: Decision) -> None:
+        if isinstance(d, StartBackend):
+            self.later(BACKENDS[d.backend][2][2], BackendReady(backend=d.backend))
+            self.loaded[d.backend] = d.gpus
+        elif isinstance(d, StopBackend):
+            self.loaded.pop(d.backend, None)
+            self.later(1.0, BackendStopped(backend=d.backend))
+        elif isinstance(d, Dispatch):
+            mean = BACKENDS[d.backend][3]
+            self.later(self.rng.expovariate(1 / mean), RequestFinished(request_id=d.request_id))
+
+    def arrive(self) -> None:
+        rid = f"r{next(self.ids)}"
+        start_by = self.now + self.rng.uniform(60, 3_600) if self.rng.random() < 0.1 else None
+        self.feed(
+            RequestArrived(
+                request_id=rid,
+                backend=self.rng.choices(self.names, self.weights)[0],
+                priority=self.rng.choice((10, 30, 50, 70, 90)),
+                start_by=start_by,
+                allow_late=True,
+            )
+        )
+
+    def reading(self) -> None:
+        dev = self.rng.choice(DEVICES)
+        backends = tuple(
+            (n, int(BACKENDS[n][2][1 if dev.name == HOST else 0]) * GIB)
+            for n, gpus in sorted(self.loaded.items())
+            if dev.name == HOST or dev.name in gpus
+        )
+        used = sum(b for _, b in backends) + self.rng.randrange(0, 2 * GIB)
+        self.feed(MemoryMeasured(device=dev.name, used_bytes=used, backends=backends))
+
+    def step(self) -> None:
+        """One event: whichever comes first of engine report, wakeup, or new traffic."""
+        queued = self.s.queue_length()
+        if queued < self.target:
+            self.arrive()
+            return
+        roll = self.rng.random()
+        if roll < 0.05:
+            self.reading()
+            return
+        wake = self.s.next_wakeup()
+        nxt = self.engine[0][0] if self.engine else None
+        if wake is not None and (nxt is None or wake < nxt):
+            self.now = max(self.now, wake)
+            self.feed(Tick())
+        elif nxt is not None:
+            t, _, event = heapq.heappop(self.engine)
+            self.now = max(self.now, t)
+            self.feed(event)
+        else:
+            self.now += 1.0
+            self.feed(Tick())
+
+    def run(self) -> tuple[list[float], list[float]]:
+        for _ in range(self.target + 2_000):  # fill and warm up
+            self.step()
+        self.timing = True
+        while len(self.timings) < TIMED_EVENTS:
+            self.step()
+        return self.timings, self.walls
+
+
+def main() -> None:
+    """Print per-event cost of ``Scheduler.handle`` at three queue lengths."""
+    print("core benchmark: Scheduler.handle() per event, queue held at N waiting")
+    print("(CPU time of the calling thread; wall median and p99 include preemption)")
+    print(
+        f"{'N':>7} {'events':>7} {'median us':>10} {'p90 us':>8} {'p99 us':>8} "
+        f"{'max us':>8} {'wall med':>9} {'wall p99':>9}"
+    )
+    for n in SIZES:
+        bench = _Bench(n, random.Random(SEED))
+        cpu, wall = bench.run()
+        q = statistics.quantiles(cpu, n=100)
+        w = statistics.quantiles(wall, n=100)
+        print(
+            f"{n:>7} {len(cpu):>7} {statistics.median(cpu):>10.1f} {q[89]:>8.1f} "
+            f"{q[98]:>8.1f} {max(cpu):>8.0f} {statistics.median(wall):>9.1f} {w[98]:>9.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
