@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import socket
+
+import pytest
+from rich.console import Console
+
+from tests.observe.fakes import FakeEngine, profile, queued_view
+from yard.cli import main
+from yard.core.decisions import Dispatch, Requeue
+from yard.observe import Observer
+
+
+def _printed(engine: FakeEngine) -> str:
+    from yard.status import render
+
+    console = Console(record=True, width=200, color_system=None)
+    render(Observer(engine=engine, profile_margin=1.25).status(), console)
+    return console.export_text()
+
+
+async def test_status_shows_memory_backends_queue_and_profiles(engine: FakeEngine) -> None:
+    engine.queue.append(queued_view("req-7", "tts", app="radio", reason="waiting for tts to load"))
+    engine.decide(Dispatch(reason="llm is ready and idle", request_id="req-1", backend="llm"))
+    text = _printed(engine)
+    assert "gpu0" in text
+    assert "16.0 GiB" in text  # free on gpu0
+    assert "llm" in text and "ready" in text and "1/2" not in text
+    assert "0/2" in text  # inflight / slots
+    assert "waiting for tts to load" in text
+    assert "radio" in text
+    assert "llm is ready and idle" in text
+    assert "Profiles (measured peaks)" in text
+    assert "12s" in text  # load time
+    assert "host-only mode" not in text
+
+
+async def test_status_says_host_only_mode_and_shows_failure_logs() -> None:
+    engine = FakeEngine()
+    engine.set_backend("tts", state="ready", profile=profile(0, 0.5, 2.0), loaded_at=0.0)
+    engine.decide(Dispatch(reason="tts idle", request_id="r1", backend="tts"))
+    engine.decide(Requeue(reason="tts ran out of memory that yard over-committed", request_id="r1"))
+    engine.logs["tts"] = ["loading voice", "CUDA error: out of memory"]
+    text = _printed(engine)
+    assert "host-only mode (no GPU found)" in text
+    assert "tts ran out of memory that yard over-committed" in text
+    assert "CUDA error: out of memory" in text
+
+
+def test_status_explains_when_yard_is_not_running(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert main(["status", "--url", f"http://127.0.0.1:{port}"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot reach yard at http://127.0.0.1:{port}" in err
+    assert "is `yard serve` running?" in err
