@@ -266,6 +266,18 @@ def _vocabulary(vocab_size: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
+_POOL = 1_000_003
+"""Size of the pool of random weights (a prime)."""
+
+
+def _draw(pool: np.ndarray, count: int, offset: int) -> np.ndarray:
+    """``count`` values of ``pool`` from ``offset`` on, wrapping around."""
+    reps = -(-(offset + count) // len(pool))
+    return (
+        np.tile(pool, reps)[offset : offset + count] if reps > 1 else pool[offset : offset + count]
+    )
+
+
 def _tensor_shapes(
     *, n_layers: int, n_embd: int, n_head: int, n_kv_head: int, n_ff: int, vocab_size: int
 ) -> list[tuple[str, tuple[int, ...], bool]]:
@@ -433,12 +445,17 @@ def write_tiny_llama(
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
+    # Drawing every weight afresh makes a 500 MB model CPU-bound for seconds;
+    # windows at random offsets into one pool of normal draws are random
+    # enough for a model nobody trains. The pool's size is prime, so rows of
+    # power-of-two width do not repeat. Small weights (σ = 0.02) keep
+    # activations finite through every layer.
+    pool = (rng.standard_normal(_POOL, dtype=np.float32) * 0.02).astype(dtype)
     for _, shape, is_norm in shapes:
         if is_norm:
             data = np.ones(shape, dtype=np.float32)
         else:
-            # Small weights keep activations finite through every layer.
-            data = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(dtype)
+            data = _draw(pool, int(np.prod(shape)), int(rng.integers(_POOL))).reshape(shape)
         writer.write_tensor_data(data)
     writer.close()
     partial.replace(path)
