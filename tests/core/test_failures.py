@@ -11,6 +11,7 @@ from yard.core import (
     Requeue,
     SchedulerConfig,
     StartBackend,
+    StopBackend,
 )
 
 
@@ -199,3 +200,24 @@ def test_the_load_time_is_learned_when_no_profile_gives_one() -> None:
     h.arrive("r1", "chat")
     h.ready("chat", at=12.5)
     assert h.s.snapshot(13).backends[0].last_load_s == 12.5
+
+
+def test_an_oom_on_a_shared_gpu_with_no_reading_is_self_caused_and_not_repeated() -> None:
+    h = Harness(
+        [
+            BackendSpec(name="big", gpus=("gpu0",), slots=2),
+            BackendSpec(name="small", gpus=("gpu0",)),
+        ],
+        devices=(gpu(gib=18), host()),
+        profiles={"big": (10, 1, 20), "small": (4.5, 1, 8)},
+    )
+    h.load("big", "b1")
+    h.load("small", "s1", at=30)
+    out = h.exited("big", at=60, oom=True)  # it grew past 10 GiB between readings
+    assert [d.request_id for d in out if isinstance(d, Requeue)] == ["b1"]
+    [raised] = [d for d in out if isinstance(d, ProfileRaised)]
+    assert "shared gpu0 with small" in raised.reason
+    # 18 - 4.95 GiB was left for big: it no longer fits next to small
+    assert raised.profile.gpu_bytes * 1.1 > (18 - 4.5 * 1.1) * GIB
+    [stop] = h.finish("s1", at=61)  # big waits for gpu0 alone
+    assert isinstance(stop, StopBackend) and stop.backend == "small"

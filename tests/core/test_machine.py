@@ -385,7 +385,9 @@ class CoreMachine(RuleBasedStateMachine):
                 assert self.now - t <= bound, (rid, self.now - t, bound)
 
     def teardown(self) -> None:
-        # Nothing is stuck: with no new arrivals every request ends.
+        # Nothing is stuck: with no new arrivals (and the foreign memory gone)
+        # every request ends.
+        self.meter_reading(0)
         self.advance_to(self.now + 5_000)
         stuck = sorted(r for r in self.arrived if r not in self.ended)
         assert not stuck, [(r, self.s.explain(r, self.now)) for r in stuck[:3]]

@@ -622,6 +622,16 @@ class Scheduler:
                     return f"{o.name} was loading on {d} at the same time"
                 if o.ready_at is not None and now - o.ready_at <= _RECENT_LOAD_S:
                     return f"{o.name} had just loaded on {d}"
+        # No reading caught anyone above their profile, but yard placed other
+        # backends on the same device: together they outgrew it, so a profile
+        # proved too small. (Alone on its device, an OOM is the backend's own.)
+        for d in b.primary:
+            others = [o.name for o in self._occupants(d) if o is not b]
+            if others:
+                return (
+                    f"it shared {d} with {', '.join(others)} and together they outgrew it "
+                    "(a profile proved too small)"
+                )
         return None
 
     def _raise_profile(self, b: _Backend, why: str, out: list[Decision]) -> None:
@@ -630,9 +640,19 @@ class Scheduler:
             return
         live_gpu = max((b.live.get(g, 0) for g in b.gpus), default=0)
         live_host = b.live.get(HOST, 0)
+        # Next to the same neighbours it would run out again, so on a shared
+        # GPU the profile grows past what was left for it there: it is placed
+        # elsewhere or alone until live readings tell better.
+        crowded = 0
+        for g in b.gpus:
+            others = sum(self._occ(o, g) for o in self._occupants(g) if o is not b)
+            if others:
+                dev = self._devices[g]
+                left = dev.spec.usable_bytes - dev.foreign - others
+                crowded = max(crowded, math.floor(left / self.config.profile_margin) + 1)
         # The profile is a peak without margin: the last live reading is one.
         new = Profile(
-            gpu_bytes=max(math.ceil(old.gpu_bytes * _RAISE_FACTOR), live_gpu)
+            gpu_bytes=max(math.ceil(old.gpu_bytes * _RAISE_FACTOR), live_gpu, crowded)
             if b.gpus
             else old.gpu_bytes,
             host_bytes=max(math.ceil(old.host_bytes * _RAISE_FACTOR), live_host),
