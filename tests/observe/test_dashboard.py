@@ -10,7 +10,7 @@ from quart_trio import QuartTrio
 from tests.observe.conftest import ADMIN_KEY, LOOPBACK, REMOTE, make_app, open_stream
 from tests.observe.fakes import FakeEngine, GiB, queued_view
 from yard.core.decisions import Dispatch, StartBackend
-from yard.observe import auth
+from yard.observe import Observer, auth
 from yard.observe.dashboard import COALESCE_S, SECTIONS, format_bytes, format_duration
 
 
@@ -153,3 +153,25 @@ def test_sizes_and_durations_read_well() -> None:
     assert format_duration(2.345) == "2.3s"
     assert format_duration(75) == "1m15s"
     assert format_duration(7322) == "2h02m"
+
+
+async def test_streams_end_within_a_second_once_yard_is_stopping(
+    engine: FakeEngine, autojump_clock: trio.abc.Clock
+) -> None:
+    stopping = trio.Event()
+    app = make_app(engine, admin_key=None)
+    app.extensions[Observer.KEY].extras = {"stopping": stopping}
+    async with app.test_client().request("/dashboard/events", scope_base=LOOPBACK) as connection:
+        await connection.send_complete()
+        received = b""
+        while b'"id": "failures"' not in received:
+            received += await connection.receive()
+        t0 = trio.current_time()
+        await trio.sleep(0.5)
+        stopping.set()
+        with pytest.raises(trio.EndOfChannel):
+            while True:
+                received += await connection.receive()
+        # The stream noticed at its next refresh and ended its body.
+        assert trio.current_time() - t0 == pytest.approx(1.0)
+    assert len(_sections(received)) == len(SECTIONS)

@@ -139,7 +139,7 @@ async def backend_log(name: str) -> Response:
     async def tail() -> AsyncIterator[bytes]:
         seen: list[str] = []
         yield b": yard log tail\n\n"
-        while True:
+        while not observer.stopping():
             current = engine.backend_log(name)
             for line in new_lines(seen, current):
                 yield _sse(line)

@@ -177,7 +177,7 @@ async def events() -> Response:
         feed = observer.engine.subscribe()
         try:
             yield b"retry: 2000\n\n"
-            while True:
+            while not observer.stopping():
                 status = observer.status()
                 for name in SECTIONS:
                     html = await render_section(name, status)

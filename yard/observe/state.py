@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+import trio
 from prometheus_client import CollectorRegistry
 from quart import current_app, request
 
@@ -33,6 +34,9 @@ class Observer:
     profile_margin: the scheduler's factor from profile to reservation.
     started_at: wall-clock time yard started serving.
     profiles: the profile store, when yard keeps one.
+    extras: the runtime's extras; a ``trio.Event`` under ``"stopping"`` set
+        when yard begins to shut down ends the endless streams (dashboard
+        events, log tails) at once instead of holding the shutdown's grace.
     """
 
     KEY: ClassVar[str] = "yard.observe"
@@ -43,6 +47,7 @@ class Observer:
     profile_margin: float = 1.0
     started_at: float = 0.0
     profiles: ProfileForgetter | None = None
+    extras: Mapping[str, object] = field(default_factory=dict)
     registry: CollectorRegistry = field(init=False)
     decision_metrics: DecisionMetrics = field(init=False)
 
@@ -64,7 +69,13 @@ class Observer:
             profile_margin=config.scheduler.profile_margin,
             started_at=runtime.started_at,
             profiles=profiles,
+            extras=runtime.extras,
         )
+
+    def stopping(self) -> bool:
+        """Whether yard is shutting down (streams should end)."""
+        event = self.extras.get("stopping")
+        return isinstance(event, trio.Event) and event.is_set()
 
     def status(self, *, queue_limit: int = 200) -> Json:
         """The status document (see :func:`yard.observe.report.build_status`)."""
