@@ -9,11 +9,13 @@ Definitions (docs/simulation.md repeats them for readers of the report):
   (or had passed already), and the model was not loaded when it arrived. Every other
   miss is *avoidable*. Requests their client cancelled before dispatch do not count.
 - Wait: first dispatch minus arrival, for requests that were dispatched.
-- Loads: backend starts. Lower bounds, for the run's own dispatch order:
-  *compulsory* (each backend used loads once) and *Belady by size* (on a miss,
-  evict what is used furthest in the future until the peak footprint fits; loads
-  are instant and never blocked by running work, so no policy serving the same order
-  needs fewer).
+- Loads: backend starts. References, for the run's own dispatch order:
+  *compulsory* (each backend used loads once: a true lower bound) and *Belady by
+  size* (offline, knowing the whole future: on a miss, evict what is used furthest
+  ahead until the peak footprint fits, then keep back any victim not needed after
+  all; loads are instant and never wait for running work). With sizes that differ,
+  optimal offline eviction is NP-hard, so Belady by size is a strong reference, not
+  a proof: a policy can beat it.
 - GPU shares: the fraction of GPU time spent loading, and idle while a request that
   could use that GPU waited.
 """
@@ -74,6 +76,13 @@ def belady_loads(
                 free += sizes[other]
             if free < need:
                 continue
+            # Greedy eviction can take a small backend it did not need to (the big
+            # one after it made room alone): keep back every victim still not needed,
+            # the soonest used first.
+            for other in sorted(victims, key=lambda b: cache[b]):
+                if free - sizes[other] >= need:
+                    victims.remove(other)
+                    free -= sizes[other]
             soonest = min((cache[v] for v in victims), default=never + 1)
             key = (-soonest, len(victims))
             if best is None or key < best[0]:

@@ -314,7 +314,7 @@ def _sweep_workload(rng: random.Random) -> list[Arrival]:
     # Zipf-like popularity: the smallest model is the most asked for.
     popularity = [1 / (i + 1) for i in range(len(names))]
     out = []
-    for t in poisson_times(rng, 0.0, 2 * HOUR, lambda t: 0.3, 0.3):
+    for t in poisson_times(rng, 0.0, 2 * HOUR, lambda t: 0.15, 0.15):
         backend = rng.choices(names, popularity)[0]
         draw = rng.random()
         if draw < 0.1:
@@ -361,7 +361,8 @@ def sweep(factor: float) -> Scenario:
         machine=MachineSpec(gpus=(("gpu0", 24 * GiB),)),
         models=_sweep_models(factor),
         workload=_sweep_workload,
-        horizon_s=4 * HOUR,
+        horizon_s=8 * HOUR,
+        stored_profiles=True,
         seed=7,
     )
 
