@@ -18,7 +18,8 @@ import math
 from collections.abc import AsyncIterator
 
 import trio
-from quart import Blueprint, Response, render_template, request, stream_with_context
+from jinja2 import Environment
+from quart import Blueprint, Response, current_app, render_template, request
 
 from yard.observe import auth
 from yard.observe.report import Json
@@ -82,9 +83,10 @@ def format_percent(part: float | None, whole: float) -> str:
     return f"{max(0.0, min(100.0, 100.0 * part / whole)):.2f}%"
 
 
-async def render_section(name: str, status: Json) -> str:
-    """One section of the page, rendered from the status document."""
-    return await render_template(f"yard_observe/section_{name}.html", status=status)
+async def render_section(env: Environment, name: str, status: Json) -> str:
+    """One section of the page, rendered from the status document. Sections
+    need no request context, so the event stream renders them outside one."""
+    return await env.get_template(f"yard_observe/section_{name}.html").render_async(status=status)
 
 
 def _see_other(path: str) -> Response:
@@ -111,7 +113,9 @@ async def dashboard() -> Response | str | tuple[str, int]:
         error = "wrong admin key" if request.cookies.get(auth.COOKIE) else None
         return await render_template("yard_observe/login.html", error=error), 401
     status = observer.status()
-    sections = {name: await render_section(name, status) for name in SECTIONS}
+    sections = {
+        name: await render_section(current_app.jinja_env, name, status) for name in SECTIONS
+    }
     return await render_template(
         "yard_observe/dashboard.html",
         status=status,
@@ -170,8 +174,11 @@ async def events() -> Response:
     if refused is not None:
         return refused
     observer = current_observer()
+    env = current_app.jinja_env
 
-    @stream_with_context
+    # A plain generator, not stream_with_context: Quart closes the body's
+    # iterator when the client leaves, and a wrapped inner generator would be
+    # left for the garbage collector.
     async def stream() -> AsyncIterator[bytes]:
         sent: dict[str, str] = {}
         feed = observer.engine.subscribe()
@@ -180,7 +187,7 @@ async def events() -> Response:
             while not observer.stopping():
                 status = observer.status()
                 for name in SECTIONS:
-                    html = await render_section(name, status)
+                    html = await render_section(env, name, status)
                     if sent.get(name) != html:
                         sent[name] = html
                         yield sse_event("section", {"id": name, "html": html})
