@@ -33,6 +33,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from yard.core import (
     HOST,
+    AdminForgetProfile,
+    AdminLoad,
+    AdminPin,
+    AdminUnload,
     BackendExited,
     BackendReady,
     BackendSpec,
@@ -94,19 +98,19 @@ class Model:
 
 class CoreMachine(RuleBasedStateMachine):
     faulty = False
+    config = SchedulerConfig(
+        aging_rate=1.0,
+        min_priority=0,
+        max_priority=100,
+        deadline_boost=50,
+        urgency_window_s=20,
+        batch_bound=2,
+        queue_limit=8,
+        default_service_s=5.0,
+    )
 
     def __init__(self) -> None:
         super().__init__()
-        self.config = SchedulerConfig(
-            aging_rate=1.0,
-            min_priority=0,
-            max_priority=100,
-            deadline_boost=50,
-            urgency_window_s=20,
-            batch_bound=2,
-            queue_limit=8,
-            default_service_s=5.0,
-        )
         backends = (*BACKENDS, FRESH) if self.faulty else BACKENDS
         self.s = Scheduler(DEVICES, backends, self.config)
         self.now = 0.0
@@ -125,6 +129,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.waits: list[tuple[str, float]] = []
         self.ids = itertools.count()
         self.problems: list[str] = []
+        self.pinned: dict[str, bool] = {}
         for name, (g, hst) in PROFILES.items():
             self.feed(
                 ProfileMeasured(
@@ -212,9 +217,10 @@ class CoreMachine(RuleBasedStateMachine):
             self.feed(event)
             if m.measuring:
                 m.measuring = False
+                g, hst = PROFILES.get(event.backend, (5, 1))
                 self.feed(
                     ProfileMeasured(
-                        backend=event.backend, gpu_bytes=5 * GIB, host_bytes=GIB, load_s=None
+                        backend=event.backend, gpu_bytes=g * GIB, host_bytes=hst * GIB, load_s=None
                     )
                 )
         elif isinstance(event, BackendStopped):
@@ -329,6 +335,22 @@ class CoreMachine(RuleBasedStateMachine):
         m.inflight.clear()
 
     @precondition(lambda self: self.faulty)
+    @rule(
+        backend=st.sampled_from([b.name for b in BACKENDS]),
+        action=st.sampled_from(["load", "unload", "pin", "unpin", "forget"]),
+    )
+    def admin(self, backend: str, action: str) -> None:
+        if action == "load":
+            self.feed(AdminLoad(backend=backend))
+        elif action == "unload":
+            self.feed(AdminUnload(backend=backend))
+        elif action == "forget":
+            self.feed(AdminForgetProfile(backend=backend))
+        else:
+            self.feed(AdminPin(backend=backend, pinned=action == "pin"))
+            self.pinned[backend] = action == "pin"
+
+    @precondition(lambda self: self.faulty)
     @rule(data=st.data())
     def lose_connection(self, data: st.DataObject) -> None:
         running = sorted(r for r in self.running if r not in self.lost)
@@ -388,6 +410,9 @@ class CoreMachine(RuleBasedStateMachine):
         # Nothing is stuck: with no new arrivals (and the foreign memory gone)
         # every request ends.
         self.meter_reading(0)
+        for name, pinned in sorted(self.pinned.items()):
+            if pinned:  # a pinned backend may hold memory others wait for
+                self.feed(AdminPin(backend=name, pinned=False))
         self.advance_to(self.now + 5_000)
         stuck = sorted(r for r in self.arrived if r not in self.ended)
         assert not stuck, [(r, self.s.explain(r, self.now)) for r in stuck[:3]]
@@ -401,6 +426,21 @@ class FaultyCoreMachine(CoreMachine):
     faulty = True
 
 
+class TightCoreMachine(CoreMachine):
+    """Fast aging and a short queue: the wait bound is at its tightest."""
+
+    config = SchedulerConfig(
+        aging_rate=10.0,
+        min_priority=0,
+        max_priority=100,
+        deadline_boost=20,
+        urgency_window_s=5,
+        batch_bound=1,
+        queue_limit=4,
+        default_service_s=5.0,
+    )
+
+
 TestCore = CoreMachine.TestCase
 TestCore.settings = settings(
     max_examples=int(os.environ.get("YARD_CORE_EXAMPLES", "60")),
@@ -408,6 +448,8 @@ TestCore.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+TestTightCore = TightCoreMachine.TestCase
+TestTightCore.settings = TestCore.settings
 TestFaultyCore = FaultyCoreMachine.TestCase
 TestFaultyCore.settings = settings(
     max_examples=int(os.environ.get("YARD_CORE_EXAMPLES", "60")),

@@ -14,8 +14,14 @@ Rules it keeps
   fits on every device it gets (its GPUs and ``host``) next to the
   reservations (or live use, if higher) of every loaded, loading and stopping
   backend, the foreign use seen by the meter and the device's reserve. One
-  load at a time per device (GPUs; ``host`` for host-only backends). A backend
-  with no profile loads alone on those devices and is measured.
+  load at a time per device: its GPUs, or ``host`` for a host-only backend
+  (every backend holds some host memory, so counting ``host`` for all would
+  serialise every load on the machine). A backend with no profile loads alone
+  on those devices and is measured; nothing loads next to it until its
+  profile arrives. Exclusive devices hold one backend at a time.
+- Among several GPUs it may use, a backend goes where it needs no eviction,
+  else where evicting costs least (busy ones last, then the reload time of
+  the evicted), then where the most memory is left, then by device name.
 - Room is made by stopping idle, unpinned backends whose waiting requests do
   not rank above the request that needs the room: the least needed and
   cheapest to reload first, no more than needed. A busy one is never killed:
@@ -25,6 +31,44 @@ Rules it keeps
   evict ("overtakes", counted per waiting request); then they drain.
 - yard never retries, except after an out-of-memory it caused itself: the
   requests that backend was serving go back once, to their old place.
+
+Deadlines
+---------
+
+A request with ``start_by`` is refused at arrival (409 ``deadline_infeasible``,
+with the earliest possible start) when even going first it could not start in
+time: 0 if its backend is ready with a free slot, the expected service time if
+it is busy, the rest of the load if it is loading, else its load time plus the
+time to free memory (draining busy neighbours). It becomes *urgent* at
+``start_by - cost - urgency_window_s``, where ``cost`` is the worst case (a load
+after its neighbours drain), because a loaded backend may be evicted while the
+request waits. If ``start_by`` passes while it waits it ends with 504
+``deadline_missed``. ``allow_late`` turns both refusals into a ``Flag``.
+
+Failures
+--------
+
+- A backend that exits on its own fails its in-flight requests with 502
+  ``backend_failed`` (the exit detail in the message); it starts again only
+  when a request needs it.
+- A backend that fails to start fails the requests waiting for it (502, with
+  the detail), so clients do not hang on a command that cannot start; the next
+  request tries again.
+- An out-of-memory is *self-caused* when yard had over-committed the device: a
+  load ran next to it, a reading showed a backend above its profile or the
+  device above its usable size, foreign memory appeared after placement, or
+  (no reading caught it) yard had placed other backends on the same GPU. Its
+  in-flight requests are requeued once (``Requeue``), its profile raised
+  (``ProfileRaised``: at least +10%, the last live reading, and on a shared
+  GPU more than was left for it there). A request requeued before gets 502.
+- ``upstream_lost`` holds the slot for ``lost_grace_s`` waiting for the exit
+  report; without one the request fails with 502.
+
+What the engine must know: after ``Requeue`` or ``Reject`` of a dispatched
+request, later ``RequestFinished`` reports for that attempt are ignored (so the
+engine may send them or not); a ``StopBackend`` occupies memory until
+``BackendStopped``; a ``BackendExited`` while stopping is ignored (the stop
+completes with ``BackendStopped``).
 
 The wait bound
 --------------
