@@ -183,3 +183,41 @@ async def test_a_job_is_json_with_rfc3339_times_and_its_request_went_through_unc
     assert job["created_at"].endswith("Z") and "T" in job["created_at"]
     assert job["finished_at"] >= job["started_at"] >= job["created_at"]
     assert json.loads(json.dumps(job)) == job
+
+
+@pytest.mark.slow
+async def test_yard_jobs_cli_lists_shows_fetches_and_cancels(
+    yard: Yard, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from yard.cli import main
+
+    url = str(yard.client.base_url).rstrip("/")
+
+    async def cli(*argv: str) -> int:
+        args = ["jobs", "--url", url, "--key", "key-radio", *argv]
+        return await trio.to_thread.run_sync(main, args)
+
+    with trio.fail_after(60):
+        done_id = await submit(yard, "/v1/audio/speech", {"model": "voice", "bytes": 5000}, RADIO)
+        assert await cli("show", done_id, "--wait", "20") == 0
+        shown = capsys.readouterr().out
+        out_file = tmp_path / "speech.wav"
+        assert await cli("result", done_id, "--output", str(out_file)) == 0
+        capsys.readouterr()
+        yard.engine.auto_dispatch = None
+        queued_id = await submit(yard, "/v1/audio/speech", {"model": "voice", "bytes": 1}, RADIO)
+        assert await cli("list") == 0
+        listing = capsys.readouterr().out
+        assert await cli("cancel", queued_id) == 0
+        cancelled = capsys.readouterr().out
+        assert await cli("show", "job_nope") == 1
+        missing = capsys.readouterr().err
+    assert f"{done_id}  succeeded  (radio -> voice)" in shown
+    assert "result: HTTP 200, 5000 bytes, audio/wav" in shown
+    assert out_file.read_bytes() == audio_bytes(5000)
+    lines = listing.splitlines()
+    assert lines[0].split() == ["ID", "APP", "MODEL", "STATUS", "CREATED", "POSITION", "/", "ERROR"]
+    assert lines[1].split()[:4] == [queued_id, "radio", "voice", "queued"]
+    assert lines[2].split()[:4] == [done_id, "radio", "voice", "succeeded"]
+    assert cancelled.strip() == f"{queued_id}: cancelled"
+    assert "HTTP 404: job_not_found" in missing
