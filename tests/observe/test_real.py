@@ -69,13 +69,23 @@ def _browse(url: str, page_is_live: Callable[[], None], screenshot: Path) -> dic
             request_id = row.get_attribute("data-request-id")
             seen["queued_id"] = request_id
             seen["queued_row"] = row.inner_text()
+            page.screenshot(path=str(screenshot.with_name("dashboard-queued.png")), full_page=True)
             page.wait_for_selector(
                 f'#decisions li.kind-dispatch[data-request-id="{request_id}"]', timeout=30_000
             )
             page.wait_for_function(LLM_IS_LIVE, timeout=15_000)
             seen["llm_state"] = page.get_attribute('#backends tr[data-backend="llm"]', "data-state")
-            seen["not_reloaded"] = page.evaluate("window.yardNotReloaded === true")
+            page.click('button[data-action="pin"][data-backend="llm"]')
+            page.wait_for_selector('#backends tr[data-backend="llm"] .pill', timeout=10_000)
+            seen["pinned"] = page.inner_text('#backends tr[data-backend="llm"] .pill')
             page.screenshot(path=str(screenshot), full_page=True)
+            page.click('button[data-action="log"][data-backend="llm"]')
+            page.wait_for_function(
+                "() => document.getElementById('log-lines').textContent.includes('ready')",
+                timeout=10_000,
+            )
+            seen["log"] = page.inner_text("#log-lines")
+            seen["not_reloaded"] = page.evaluate("window.yardNotReloaded === true")
         finally:
             browser.close()
     return seen
@@ -126,6 +136,8 @@ async def test_dashboard_shows_a_request_queue_then_dispatch_live_in_a_browser(
     assert "tester" in str(seen["queued_row"])
     assert "waiting for llm" in str(seen["queued_row"])
     assert seen["llm_state"] in ("ready", "busy")
+    assert seen["pinned"] == "pinned"
+    assert "listening on http://127.0.0.1:" in str(seen["log"])
     assert seen["not_reloaded"] is True
     assert screenshot.stat().st_size > 10_000
     printed = status.stdout.decode()
