@@ -212,6 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if not voice.is_file():
+        print(f"no piper voice at {voice}", file=sys.stderr)
+        return 2
     started = time.monotonic()
     speaker = Speaker(voice)
     server = _Server((args.host, args.port), speaker, args.model_name)
