@@ -79,10 +79,10 @@ def render_table(name: str, title: str, rows: dict[str, dict[str, float]]) -> st
     for policy, row in rows.items():
         cells = [policy, *(_cell(row, key, fmt, h) for h, key, fmt in COLUMNS)]
         lines.append("| " + " | ".join(cells) + " |")
-    any_row = next(iter(rows.values()))
     lines.append("")
-    hours = any_row["sim_seconds"] / 3600
-    lines.append(f"{any_row['requests']:.0f} requests over {hours:.1f} simulated hours.")
+    requests = next(iter(rows.values()))["requests"]
+    hours = ", ".join(f"{p} {row['sim_seconds'] / 3600:.1f} h" for p, row in rows.items())
+    lines.append(f"{requests:.0f} requests; simulated time until the last one ended: {hours}.")
     return "\n".join(lines) + "\n"
 
 
