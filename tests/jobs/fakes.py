@@ -20,6 +20,7 @@ from yard.core.events import Outcome
 from yard.core.views import QueuedView
 from yard.engine import Assignment, Rejected
 from yard.http.proxy import ProxyRequest, UpstreamError
+from yard.http.runtime import JobService
 from yard.jobs.service import Jobs, JobsConfig, UpstreamResponseLike
 from yard.jobs.store import JobStore
 
@@ -301,9 +302,11 @@ async def running_jobs(
         config=config or JobsConfig(),
         wall=wall,
     )
+    service: JobService = jobs  # the gateway's protocol, checked by mypy
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(jobs.run)
+            assert service is jobs
             yield jobs
             nursery.cancel_scope.cancel()
     finally:
