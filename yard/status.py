@@ -144,27 +144,39 @@ def _bar(device: Json, width: int = 30) -> Text:
 
 def _devices(status: Json) -> Table:
     table = Table(title="Memory", title_justify="left", expand=True)
-    for column in ("device", "use", "live", "reserved", "foreign", "kept free", "free", "total"):
-        table.add_column(column, justify="right" if column not in ("device", "use") else "left")
+    table.add_column("device", no_wrap=True)
+    table.add_column("use", no_wrap=True, min_width=22)
+    table.add_column("free", justify="right", no_wrap=True)
+    table.add_column("of", justify="right", no_wrap=True)
+    table.add_column("details")
     for device in status.get("devices", []):
         name = device["name"] + (" (exclusive)" if device.get("exclusive") else "")
+        details = (
+            f"live {format_bytes(device.get('live_bytes'))} · "
+            f"reserved {format_bytes(device.get('committed_bytes'))} · "
+            f"foreign {format_bytes(device.get('foreign_bytes'))} · "
+            f"kept free {format_bytes(device.get('reserve_bytes'))}"
+        )
+        for share in device.get("backends", []):
+            details += (
+                f"\n{share['backend']}: {format_bytes(share.get('live_bytes'))} live, "
+                f"{format_bytes(share.get('reserved_bytes'))} reserved"
+            )
         table.add_row(
             name,
-            _bar(device),
-            format_bytes(device.get("live_bytes")),
-            format_bytes(device.get("committed_bytes")),
-            format_bytes(device.get("foreign_bytes")),
-            format_bytes(device.get("reserve_bytes")),
+            _bar(device, width=20),
             format_bytes(device.get("free_bytes")),
             format_bytes(device.get("total_bytes")),
+            details,
         )
     return table
 
 
 def _backends(status: Json) -> Table:
     table = Table(title="Backends", title_justify="left", expand=True)
-    for column in ("backend", "state", "uptime", "slots", "served", "last load", "why"):
-        table.add_column(column, overflow="fold")
+    for column in ("backend", "state", "uptime", "slots", "served", "last load"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("why", overflow="fold")
     for backend in status.get("backends", []):
         name = Text(backend["name"], style="bold")
         if backend.get("pinned"):
