@@ -172,3 +172,29 @@ async def test_metrics_counters_move_as_a_real_yard_serves_requests(tmp_path: Pa
     assert after[("yard_loads_total", ())] - before[("yard_loads_total", ())] == 1
     assert after[("yard_load_seconds_count", (("backend", "llm"),))] == 1
     assert after[("yard_backend_state", (("backend", "llm"), ("state", "ready")))] == 1
+
+
+async def test_a_crashed_backend_shows_as_a_failure_with_its_last_log_lines(
+    tmp_path: Path,
+) -> None:
+    body = CONFIG + backend_toml("llm", models=("tiny",), switches={"crash_after": 0})
+    with trio.fail_after(60):
+        async with running_yard(tmp_path, body) as runtime:
+            client = httpx.AsyncClient(base_url=runtime.urls[0], timeout=30)
+            async with client:
+                failed = await client.post(
+                    "/v1/chat/completions",
+                    json=CHAT,
+                    headers={"Authorization": f"Bearer {APP_KEY}"},
+                )
+                status = (
+                    await client.get(
+                        "/admin/status", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+                    )
+                ).json()
+    assert failed.status_code == 502
+    request_id = failed.headers["x-yard-request-id"]
+    failure = next(f for f in status["failures"] if f["request_id"] == request_id)
+    assert failure["backend"] == "llm"
+    assert failure["code"] == "backend_failed"
+    assert any("listening on http://127.0.0.1:" in line for line in failure["log"])
