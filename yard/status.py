@@ -66,7 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the status document as JSON")
 
 
-def _target(args: argparse.Namespace) -> tuple[str, str | None]:
+def resolve_target(args: argparse.Namespace) -> tuple[str, str | None]:
+    """Where yard is and the admin key: ``--url``/``--key`` first, then
+    ``$YARD_ADMIN_KEY``, then ``--config`` (its listen address, a wildcard
+    one read as loopback, and ``server.admin_key``), else the default URL."""
     url: str | None = args.url
     key: str | None = args.key or os.environ.get(KEY_ENV) or None
     if args.config is not None and (url is None or key is None):
@@ -287,7 +290,7 @@ def render(status: Json, console: Console, *, decisions: int = 15) -> None:
 def run(args: argparse.Namespace) -> int:
     """Fetch the status of a running yard and print it; 1 when it cannot."""
     try:
-        url, key = _target(args)
+        url, key = resolve_target(args)
         status = fetch_status(url, key)
     except StatusError as exc:
         print(f"yard status: {exc}", file=sys.stderr)

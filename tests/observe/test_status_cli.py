@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import argparse
 import socket
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -55,3 +57,24 @@ def test_status_explains_when_yard_is_not_running(capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     assert f"cannot reach yard at http://127.0.0.1:{port}" in err
     assert "is `yard serve` running?" in err
+
+
+def test_status_finds_yard_and_its_admin_key_in_the_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from yard.status import resolve_target
+
+    monkeypatch.delenv("YARD_ADMIN_KEY", raising=False)
+    config = tmp_path / "yard.toml"
+    config.write_text(
+        f'[server]\nlisten = "0.0.0.0:9123"\nadmin_key = "from-config"\n'
+        f'data_dir = "{tmp_path / "data"}"\n'
+    )
+    parsed = argparse.Namespace(url=None, key=None, config=config)
+    assert resolve_target(parsed) == ("http://127.0.0.1:9123", "from-config")
+    monkeypatch.setenv("YARD_ADMIN_KEY", "from-env")
+    assert resolve_target(parsed) == ("http://127.0.0.1:9123", "from-env")
+    explicit = argparse.Namespace(url="http://10.1.2.3:80/", key="given", config=config)
+    assert resolve_target(explicit) == ("http://10.1.2.3:80", "given")
+    bare = argparse.Namespace(url=None, key=None, config=None)
+    assert resolve_target(bare) == ("http://127.0.0.1:8080", "from-env")
