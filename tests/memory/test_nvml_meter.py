@@ -149,7 +149,7 @@ def _delta_walk(nvml: FakePynvml, proc: FakeProc) -> list[DeviceDetail]:
     steps.append(gpu(m.sample({"tts": 300})))
     proc.remove(100)
     board.used = 3 * GIB
-    steps.append(gpu(m.sample({"tts": 300})))
+    steps.append(gpu(m.sample({"llm": 100, "tts": 300})))
     return steps
 
 
@@ -172,7 +172,7 @@ def test_refused_process_lists_fall_back_to_device_deltas(
     assert steps[3].backends["tts"].held_bytes == 2 * GIB
     assert dict(steps[4].reading().backends) == {"tts": 2 * GIB}
     # llm exited: tts keeps its figure, and the foreign gigabyte is still foreign.
-    assert dict(steps[5].reading().backends) == {"tts": 2 * GIB}
+    assert dict(steps[5].reading().backends) == {"llm": 0, "tts": 2 * GIB}
     assert steps[5].foreign_bytes == GIB
     assert sum(why in r.getMessage() for r in caplog.records) == 1  # said once
 

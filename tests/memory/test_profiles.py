@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import stat
 from pathlib import Path
@@ -215,3 +217,16 @@ def test_the_key_follows_the_llama_server_behind_the_demo_launcher(
     }
     binary.write_text("#!/bin/sh\n# a newer build\n")
     assert key(config) != before
+
+
+def test_the_key_covers_the_environment_without_storing_its_values(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    backend = config.backends["llm"]
+    secret = dataclasses.replace(backend, env={"HF_TOKEN": "hf_secret"})
+    other = dataclasses.replace(backend, env={"HF_TOKEN": "hf_other"})
+    keys = [
+        footprint_key(b, config_dir=tmp_path, data_dir=config.server.data_dir)
+        for b in (backend, secret, other)
+    ]
+    assert len({k.digest for k in keys}) == 3
+    assert "hf_secret" not in json.dumps(keys[1].parts)

@@ -194,7 +194,11 @@ def footprint_key(
     labels = devices or {}
     parts: dict[str, object] = {
         "command": list(backend.command),
-        "env": sorted(backend.env.items()),
+        # Values may be secrets (tokens): the key needs them, the table not.
+        "env": sorted(
+            [name, hashlib.sha256(value.encode()).hexdigest()[:16]]
+            for name, value in backend.env.items()
+        ),
         "executable": executable or exe_name,
         "server": _wrapped_server(argv),
         "files": files,
