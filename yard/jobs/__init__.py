@@ -34,7 +34,6 @@ from yard.jobs.store import JobStore
 __all__ = ["JOBS_FILE", "JobStore", "Jobs", "JobsConfig", "open_jobs"]
 
 JOBS_FILE = "jobs.sqlite"
-_CLOSE_WAIT_S = 30.0
 
 
 @asynccontextmanager
@@ -47,8 +46,8 @@ async def open_jobs(
     wall: Callable[[], float] | None = None,
 ) -> AsyncIterator[Jobs]:
     """Open the job store in ``data_dir`` and yield the job service (not yet
-    running: start ``jobs.run`` with ``nursery.start``). The store is closed
-    on the way out."""
+    running: start ``jobs.run`` with ``nursery.start``). On the way out the
+    service is stopped and the store closed."""
     store = await JobStore.open(data_dir / JOBS_FILE)
     jobs = Jobs(
         engine=engine,
@@ -62,7 +61,6 @@ async def open_jobs(
     finally:
         with trio.CancelScope(shield=True):
             # The caller may leave before the nursery running jobs.run has
-            # wound down; runners still record their ends in the store.
-            with trio.move_on_after(_CLOSE_WAIT_S):
-                await jobs.wait_stopped()
+            # wound down, and runners still write to the store as they stop.
+            await jobs.stop()
             await store.close()

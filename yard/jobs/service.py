@@ -203,6 +203,7 @@ class Jobs:
         self._wall = wall
         self._nursery: trio.Nursery | None = None
         self._run_started = False
+        self._run_scope = trio.CancelScope()
         self._run_ended = trio.Event()
         self._running: dict[str, _Running] = {}
         self._ended: dict[str, trio.Event] = {}
@@ -229,14 +230,17 @@ class Jobs:
         once every restored job is back in the engine's queue."""
         self._run_started = True
         try:
-            await self._serve(task_status)
+            with self._run_scope:
+                await self._serve(task_status)
         finally:
             self._run_ended.set()
 
-    async def wait_stopped(self) -> None:
-        """Return once :meth:`run` has ended (at once if it never started):
-        every runner has recorded what it could, so the store may close."""
+    async def stop(self) -> None:
+        """Stop :meth:`run` (if it started) and return once it has ended: every
+        runner has recorded what it could, so the store may close. Jobs left
+        queued or running stay so on disk, for the next start to restore."""
         if self._run_started:
+            self._run_scope.cancel()
             await self._run_ended.wait()
 
     async def _serve(self, task_status: trio.TaskStatus[None]) -> None:
