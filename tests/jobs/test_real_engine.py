@@ -54,7 +54,9 @@ async def test_a_restored_job_keeps_aging_from_its_first_arrival(
     await trio.sleep(100)
     async with yard(tmp_path, upstream) as jobs:
         restarted = trio.current_time()
-        new = str((await jobs.submit(proxy_request(priority=60), rerun_safe=False))["id"])
+        handed_in = await jobs.submit(proxy_request(priority=60), rerun_safe=False)
+        assert handed_in["reason"] == "just handed in: the scheduler is placing it"
+        new = str(handed_in["id"])
         await trio.sleep(0.5)  # the engine takes both in; tts is still loading
         shown = jobs.describe(await jobs.get(old, app="radio"))
         # Every second since its first arrival (at 0) counts: 10 + 101.5 or

@@ -451,7 +451,13 @@ class Jobs:
             "rerun_safe": job.rerun_safe,
             "requeued": job.requeued,
             "position": None if view is None else view.position,
-            "reason": None if view is None else view.reason,
+            "reason": (
+                view.reason
+                if view is not None
+                else "just handed in: the scheduler is placing it"
+                if status == "queued"
+                else None
+            ),
             "estimated_start": (
                 None
                 if view is None or view.estimated_start is None
