@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 
+from tests.memory.fake_proc import FakeProc
+from tests.memory.fake_pynvml import NVML_ERROR_NOT_SUPPORTED, FakeGpu, FakePynvml
 from yard.core.spec import Profile
-from yard.memory import FakeMeter
+from yard.memory import FakeMeter, default_meter
 from yard.memory.measure import Measurement, measure_profile
 from yard.memory.probe import fit_report
 from yard.memory.readings import DeviceDetail
@@ -191,3 +194,59 @@ def test_fit_is_peak_times_margin_against_total_reserve_and_the_pinned() -> None
     assert fits["host"].need_bytes == 1100 * MIB
     assert fits["host"].fits
     assert fits["host"].pinned == ("embed", "tts")
+
+
+@dataclass
+class GpuLoader:
+    """A backend (pid 100 in a fake /proc) whose GPU use shows only on the
+    device: the driver refuses per-process figures."""
+
+    board: FakeGpu
+    name: str = "llm"
+    base_url: str = "http://127.0.0.1:9"
+    pid: int | None = 100
+    stopped: int = 0
+
+    async def wait_ready(self) -> None:
+        self.board.used += 300 * MIB  # CUDA context
+        await trio.sleep(0.5)
+        self.board.used += 4000 * MIB  # weights
+        await trio.sleep(0.5)
+
+    async def wait_exit(self) -> ExitStatus:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def stop(self) -> ExitStatus:
+        self.stopped += 1
+        return ExitStatus(code=0)
+
+
+async def test_without_per_process_figures_a_lone_load_is_measured_by_device_deltas(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    proc = FakeProc(tmp_path / "proc")
+    proc.add(100, anon_kib=1024)
+    board = FakeGpu(used=1 << 30, process_error=NVML_ERROR_NOT_SUPPORTED)  # 1 GiB foreign
+    meter = default_meter(nvml=FakePynvml([board]), proc=proc.root)
+    process = GpuLoader(board)
+
+    async def worst_case(base_url: str) -> None:
+        board.used += 700 * MIB  # compute buffers at full context
+        await trio.sleep(0.4)
+        board.used -= 200 * MIB
+
+    m = await measure_profile(
+        backend="llm",
+        gpus=("gpu0",),
+        launcher=FakeLauncher(process),  # type: ignore[arg-type]
+        meter=meter,
+        warmup=worst_case,
+        settle_s=0.4,
+    )
+    assert m.peak_bytes["gpu0"] == 5000 * MIB
+    assert m.steady_bytes["gpu0"] == 4800 * MIB
+    assert m.attribution["gpu0"] == "device-delta"
+    assert m.peak_bytes["host"] == 1024 * 1024
+    assert any("not supported" in note for note in m.notes)
+    assert process.stopped == 1
