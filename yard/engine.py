@@ -89,6 +89,8 @@ log = logging.getLogger("yard.engine")
 # A core that keeps asking for a wake-up in the past would spin the loop; after one
 # Tick at an instant, the next comes at least this much later.
 _MIN_TICK_GAP_S = 1e-3
+# The loop yields to other tasks at least this often while events keep coming.
+_YIELD_EVERY = 32
 # Bound on how long to wait for a stopped backend's memory to show as free.
 _RELEASE_WAIT_S = 10.0
 
@@ -236,9 +238,18 @@ class Admission:
         again while dispatched, it returns the same assignment. Calling it after a
         final report is a programming error (``RuntimeError``).
         """
-        await trio.lowlevel.checkpoint()
+        waited = False
         while True:
             state = self._state
+            if state == "queued" or state == "lost":
+                if self._wakeup is None:
+                    self._wakeup = trio.Event()
+                await self._wakeup.wait()
+                waited = True
+                continue
+            if not waited:
+                # Every call is a checkpoint, even when the answer is already there.
+                await trio.lowlevel.checkpoint()
             if state == "dispatched":
                 assert self._assignment is not None
                 return self._assignment
@@ -247,11 +258,7 @@ class Admission:
                 raise self._rejected
             if state == "cancelled":
                 raise Rejected(status=499, code="cancelled", message="the request was cancelled")
-            if state == "done":
-                raise RuntimeError(f"request {self.request_id} was already reported finished")
-            if self._wakeup is None:
-                self._wakeup = trio.Event()
-            await self._wakeup.wait()
+            raise RuntimeError(f"request {self.request_id} was already reported finished")
 
     def report(self, outcome: Outcome = "ok", detail: str = "") -> None:
         """The dispatched request is over (see :class:`~yard.core.events.RequestFinished`
@@ -562,22 +569,35 @@ class Engine:
     async def _loop(self) -> None:
         receive = self._receive
         next_wakeup = self._scheduler.next_wakeup
+        unyielded = 0
         while True:
             wake = next_wakeup()
-            if wake is None:
-                event = await receive.receive()
-            else:
+            if wake is not None:
                 wake = max(wake, self._last_tick + _MIN_TICK_GAP_S)
                 if wake <= trio.current_time():
                     await trio.lowlevel.checkpoint()
                     self._tick()
                     continue
-                with trio.move_on_at(wake):
+            try:
+                # Events already waiting are taken without a cancel scope each (the
+                # common case under load); a yield every few keeps the loop fair.
+                event = receive.receive_nowait()
+            except trio.WouldBlock:
+                unyielded = 0
+                if wake is None:
                     event = await receive.receive()
-                    self._handle(event)
+                else:
+                    with trio.move_on_at(wake):
+                        event = await receive.receive()
+                        self._handle(event)
+                        continue
+                    self._tick()
                     continue
-                self._tick()
-                continue
+            else:
+                unyielded += 1
+                if unyielded >= _YIELD_EVERY:
+                    unyielded = 0
+                    await trio.lowlevel.checkpoint()
             self._handle(event)
 
     def _tick(self) -> None:

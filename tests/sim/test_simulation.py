@@ -47,21 +47,7 @@ def test_one_seed_replays_the_same_decision_log_byte_for_byte() -> None:
     assert other.log_digest != first.log_digest
 
 
-OOM_LOOP = pytest.mark.xfail(
-    strict=True,
-    reason="core: an OOM of a ready backend whose growth passed its profile is not seen as "
-    "self-caused (no concurrent load, no live reading above the profile), so the profile "
-    "is never raised and every reload OOMs again; reported to the core engineer",
-)
-
-
-@pytest.mark.parametrize(
-    "kind",
-    [
-        pytest.param(kind, marks=OOM_LOOP) if kind == "oom-overcommit" else kind
-        for kind in scenarios.FAULT_KINDS
-    ],
-)
+@pytest.mark.parametrize("kind", scenarios.FAULT_KINDS)
 def test_each_fault_ends_every_request_exactly_once_without_a_yard_caused_oom_loop(
     kind: str,
 ) -> None:
