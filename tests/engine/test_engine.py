@@ -565,3 +565,55 @@ async def test_a_profile_the_core_raised_after_an_oom_is_persisted(
         await trio.testing.wait_all_tasks_blocked()
         assert store.puts == [(3.0, "llm", raised)]
         assert [type(d.decision) for d in h.engine.decisions()] == [ProfileRaised]
+
+
+async def test_a_dispatch_to_a_backend_that_is_not_ready_fails_the_request_loudly(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    def react(event: Event, now: float) -> list[Decision]:
+        if isinstance(event, RequestArrived):
+            return [Dispatch(reason="a core bug", request_id=event.request_id, backend="llm")]
+        return []
+
+    async with running(react) as h:
+        admission = h.engine.submit(backend="llm", priority=1, request_id="a")
+        with pytest.raises(Rejected) as caught:
+            await admission.wait_dispatched()
+        assert (caught.value.status, caught.value.code) == (502, "backend_failed")
+        await trio.testing.wait_all_tasks_blocked()
+        finished = h.policy.events_of(RequestFinished)
+        assert finished == [
+            (
+                0.0,
+                RequestFinished(
+                    request_id="a", outcome="error", detail="backend llm was not ready"
+                ),
+            )
+        ]
+        assert (h.engine.statistics().queue_length, h.engine.statistics().inflight) == (0, 0)
+
+
+async def test_a_stop_of_a_backend_the_engine_never_started_is_answered_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    def react(event: Event, now: float) -> list[Decision]:
+        if isinstance(event, Tick):
+            return [StopBackend(reason="confused", backend="ghost")]
+        return []
+
+    async with running(react) as h:
+        h.engine.send(Tick())
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.policy.events_of(BackendStopped) == [(0.0, BackendStopped(backend="ghost"))]
+
+
+async def test_backend_log_comes_from_the_launcher_when_it_keeps_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    class LoggingLauncher(FakeLauncher):
+        def backend_log(self, backend: str) -> list[str]:
+            return [f"{backend}: listening"]
+
+    engine = Engine(scheduler=ScriptedPolicy(), launcher=LoggingLauncher())
+    assert engine.backend_log("llm") == ["llm: listening"]
+    assert Engine(scheduler=ScriptedPolicy(), launcher=FakeLauncher()).backend_log("llm") == []
