@@ -51,6 +51,7 @@ COLUMNS = (
     ("normal p50/p95/max s", "normal", ""),
     ("low p50/p95/max s", "low", ""),
     ("load %", "gpu_loading_share", "{:.1%}"),
+    ("serve %", "gpu_serving_share", "{:.1%}"),
     ("idle+work %", "gpu_idle_with_work_share", "{:.1%}"),
     ("stuck", "stuck", "{:.0f}"),
 )
