@@ -4,7 +4,7 @@
 once bound. Any request gets a small JSON answer, except:
 
 - ``GET /health``: 200.
-- a path starting with ``/stream`` (``?n=N&ms=M``): N server-sent events, M
+- a path with ``stream`` in it (``/v1/stream?n=N&ms=M``): N server-sent events, M
   milliseconds apart, each carrying the upstream's send time (``time.time()``)
   so the client can tell whether chunks were held back on the way.
 """
@@ -41,7 +41,7 @@ async def _handle(stream: trio.SocketStream) -> None:
             if isinstance(event, h11.Request):
                 target = event.target
             elif isinstance(event, h11.EndOfMessage):
-                if target.startswith(b"/stream"):
+                if b"stream" in target.partition(b"?")[0]:
                     await _stream(stream, conn, target)
                 else:
                     await stream.send_all(

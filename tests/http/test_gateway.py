@@ -204,6 +204,9 @@ async def test_plain_backend_path_is_forwarded_without_its_prefix(gw: Gateway) -
     assert (echo["method"], echo["target"]) == ("PUT", "/generate/song?len=3")
     assert gw.upstream.bodies == [b"\x00\x01"]
     assert gw.engine.admissions[0].backend == "music"
+    encoded = await gw.client.get("/backends/music/a%20b%0D%0AX-Evil:%201")
+    assert _echo(encoded)["target"] == "/a%20b%0D%0AX-Evil:%201"
+    assert "x-evil" not in _headers(_echo(encoded))
     missing = await gw.client.get("/backends/nope/x")
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "backend_not_found"

@@ -419,17 +419,22 @@ class Gateway:
         body = await self._read_body(receive)
 
         path: str = scope["path"]
+        # The backend gets the path as it came over the wire (still
+        # percent-encoded), never the decoded one: a decoded %0d%0a or space
+        # would break the request line.
+        raw_path = scope.get("raw_path") or path.encode()
         method: str = scope["method"]
         model: str | None = None
         if path.startswith("/backends/"):
-            name, _, rest = path[len("/backends/") :].partition("/")
+            name = path[len("/backends/") :].partition("/")[0]
+            rest = raw_path[len(b"/backends/") :].partition(b"/")[2]
             backend_config = config.backends.get(name)
             if backend_config is None:
                 known = ", ".join(sorted(config.backends)) or "none"
                 raise ApiError(
                     404, "backend_not_found", f"no backend named {name!r} (configured: {known})"
                 )
-            upstream_path = "/" + rest
+            upstream_path = "/" + rest.decode("latin-1")
         else:
             model = model_of(method, content_type, body)
             backend_config = config.backend_for_model(model)
@@ -439,7 +444,7 @@ class Gateway:
                     "model_not_found",
                     f"the model {model!r} does not exist in this yard; GET /v1/models lists them",
                 )
-            upstream_path = path
+            upstream_path = raw_path.decode("latin-1")
 
         engine = self.runtime.engine
         request = ProxyRequest(

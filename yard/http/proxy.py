@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 import h11
 import trio
 
+from yard.http.server import header_pairs
+
 if TYPE_CHECKING:
     from yard.config import AppConfig
 
@@ -58,8 +60,8 @@ class ProxyRequest:
     """A client request, read and checked, ready to be sent to a backend.
 
     method: the HTTP method (``"POST"``).
-    path: the path to request from the backend (for ``/backends/NAME/PATH``
-        it is ``/PATH``; for ``/v1/...`` it is the path as the client sent it).
+    path: the path to request from the backend, as it came over the wire
+        (percent-encoding kept; for ``/backends/NAME/PATH`` it is ``/PATH``).
     query: the raw query string, without ``?`` (``b""`` when none).
     headers: the client's headers to pass on (lower-case names), already
         without hop-by-hop headers, ``host``, ``content-length``, yard's own
@@ -91,7 +93,7 @@ class ProxyRequest:
     @property
     def target(self) -> bytes:
         """The request target sent upstream: path plus query."""
-        path = self.path.encode()
+        path = self.path.encode("latin-1")
         return path + b"?" + self.query if self.query else path
 
 
@@ -221,8 +223,15 @@ class UpstreamPool:
             if body or method not in (b"GET", b"HEAD", b"DELETE", b"OPTIONS"):
                 all_headers.append((b"content-length", b"%d" % len(body)))
             try:
+                # _parsed: the headers are the client's as h11 parsed them, plus
+                # yard's own; h11 need not run its validation regexes again.
                 head = conn.h11.send(
-                    h11.Request(method=method, target=origin.prefix + target, headers=all_headers)
+                    h11.Request(
+                        method=method,
+                        target=origin.prefix + target,
+                        headers=all_headers,
+                        _parsed=True,
+                    )
                 )
                 out = [head or b""]
                 if body:
@@ -267,7 +276,7 @@ class UpstreamResponse:
         self._conn = conn
         self.status: int = event.status_code
         self.reason: bytes = event.reason
-        self.headers: Headers = list(event.headers)
+        self.headers: Headers = header_pairs(event.headers)
         self.complete = False
         self._stash: h11.Event | type[h11.PAUSED] | None = None
 

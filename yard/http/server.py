@@ -47,6 +47,15 @@ _DRAIN_LIMIT = 16 * 2**20
 _ERROR_HEAD = [(b"content-type", b"text/plain"), (b"connection", b"close")]
 
 
+def header_pairs(headers: h11._headers.Headers) -> list[tuple[bytes, bytes]]:
+    """(lower-case name, value) pairs of parsed h11 headers, without going
+    through ``Sequence.__iter__`` item by item (a hot spot of the proxy)."""
+    full = getattr(headers, "_full_items", None)
+    if full is None:
+        return list(headers)
+    return [(name, value) for _, name, value in full]
+
+
 @functools.cache
 def _reason(status: int) -> bytes:
     try:
@@ -167,7 +176,7 @@ class _Connection:
             "raw_path": raw_path,
             "query_string": query,
             "root_path": "",
-            "headers": list(request.headers),
+            "headers": header_pairs(request.headers),
             "client": self.client,
             "server": self.server.address,
             "state": dict(self.server.lifespan_state),
@@ -236,11 +245,15 @@ class _Exchange:
             if self.started:
                 raise RuntimeError("http.response.start sent twice")
             self.started = True
+            # _parsed: the app's headers are trusted (yard's own, or a
+            # backend's that h11 already parsed); h11 still lower-cases them
+            # and checks the framing headers.
             head = conn.h11.send(
                 h11.Response(
                     status_code=message["status"],
-                    headers=message.get("headers", ()),
+                    headers=list(message.get("headers", ())),
                     reason=_reason(message["status"]),
+                    _parsed=True,
                 )
             )
             if message.get("yard.hold"):
