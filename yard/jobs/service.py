@@ -315,12 +315,14 @@ class Jobs:
             ),
         )
         # On disk first, then into the queue: a crash in between leaves a
-        # queued job that the next start enqueues.
-        try:
-            self.enqueue(job)
-        except Rejected:
-            await self.store.delete(job_id)
-            raise
+        # queued job that the next start enqueues. So does a stop that began
+        # while it was being written: it is accepted, and waits for the restart.
+        if self._nursery is not None:
+            try:
+                self.enqueue(job)
+            except Rejected:
+                await self.store.delete(job_id)
+                raise
         self._counts["submitted"] += 1
         return self.describe(job)
 
@@ -375,7 +377,7 @@ class Jobs:
         """Cancel a queued or running job: it leaves the queue, or its upstream
         request is cancelled. Raises :class:`JobNotFound`, or
         :class:`JobFinished` if it had already ended."""
-        job = await self.get(job_id, app=app)
+        await self.get(job_id, app=app)  # another app's job does not exist
         won = await self.store.finish(
             job_id,
             "cancelled",
@@ -391,7 +393,6 @@ class Jobs:
             running.admission.cancel()
             running.scope.cancel()
         self._notify(job_id)
-        del job
         return await self.get(job_id, app=app)
 
     async def list_jobs(
