@@ -4,6 +4,7 @@
   body's ``"bytes"``, as ``audio/wav``, sent in 64 KiB pieces.
 - ``POST /slow``: never answers (until the client goes away).
 - ``POST /fail``: HTTP 500 with a JSON error.
+- ``POST /bare``: HTTP 201, four bytes, no content type.
 Records every request's path and ``x-yard-request-id``; counts hang-ups.
 """
 
@@ -75,11 +76,13 @@ async def _handle(backend: Backend, stream: trio.SocketStream) -> None:
         return
     if path == "/fail":
         status, content_type, payload = 500, b"application/json", b'{"error": "boom"}'
+    elif path == "/bare":
+        status, content_type, payload = 201, b"", b"\x00raw"
     else:
         n = int(json.loads(body)["bytes"])
         status, content_type, payload = 200, b"audio/wav", audio_bytes(n)
     headers = [
-        (b"content-type", content_type),
+        *([(b"content-type", content_type)] if content_type else []),
         (b"content-length", b"%d" % len(payload)),
         (b"x-voice", b"alto"),
     ]

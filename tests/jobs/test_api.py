@@ -90,6 +90,19 @@ async def test_several_megabytes_of_audio_come_back_byte_for_byte(yard: Yard) ->
 
 
 @pytest.mark.slow
+async def test_a_result_keeps_the_backends_status_and_lack_of_content_type(yard: Yard) -> None:
+    with trio.fail_after(30):
+        job_id = await submit(yard, "/backends/tts/bare", {"x": 1}, RADIO)
+        job = (await yard.client.get(f"/v1/jobs/{job_id}?wait=20", headers=RADIO)).json()
+        result = await yard.client.get(f"/v1/jobs/{job_id}/result", headers=RADIO)
+    assert job["status"] == "succeeded"
+    assert job["result"]["content_type"] is None
+    assert (result.status_code, result.content) == (201, b"\x00raw")
+    assert "content-type" not in result.headers
+    assert result.headers["content-length"] == "4"
+
+
+@pytest.mark.slow
 async def test_another_apps_key_cannot_see_fetch_or_cancel_a_job(yard: Yard) -> None:
     with trio.fail_after(30):
         job_id = await submit(yard, "/backends/tts/slow", {"x": 1}, RADIO)

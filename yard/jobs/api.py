@@ -178,4 +178,8 @@ async def job_result(job_id: str) -> Response:
     headers.append(("x-yard-job-id", job.id))
     if job.queued_s is not None:
         headers.append(("x-yard-queue-ms", str(round(job.queued_s * 1000))))
-    return Response(result.body, status=result.status, headers=Headers(headers))
+    response = Response(result.body, status=result.status, headers=Headers(headers))
+    if result.content_type is None:
+        # Exactly as the backend sent it: no content type, not Quart's default.
+        del response.headers["content-type"]
+    return response
