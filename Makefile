@@ -62,6 +62,7 @@ test: lint typecheck unit
 
 bench: setup
 	$(PY) -m sim bench
+	$(PY) -m bench
 
 sim-report: setup
 	$(PY) -m sim report
