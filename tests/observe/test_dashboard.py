@@ -175,3 +175,15 @@ async def test_streams_end_within_a_second_once_yard_is_stopping(
         # The stream noticed at its next refresh and ended its body.
         assert trio.current_time() - t0 == pytest.approx(1.0)
     assert len(_sections(received)) == len(SECTIONS)
+
+
+async def test_backend_output_is_escaped_on_the_page(app: QuartTrio, engine: FakeEngine) -> None:
+    engine.set_backend("tts", state="failed", reason="exited: <b>bad</b>")
+    engine.logs["tts"] = ["<script>alert('owned')</script>"]
+    page = await app.test_client().get(
+        "/dashboard", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+    )
+    html = await page.get_data(as_text=True)
+    assert "<script>alert" not in html
+    assert "&lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;" in html
+    assert "exited: &lt;b&gt;bad&lt;/b&gt;" in html

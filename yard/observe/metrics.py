@@ -11,6 +11,28 @@ Three sources, one registry per app:
   gateway sees a request end to end: :func:`observe_request` (requests by
   model and outcome, queue wait, proxy latency) and
   :func:`observe_proxy_latency`.
+
+The series:
+
+- queue: ``yard_queue_length{priority_class}``, ``yard_queue_requests``,
+  ``yard_queue_deadline_requests``, ``yard_queue_wait_seconds{backend}``.
+- requests: ``yard_requests_total{model,backend,outcome}`` (gateway),
+  ``yard_requests_ended_total{outcome}``, ``yard_rejects_total{code}``,
+  ``yard_submitted_total``, ``yard_deadline_misses_total``,
+  ``yard_requeues_total``, ``yard_inflight``,
+  ``yard_proxy_latency_seconds{backend}``.
+- backends: ``yard_loads_total``, ``yard_load_failures_total``,
+  ``yard_load_seconds{backend}``, ``yard_stops_total``,
+  ``yard_evictions_total``, ``yard_ooms_total``, ``yard_backends_running``,
+  ``yard_backend_state{backend,state}``, ``yard_backend_inflight``,
+  ``yard_backend_slots``, ``yard_backend_served``,
+  ``yard_backend_last_load_seconds``.
+- memory: ``yard_device_{total,reserve,committed,live,foreign,free}_bytes
+  {device,kind}``, ``yard_backend_live_bytes{backend,device}``,
+  ``yard_backend_profile_bytes{backend,kind}``,
+  ``yard_backend_reservation_bytes{backend,kind}``.
+- the engine loop: ``yard_decisions_total{kind}``, ``yard_engine_events_total``,
+  ``yard_engine_decisions_total``.
 """
 
 from __future__ import annotations
