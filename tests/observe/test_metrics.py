@@ -83,15 +83,15 @@ async def test_each_decision_is_counted_once_across_scrapes(
     engine.decide(Dispatch(reason="idle", request_id="r1", backend="llm"))
     engine.decide(Dispatch(reason="idle", request_id="r2", backend="llm"))
     first = await scrape(app)
-    assert first[("yard_decisions_total", (("kind", "dispatch"),))] == 2
+    assert first[("yard_decisions_total", (("backend", "llm"), ("kind", "dispatch")))] == 2
     again = await scrape(app)
-    assert again[("yard_decisions_total", (("kind", "dispatch"),))] == 2
+    assert again[("yard_decisions_total", (("backend", "llm"), ("kind", "dispatch")))] == 2
     engine.decide(
         Reject(reason="late", request_id="r3", status=504, code="deadline_missed", message="late")
     )
     last = await scrape(app)
-    assert last[("yard_decisions_total", (("kind", "dispatch"),))] == 2
-    assert last[("yard_decisions_total", (("kind", "reject"),))] == 1
+    assert last[("yard_decisions_total", (("backend", "llm"), ("kind", "dispatch")))] == 2
+    assert last[("yard_decisions_total", (("backend", ""), ("kind", "reject")))] == 1
 
 
 async def test_each_finished_load_is_observed_once(app: QuartTrio, engine: FakeEngine) -> None:

@@ -166,7 +166,7 @@ async def test_metrics_counters_move_as_a_real_yard_serves_requests(tmp_path: Pa
                     assert served.status_code == 200
                 after = _counters((await client.get("/metrics")).text)
     ok = ("yard_requests_ended_total", (("outcome", "ok"),))
-    dispatch = ("yard_decisions_total", (("kind", "dispatch"),))
+    dispatch = ("yard_decisions_total", (("backend", "llm"), ("kind", "dispatch")))
     assert after[ok] - before.get(ok, 0) == 2
     assert after[dispatch] - before.get(dispatch, 0) == 2
     assert after[("yard_loads_total", ())] - before[("yard_loads_total", ())] == 1

@@ -31,7 +31,7 @@ The series:
   {device,kind}``, ``yard_backend_live_bytes{backend,device}``,
   ``yard_backend_profile_bytes{backend,kind}``,
   ``yard_backend_reservation_bytes{backend,kind}``.
-- the engine loop: ``yard_decisions_total{kind}``, ``yard_engine_events_total``,
+- the engine loop: ``yard_decisions_total{kind,backend}``, ``yard_engine_events_total``,
   ``yard_engine_decisions_total``.
 """
 
@@ -286,8 +286,9 @@ class DecisionMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.decisions = Counter(
             "yard_decisions",
-            "Decisions the scheduler made, by kind (load, stop, dispatch, reject, requeue, flag).",
-            ["kind"],
+            "Decisions the scheduler made, by kind (load, stop, dispatch, reject, requeue, "
+            "flag) and backend (empty for a reject or requeue, which name a request).",
+            ["kind", "backend"],
             registry=registry,
         )
         self.load_time = Histogram(
@@ -302,7 +303,8 @@ class DecisionMetrics:
 
     def record(self, logged: LoggedDecision) -> None:
         """Count one decision."""
-        self.decisions.labels(kind=decision_kind(logged.decision)).inc()
+        backend = getattr(logged.decision, "backend", None) or ""
+        self.decisions.labels(kind=decision_kind(logged.decision), backend=backend).inc()
 
     def check_loads(self, engine: EngineSource) -> None:
         """Observe the load time of every load completed since the last call."""
