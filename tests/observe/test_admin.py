@@ -4,6 +4,8 @@ import json
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 from quart_trio import QuartTrio
 
 from tests.observe.conftest import ADMIN_KEY, LOOPBACK, REMOTE, make_app, open_stream
@@ -185,3 +187,35 @@ def test_status_document_is_json(engine: FakeEngine) -> None:
         return json.dumps(observer.status())
 
     assert json.loads(trio.run(build))["queue"] == {"length": 0, "items": []}
+
+
+@given(
+    start=st.integers(0, 50),
+    seen=st.integers(0, 30),
+    dropped=st.integers(0, 40),
+    grown=st.integers(0, 30),
+)
+def test_new_lines_returns_exactly_what_was_appended(
+    start: int, seen: int, dropped: int, grown: int
+) -> None:
+    lines = [f"line {i}" for i in range(200)]
+    previous = lines[start : start + seen]
+    end = start + seen + grown
+    current = lines[min(start + dropped, end) : end]
+    fresh = new_lines(previous, current)
+    if not previous or start + dropped >= start + seen:
+        # Nothing in common: everything in the log is new to the reader.
+        assert fresh == current
+    else:
+        assert fresh == lines[start + seen : end]
+
+
+async def test_a_ready_backend_with_requests_in_flight_shows_as_busy(
+    app: QuartTrio, engine: FakeEngine
+) -> None:
+    engine.set_backend("llm", inflight=2)
+    status = await (await app.test_client().get("/admin/status", headers=BEARER)).get_json()
+    llm = status["backends"][0]
+    assert (llm["state"], llm["core_state"], llm["inflight"]) == ("busy", "ready", 2)
+    gpu = next(d for d in status["devices"] if d["name"] == "gpu0")
+    assert gpu["backends"][0]["state"] == "busy"
