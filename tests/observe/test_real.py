@@ -51,6 +51,7 @@ def _browse(url: str, page_is_live: Callable[[], None], screenshot: Path) -> dic
     """Log in, wait for the live feed, let the test send a request, and watch
     it go through the queue and the decisions, without reloading the page."""
     seen: dict[str, object] = {}
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: run `make browser`"
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
