@@ -34,8 +34,11 @@ def register(app: QuartTrio, runtime: Runtime) -> Observer:
     the runtime's engine and configuration.
 
     Returns the :class:`Observer` that serves them (also kept in
-    ``app.extensions["yard.observe"]``).
+    ``app.extensions["yard.observe"]``). The gateway's hook is left in
+    ``runtime.extras["observe_request"]`` (:func:`observe_request`), so that
+    the proxy can report each request without importing this package.
     """
+    runtime.extras["observe_request"] = observe_request
     return install(app, Observer.from_runtime(runtime))
 
 

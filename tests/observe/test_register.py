@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import cast
+
+from quart_trio import QuartTrio
+
+from tests.observe.fakes import FakeEngine
+from yard.config import load_config
+from yard.engine import Engine
+from yard.http.runtime import Runtime
+from yard.observe import Observer, observe_request, register
+
+
+async def test_register_serves_the_runtimes_engine_and_configuration(
+    tmp_path: Path, engine: FakeEngine
+) -> None:
+    path = tmp_path / "yard.toml"
+    path.write_text(
+        f'[server]\nadmin_key = "k"\ndata_dir = "{tmp_path}"\n\n'
+        "[scheduler]\nprofile_margin = 1.5\n\n"
+        '[backends.llm]\ncommand = ["llm-server", "--port", "{port}"]\nmodels = ["tiny"]\n'
+    )
+    runtime = Runtime(config=load_config(path), engine=cast(Engine, engine), started_at=5.0)
+    app = QuartTrio(__name__)
+    observer = register(app, runtime)
+    assert app.extensions[Observer.KEY] is observer
+    assert runtime.extras["observe_request"] is observe_request
+    assert (observer.admin_key, observer.profile_margin) == ("k", 1.5)
+    client = app.test_client()
+    assert (await client.get("/admin/status")).status_code == 401
+    status = await (
+        await client.get("/admin/status", headers={"Authorization": "Bearer k"})
+    ).get_json()
+    assert status["started_at"] == 5.0
+    assert status["backends"][0]["models"] == ["tiny"]
+    gpu = next(d for d in status["devices"] if d["name"] == "gpu0")
+    assert gpu["backends"][0]["reserved_bytes"] == 6 * 2**30  # 4 GiB profile x 1.5
+    assert (await client.get("/metrics")).status_code == 200
