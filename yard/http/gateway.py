@@ -273,12 +273,23 @@ class Gateway:
             allow_late=request.allow_late,
         )
         finished = False
+        disconnect = (scope.get("extensions") or {}).get("yard.disconnect")
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
-                await self._exchange(request, admission, send)
-                finished = True
-                nursery.cancel_scope.cancel()
+            if disconnect is not None:
+                # yard's server cancels the scope when the client hangs up.
+                with trio.CancelScope() as watched:
+                    disconnect.watch(watched)
+                    try:
+                        await self._exchange(request, admission, send)
+                        finished = True
+                    finally:
+                        disconnect.unwatch()
+            else:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+                    await self._exchange(request, admission, send)
+                    finished = True
+                    nursery.cancel_scope.cancel()
         finally:
             if not finished:
                 # Client gone (or we are shutting down): free the slot or the

@@ -13,10 +13,16 @@ does the parsing and framing), ASGI 3 ``http`` and ``lifespan`` scopes,
 while the response streams), and graceful shutdown. No TLS, HTTP/2 or
 websockets: yard listens on loopback or behind a reverse proxy.
 
-Extension: a ``http.response.start`` message with ``"yard.hold": True``
-asks the server to hold the head back until the next body message (the
-sender promises one follows at once); without it the head is written at
-once, so streams show their headers without waiting for a first chunk.
+Extensions (in ``scope["extensions"]``):
+
+- ``yard.hold``: a ``http.response.start`` message with ``"yard.hold": True``
+  asks the server to hold the head back until the next body message (the
+  sender promises one follows at once); without it the head is written at
+  once, so streams show their headers without waiting for a first chunk.
+- ``yard.disconnect``: an object with ``watch(cancel_scope)`` and
+  ``unwatch()``: the server cancels the watched scope the moment the client
+  goes away, so the app needs no task of its own to watch for
+  ``http.disconnect``.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ ASGIApp = Callable[
 _READ = 65536
 _MAX_HEAD = 64 * 1024
 _DRAIN_LIMIT = 16 * 2**20
+_PIPELINE_LIMIT = 1 * 2**20
 _ERROR_HEAD = [(b"content-type", b"text/plain"), (b"connection", b"close")]
 
 
@@ -65,7 +72,15 @@ def _reason(status: int) -> bytes:
 
 
 class _Connection:
-    """One client connection: requests in turn, each handed to the app."""
+    """One client connection: requests in turn, each handed to the app.
+
+    One reader task per connection owns the socket's receiving side: it reads
+    when the connection's task needs bytes, and, while the app works on a
+    request whose body is in, keeps reading so that a client hanging up is
+    seen at once (``http.disconnect``, and the cancel scope the app asked to
+    have cancelled through the ``yard.disconnect`` extension). This costs no
+    task per request, where an ASGI app's own disconnect watcher would.
+    """
 
     def __init__(
         self, server: Server, stream: trio.SocketStream, client: tuple[str, int] | None
@@ -75,18 +90,78 @@ class _Connection:
         self.client = client
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
         self.gone = False
+        self.gone_event = trio.Event()
+        self.idle_since: float | None = None
+        self._may_read = trio.Event()
+        self._fed = trio.Event()
+        self._watching = False
+        self._pipelined = 0
+        self._watched: trio.CancelScope | None = None
 
-    async def _read_more(self) -> None:
-        data = await self.stream.receive_some(_READ)
-        if not data:
-            self.gone = True
-        self.h11.receive_data(data)
+    # -- the yard.disconnect extension ---------------------------------------
+
+    def watch(self, scope: trio.CancelScope) -> None:
+        """Cancel ``scope`` if the client goes away before :meth:`unwatch`."""
+        self._watched = scope
+        if self.gone:
+            scope.cancel()
+
+    def unwatch(self) -> None:
+        self._watched = None
+
+    # -- reading ---------------------------------------------------------------
+
+    async def _reader(self) -> None:
+        stream = self.stream
+        while True:
+            await self._may_read.wait()
+            try:
+                data = await stream.receive_some(_READ)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                data = b""
+            if not data:
+                self._hang_up()
+                return
+            self.h11.receive_data(data)
+            if self._watching:
+                # Bytes after the body (a pipelined request) wait in h11's
+                # buffer; past a limit stop reading (and watching).
+                self._pipelined += len(data)
+                if self._pipelined > _PIPELINE_LIMIT:
+                    self._may_read = trio.Event()
+            else:
+                self._may_read = trio.Event()
+            fed, self._fed = self._fed, trio.Event()
+            fed.set()
+
+    def _hang_up(self) -> None:
+        self.gone = True
+        self.gone_event.set()
+        self._fed.set()
+        if self._watched is not None:
+            self._watched.cancel()
+
+    def start_watching(self) -> None:
+        """The request's body is in: keep reading, to see a hang-up at once."""
+        if not self._watching:
+            self._watching = True
+            self._pipelined = 0
+            self._may_read.set()
+
+    def stop_watching(self) -> None:
+        self._watching = False
+        self._watched = None
 
     async def next_event(self) -> h11.Event | type[h11.PAUSED]:
         while True:
             event = self.h11.next_event()
             if event is h11.NEED_DATA:
-                await self._read_more()
+                if self.gone:
+                    self.h11.receive_data(b"")
+                    continue
+                fed = self._fed
+                self._may_read.set()
+                await fed.wait()
                 continue
             return event  # type: ignore[return-value]
 
@@ -98,34 +173,43 @@ class _Connection:
         try:
             await self.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.gone = True
+            self._hang_up()
 
     async def serve(self) -> None:
         server = self.server
         try:
-            while not server.closing:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._reader)
                 try:
-                    with trio.move_on_after(server.keep_alive_s) as idle:
-                        event = await self.next_event()
-                    if idle.cancelled_caught:
-                        return
-                except h11.RemoteProtocolError as exc:
-                    await self._simple_error(exc.error_status_hint, str(exc))
-                    return
-                if not isinstance(event, h11.Request):
-                    return  # ConnectionClosed, or the client sent garbage
-                await self._request(event)
-                if (
-                    self.gone
-                    or self.h11.our_state is not h11.DONE
-                    or not await self._drain_request()
-                ):
-                    return
-                self.h11.start_next_cycle()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return
+                    await self._serve_requests()
+                finally:
+                    nursery.cancel_scope.cancel()
         finally:
+            server.connections.discard(self)
             await trio.aclose_forcefully(self.stream)
+
+    async def _serve_requests(self) -> None:
+        server = self.server
+        server.connections.add(self)
+        while not server.closing:
+            # The server's reaper closes connections idle past keep_alive_s
+            # (one timer for all of them, not a cancel scope per request).
+            self.idle_since = trio.current_time()
+            try:
+                event = await self.next_event()
+            except h11.RemoteProtocolError as exc:
+                await self._simple_error(exc.error_status_hint, str(exc))
+                return
+            self.idle_since = None
+            if not isinstance(event, h11.Request):
+                return  # ConnectionClosed, or the client sent garbage
+            try:
+                await self._request(event)
+            finally:
+                self.stop_watching()
+            if self.gone or self.h11.our_state is not h11.DONE or not await self._drain_request():
+                return
+            self.h11.start_next_cycle()
 
     async def _drain_request(self) -> bool:
         """Read what the app left of the request body, so the connection can
@@ -180,7 +264,7 @@ class _Connection:
             "client": self.client,
             "server": self.server.address,
             "state": dict(self.server.lifespan_state),
-            "extensions": {"yard.hold": {}},
+            "extensions": {"yard.hold": {}, "yard.disconnect": self},
         }
         exchange = _Exchange(self, request.method == b"HEAD")
         try:
@@ -224,16 +308,12 @@ class _Exchange:
                 return {"type": "http.request", "body": bytes(event.data), "more_body": True}
             self.body_done = True
             if isinstance(event, h11.EndOfMessage):
+                conn.start_watching()
                 return {"type": "http.request", "body": b"", "more_body": False}
-            conn.gone = True
+            conn._hang_up()
             return {"type": "http.disconnect"}
-        # The body is in: the next message is the client going away. Bytes
-        # that arrive meanwhile (a pipelined request) stay in h11's buffer.
-        while not conn.gone:
-            try:
-                await conn._read_more()
-            except (trio.BrokenResourceError, trio.ClosedResourceError, h11.RemoteProtocolError):
-                conn.gone = True
+        # The body is in: the next message is the client going away.
+        await conn.gone_event.wait()
         return {"type": "http.disconnect"}
 
     async def send(self, message: Message) -> None:
@@ -284,6 +364,24 @@ class Server:
         self.closing = False
         self.address: tuple[str, int] | None = None
         self.lifespan_state: dict[str, Any] = {}
+        self.connections: set[_Connection] = set()
+
+    async def reap_idle(self) -> None:
+        """Close keep-alive connections idle for longer than ``keep_alive_s``."""
+        while True:
+            await trio.sleep(min(5.0, self.keep_alive_s / 2))
+            limit = trio.current_time() - self.keep_alive_s
+            for conn in list(self.connections):
+                if conn.idle_since is not None and conn.idle_since < limit:
+                    conn.stream.socket.close()
+                    conn._hang_up()
+
+    def close_idle(self) -> None:
+        """At shutdown: close connections waiting for their next request."""
+        for conn in list(self.connections):
+            if conn.idle_since is not None:
+                conn.stream.socket.close()
+                conn._hang_up()
 
     async def handle(self, stream: trio.SocketStream) -> None:
         try:
@@ -370,6 +468,7 @@ async def serve(
             shown = f"[{sockname[0]}]" if ":" in str(sockname[0]) else str(sockname[0])
             async with trio.open_nursery() as connections:
                 async with trio.open_nursery() as accepting:
+                    accepting.start_soon(server.reap_idle)
                     accepting.start_soon(
                         partial(
                             trio.serve_listeners,
@@ -387,6 +486,7 @@ async def serve(
                 # Graceful: keep-alive connections close after their current
                 # request; whatever still runs at the deadline is cancelled.
                 server.closing = True
+                server.close_idle()
                 connections.cancel_scope.deadline = trio.current_time() + graceful_s
         finally:
             stop.set()
