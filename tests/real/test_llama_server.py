@@ -19,10 +19,10 @@ pytestmark = pytest.mark.slow
 async def test_tiny_model_answers_chat_and_text_completions_streaming_and_not(
     tmp_path: Path,
 ) -> None:
-    binary = llama_server_or_skip()
+    command = llama_server_or_skip()
     model = write_sized_llama(tmp_path / "tiny.gguf", size_mb=5)
     port = free_port()
-    argv = llama_server_argv(binary, model.path, port, alias="tiny-llama")
+    argv = llama_server_argv(command, model.path, port, alias="tiny-llama")
     with trio.fail_after(120):
         async with running_server(argv, port=port, log=tmp_path / "llama.log") as server:
             answers = await trio.to_thread.run_sync(
