@@ -48,9 +48,13 @@ def is_loopback(remote_addr: str | None) -> bool:
     if not remote_addr:
         return False
     try:
-        return ipaddress.ip_address(remote_addr.split("%", 1)[0]).is_loopback
+        address = ipaddress.ip_address(remote_addr.split("%", 1)[0])
     except ValueError:
         return False
+    # A dual-stack socket reports IPv4 clients as ::ffff:a.b.c.d.
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
 
 
 def bearer_key(authorization: str | None) -> str | None:
