@@ -11,7 +11,13 @@ from tests.observe.conftest import ADMIN_KEY, LOOPBACK, REMOTE, make_app, open_s
 from tests.observe.fakes import FakeEngine, GiB, queued_view
 from yard.core.decisions import Dispatch, StartBackend
 from yard.observe import Observer, auth
-from yard.observe.dashboard import COALESCE_S, SECTIONS, format_bytes, format_duration
+from yard.observe.dashboard import (
+    COALESCE_S,
+    MIN_INTERVAL_S,
+    SECTIONS,
+    format_bytes,
+    format_duration,
+)
 
 
 def _sections(raw: bytes) -> list[dict[str, str]]:
@@ -187,3 +193,21 @@ async def test_backend_output_is_escaped_on_the_page(app: QuartTrio, engine: Fak
     assert "<script>alert" not in html
     assert "&lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;" in html
     assert "exited: &lt;b&gt;bad&lt;/b&gt;" in html
+
+
+async def test_a_busy_engine_gets_at_most_four_renders_a_second(
+    app: QuartTrio, engine: FakeEngine, autojump_clock: trio.abc.Clock
+) -> None:
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    async with open_stream(app, "/dashboard/events", headers=headers) as stream:
+        await stream.read_until(b'"id": "failures"')
+        await trio.sleep(0.3)
+        t0 = trio.current_time()
+        engine.decide(StartBackend(reason="first load", backend="tts"))
+        await stream.read_until(b"first load")
+        assert trio.current_time() - t0 == pytest.approx(COALESCE_S)
+        await trio.sleep(0.05)
+        engine.decide(StartBackend(reason="second load", backend="tts"))
+        await stream.read_until(b"second load")
+        # The previous render was at t0 + 0.05; the next waits for t0 + 0.05 + 0.25.
+        assert trio.current_time() - t0 == pytest.approx(COALESCE_S + MIN_INTERVAL_S)

@@ -34,6 +34,10 @@ REFRESH_S = 1.0
 COALESCE_S = 0.05
 """After a decision, wait this long for the ones that come with it."""
 
+MIN_INTERVAL_S = 0.25
+"""Shortest time between two renders for one client, however busy the
+engine is (a render of a long queue costs milliseconds)."""
+
 blueprint = Blueprint(
     "yard_dashboard",
     __name__,
@@ -185,6 +189,7 @@ async def events() -> Response:
         try:
             yield b"retry: 2000\n\n"
             while not observer.stopping():
+                rendered_at = trio.current_time()
                 status = observer.status()
                 for name in SECTIONS:
                     html = await render_section(env, name, status)
@@ -199,7 +204,9 @@ async def events() -> Response:
                         feed.close()
                         feed = observer.engine.subscribe()
                         continue
-                    await trio.sleep(COALESCE_S)
+                    await trio.sleep_until(
+                        max(trio.current_time() + COALESCE_S, rendered_at + MIN_INTERVAL_S)
+                    )
                     while True:
                         try:
                             feed.receive_nowait()
