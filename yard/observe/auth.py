@@ -43,6 +43,11 @@ def cookie_token(admin_key: str) -> str:
     return hmac.new(admin_key.encode(), b"yard dashboard login", hashlib.sha256).hexdigest()
 
 
+def key_matches(given: str, admin_key: str) -> bool:
+    """Whether ``given`` is the admin key (compared in constant time)."""
+    return hmac.compare_digest(given.encode(), admin_key.encode())
+
+
 def is_loopback(remote_addr: str | None) -> bool:
     """Whether the client address is on this machine (127.0.0.0/8, ::1)."""
     if not remote_addr:
@@ -93,7 +98,7 @@ def check_admin(
         )
     given = bearer_key(authorization)
     if given is not None:
-        if hmac.compare_digest(given.encode(), admin_key.encode()):
+        if key_matches(given, admin_key):
             return None
         return Refusal(status=401, code="invalid_admin_key", message="wrong admin key")
     if cookie is not None and hmac.compare_digest(
