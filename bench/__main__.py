@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -98,12 +99,30 @@ def _wrk(url: str, connections: int, seconds: float, script: Path) -> float:
     raise RuntimeError(f"wrk printed no rate:\n{out}")
 
 
-def _throughput(url: str, seconds: float, script: Path, use_wrk: bool) -> float:
+def _cpu_s(pid: int) -> float:
+    """CPU time (user + system) the process has used, in seconds (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _throughput(
+    url: str, seconds: float, script: Path, use_wrk: bool, pid: int
+) -> tuple[float, float]:
+    """(requests per second, CPU µs the process at ``pid`` spent per request)."""
+    cpu0 = _cpu_s(pid)
     if use_wrk:
-        return _wrk(url, 16, seconds, script)
-    result = _load("throughput", url, "--connections", "16", "--seconds", str(seconds))
-    assert isinstance(result, dict)
-    return float(result["requests"]) / float(result["seconds"])
+        rate = _wrk(url, 16, seconds, script)
+        elapsed = float(max(1, round(seconds)))
+    else:
+        result = _load("throughput", url, "--connections", "16", "--seconds", str(seconds))
+        assert isinstance(result, dict)
+        elapsed = float(result["seconds"])
+        rate = float(result["requests"]) / elapsed
+    cpu = _cpu_s(pid) - cpu0
+    return rate, cpu / (rate * elapsed) * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,17 +172,21 @@ def main(argv: list[str] | None = None) -> int:
 
         lat: dict[str, list[float]] = {"direct": [], "yard": []}
         rps: dict[str, list[float]] = {"direct": [], "yard": []}
+        cpu: dict[str, list[float]] = {"direct": [], "yard": []}
         ttfb: dict[str, list[float]] = {"direct": [], "yard": []}
         lag: dict[str, list[float]] = {"direct": [], "yard": []}
         gaps: dict[str, list[float]] = {"direct": [], "yard": []}
         bases = {"direct": direct_base, "yard": yard_base}
+        pids = {"direct": direct_proc.pid, "yard": yard_proc.pid}
         for _ in range(args.rounds):
             for side, base in bases.items():
                 values = _load("latency", base + small, "--requests", str(args.requests))
                 assert isinstance(values, list)
                 lat[side] += values
             for side, base in bases.items():
-                rps[side].append(_throughput(base + small, args.seconds, script, use_wrk))
+                rate, cpu_us = _throughput(base + small, args.seconds, script, use_wrk, pids[side])
+                rps[side].append(rate)
+                cpu[side].append(cpu_us)
             for side, base in bases.items():
                 result = _load("stream", base + stream_path, "--runs", "10")
                 assert isinstance(result, dict)
@@ -253,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"per-round req/s: direct {[round(r) for r in rps['direct']]}, "
         f"yard {[round(r) for r in rps['yard']]}"
+    )
+    yard_cpu = statistics.median(cpu["yard"])
+    print(
+        f"CPU per request at concurrency 16 (user+system, whole process): yard {yard_cpu:.0f} us "
+        f"(a free core would carry about {1e6 / yard_cpu:.0f} req/s); direct upstream "
+        f"{statistics.median(cpu['direct']):.0f} us"
     )
     verdicts = [
         (f"yard >= {TARGET_RPS:.0f} req/s at concurrency 16", mean_rps["yard"] >= TARGET_RPS),
