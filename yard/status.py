@@ -177,7 +177,7 @@ def _devices(status: Json) -> Table:
 
 def _backends(status: Json) -> Table:
     table = Table(title="Backends", title_justify="left", expand=True)
-    for column in ("backend", "state", "uptime", "slots", "served", "last load"):
+    for column in ("backend", "state", "uptime", "slots", "queued", "served", "last load"):
         table.add_column(column, no_wrap=True)
     table.add_column("why", overflow="fold")
     for backend in status.get("backends", []):
@@ -190,6 +190,7 @@ def _backends(status: Json) -> Table:
             Text(state, style=_STATE_STYLES.get(state, "")),
             format_duration(backend.get("uptime_s")),
             f"{backend.get('inflight', 0)}/{backend.get('slots', 0)}",
+            str(backend.get("queued", 0)),
             str(backend.get("served", 0)),
             format_duration(backend.get("last_load_s")),
             backend.get("reason", ""),

@@ -217,5 +217,8 @@ async def test_a_ready_backend_with_requests_in_flight_shows_as_busy(
     status = await (await app.test_client().get("/admin/status", headers=BEARER)).get_json()
     llm = status["backends"][0]
     assert (llm["state"], llm["core_state"], llm["inflight"]) == ("busy", "ready", 2)
+    engine.set_backend("tts", queued=3)
+    status = await (await app.test_client().get("/admin/status", headers=BEARER)).get_json()
+    assert status["backends"][1]["queued"] == 3
     gpu = next(d for d in status["devices"] if d["name"] == "gpu0")
     assert gpu["backends"][0]["state"] == "busy"

@@ -165,6 +165,7 @@ def _backend_json(view: BackendView, now: float, models: Sequence[str]) -> Json:
         "models": list(models),
         "gpus": list(view.gpus),
         "inflight": view.inflight,
+        "queued": view.queued,
         "slots": view.slots,
         "served": view.served,
         "loaded_at": view.loaded_at,
