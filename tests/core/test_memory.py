@@ -275,3 +275,25 @@ def test_a_wait_for_memory_is_explained_with_figures() -> None:
     assert view is not None
     assert view.reason == "waiting for gpu0: big needs 17.6 GiB, 4.0 GiB free"
     assert not any(isinstance(d, Flag) for _, d in h.log)
+
+
+def test_eviction_weighs_reload_cost_against_recent_use() -> None:
+    """GreedyDual-Size: cheapest to reload per GiB first, but every eviction
+    raises the bar, so a backend used since outlives one idle for long."""
+    h = Harness(
+        [BackendSpec(name=n, gpus=("gpu0",)) for n in "abcd"],
+        devices=(gpu(gib=18), host()),
+        profiles={"a": (5, 0, 2), "b": (5, 0, 2.5), "c": (5, 0, 1), "d": (5, 0, 4)},
+    )
+    for t, name in enumerate("abc"):
+        h.load(name, f"r-{name}", at=t)
+        h.finish(f"r-{name}")
+    h.arrive("r1", "d", at=10)
+    assert h.stops() == ["c"]  # cheapest to reload
+    h.stopped("c", at=11)
+    h.ready("d", at=15)
+    h.finish("r1", at=16)
+    h.arrive("r2", "a", at=20)  # a is used again
+    h.finish("r2", at=21)
+    h.arrive("r3", "c", at=30)
+    assert h.stops() == ["c", "b"]  # not a, though a reloads faster: b sat idle longer

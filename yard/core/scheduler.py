@@ -23,9 +23,15 @@ Rules it keeps
   else where evicting costs least (busy ones last, then the reload time of
   the evicted), then where the most memory is left, then by device name.
 - Room is made by stopping idle, unpinned backends whose waiting requests do
-  not rank above the request that needs the room: the least needed and
-  cheapest to reload first, no more than needed. A busy one is never killed:
-  it is *drained* (no new work) and stopped once idle.
+  not rank above the request that needs the room, no more than needed. The
+  least needed and cheapest to reload go first: those nobody waits for, then
+  by GreedyDual-Size credit (Cao & Irani, 1997): on each use a backend gets
+  ``L + load_s / GiB held``, where ``L`` is the credit of the last one
+  evicted, so the cheapest to reload per byte goes first, yet a backend used
+  since the last evictions outlives one idle for long. (Ranking by load time
+  alone kept evicting the popular small model: twice the loads in the sim's
+  memory-pressure sweep.) A busy one is never killed: it is *drained* (no new
+  work) and stopped once idle.
 - Swap batching: while a request waits for such a swap, up to ``batch_bound``
   requests behind it may still be dispatched to the backends the swap will
   evict ("overtakes", counted per waiting request); then they drain.
@@ -199,6 +205,7 @@ class _Backend:
     served: int = 0
     dispatched_since_ready: int = 0
     last_used: float = -math.inf
+    credit: float = 0.0  # GreedyDual-Size: evicted lowest first
     idle_since: float | None = None
     idle_token: int = 0
     drain_reason: str | None = None
@@ -304,6 +311,7 @@ class Scheduler:
         # Planning is skipped when nothing it reads changed: ``_epoch`` moves
         # with every such change, and the heads of the queues are compared.
         self._epoch = 0
+        self._inflation = 0.0  # GreedyDual-Size "L": credit of the last evicted
         self._planned: tuple[object, ...] | None = None
         self._combo_cache: dict[str, list[tuple[str, ...]]] = {}
         self._fit_cache: dict[str, tuple[bool, str]] = {}
@@ -912,6 +920,13 @@ class Scheduler:
             return b.learned_load_s
         return self.config.default_load_s
 
+    def _credit(self, b: _Backend) -> float:
+        """GreedyDual-Size credit on use: reload seconds per GiB held, on top of
+        the inflation. A backend used recently, slow to reload or small keeps
+        its place; the least needed and cheapest to reload per byte goes first."""
+        held = sum(b.reserved.values()) or sum(self._need(b, b.gpus).values())
+        return self._inflation + self._load_s(b) / max(1.0, held / _GIB)
+
     def _service_est(self, b: _Backend) -> float:
         return b.service_ewma if b.service_ewma is not None else self.config.default_service_s
 
@@ -985,6 +1000,7 @@ class Scheduler:
                 b.running[req.id] = req
                 b.dispatched_since_ready += 1
                 b.last_used = now
+                b.credit = self._credit(b)
                 b.idle_since = None
                 eff = req.effective(now, c.aging_rate, c.deadline_boost)
                 reason = (
@@ -1045,6 +1061,7 @@ class Scheduler:
         b.started_at = now
         b.ready_at = None
         b.want_load = False
+        b.credit = self._credit(b)
         b.overcommit = None
         for d in b.devices:
             for o in self._occupants(d):
@@ -1086,9 +1103,7 @@ class Scheduler:
                 elif b.state is BackendState.STARTING:
                     ctx.loading.setdefault(d, b)
             ctx.held[b.name] = held
-        occupying.sort(
-            key=lambda o: (o.busy(), o.queue.size > 0, self._load_s(o), o.last_used, o.name)
-        )
+        occupying.sort(key=lambda o: (o.busy(), o.queue.size > 0, o.credit, o.last_used, o.name))
         ctx.evict_order = occupying
         return ctx
 
@@ -1144,6 +1159,7 @@ class Scheduler:
             if plan.status == _BLOCKED:
                 continue
             for v in plan.stop:
+                self._inflation = max(self._inflation, v.credit)
                 self._stop(
                     v,
                     f"making room for {b.name} ({plan.room}); idle, cheapest to reload "
