@@ -87,3 +87,17 @@ def test_work_for_backends_the_swap_does_not_touch_is_not_limited() -> None:
         h.arrive(f"o{i}", "other", priority=1, at=1 + i)
         h.finish(f"o{i - 1}", at=1 + i)
     assert h.dispatched() == ["r0", "o0", "o1", "o2", "o3"]
+
+
+def test_no_overtakes_while_the_swap_waits_for_an_urgent_deadline() -> None:
+    h = Harness(
+        [BackendSpec(name="chat", gpus=("gpu0",)), BackendSpec(name="big", gpus=("gpu0",))],
+        config=SchedulerConfig(batch_bound=4, urgency_window_s=60),
+        profiles={"chat": (10, 1, 5), "big": (16, 1, 20)},
+    )
+    h.load("chat", "r0")
+    h.arrive("announce", "big", priority=50, at=1, start_by=60.0)  # urgent at once
+    h.arrive("c1", "chat", priority=10, at=2)
+    [stop] = h.finish("r0", at=3)
+    assert isinstance(stop, StopBackend) and stop.backend == "chat"
+    assert h.dispatched() == ["r0"]

@@ -34,7 +34,8 @@ Rules it keeps
   work) and stopped once idle.
 - Swap batching: while a request waits for such a swap, up to ``batch_bound``
   requests behind it may still be dispatched to the backends the swap will
-  evict ("overtakes", counted per waiting request); then they drain.
+  evict ("overtakes", counted per waiting request); then they drain. None
+  while that request is urgent (its deadline is near).
 - yard never retries, except after an out-of-memory it caused itself: the
   requests that backend was serving go back once, to their old place.
 
@@ -1368,7 +1369,14 @@ class Scheduler:
         parts: list[str] = []
         for o in chosen:
             plan.cost += self._load_s(o)
-            if head is not None and o.queue.size > 0 and head.overtakes < c.batch_bound:
+            # Batching is worth it only while the swap's head can wait: an
+            # urgent deadline gets the swap at once.
+            if (
+                head is not None
+                and not head.urgent
+                and o.queue.size > 0
+                and head.overtakes < c.batch_bound
+            ):
                 plan.pending.append(o)
                 parts.append(f"{o.name} serves up to {c.batch_bound - head.overtakes} more first")
                 plan.free_wait_s = max(plan.free_wait_s, self._service_est(o))
