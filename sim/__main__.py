@@ -9,8 +9,10 @@ bench: the core benchmark (``sim.bench_core.main()``, if present), then the wall
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -19,23 +21,41 @@ from sim.metrics import metrics
 from sim.runner import POLICIES, run
 
 
+def _measure(job: tuple[str, str, int | None]) -> tuple[str, str, dict[str, float]]:
+    """Run one scenario under one policy (in a worker process) and return its metrics."""
+    name, policy, seed = job
+    return name, policy, metrics(run(scenarios.get(name), policy, seed))
+
+
 def _report(args: argparse.Namespace) -> int:
     chosen = [scenarios.get(name) for name in args.scenario] or scenarios.report_scenarios()
     policies = args.policy or list(POLICIES)
+    jobs = [
+        (scenario.name, policy, args.seed)
+        for scenario in chosen
+        for policy in policies
+        if scenario.policies is None or policy in scenario.policies
+    ]
+    # Runs are independent (each owns its seed), so they may run side by side; the
+    # longest first, so that the pool ends together.
+    jobs.sort(key=lambda job: not job[0].startswith("radio-day"))
+    found: dict[tuple[str, str], dict[str, float]] = {}
+    if args.jobs > 1:
+        with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
+            for name, policy, row in pool.map(_measure, jobs):
+                found[(name, policy)] = row
+    else:
+        for job in jobs:
+            name, policy, row = _measure(job)
+            found[(name, policy)] = row
     results: dict[str, dict[str, dict[str, float]]] = {}
     for scenario in chosen:
-        results[scenario.name] = {}
-        for policy in policies:
-            if scenario.policies is not None and policy not in scenario.policies:
-                continue
-            result = run(scenario, policy, args.seed)
-            results[scenario.name][policy] = metrics(result)
-            if not args.json:
-                print(f"  ran {scenario.name} / {policy} in {result.wall_s:.1f} s", file=sys.stderr)
+        rows = {p: found[(scenario.name, p)] for p in policies if (scenario.name, p) in found}
+        results[scenario.name] = rows
         if not args.json:
-            print(render_table(scenario.name, scenario.title, results[scenario.name]))
+            print(render_table(scenario.name, scenario.title, rows))
     if args.json:
-        print(json.dumps(results, indent=2, sort_keys=True))
+        print(json.dumps(results, indent=2))
     return 0
 
 
@@ -118,6 +138,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--policy", action="append", choices=POLICIES, help="only this policy (repeatable)"
     )
     report.add_argument("--seed", type=int, default=None, help="instead of each scenario's own")
+    report.add_argument(
+        "--jobs",
+        type=int,
+        default=min(4, os.cpu_count() or 1),
+        help="simulations run side by side (default: the CPUs, at most 4)",
+    )
     commands.add_parser("bench", help="the core benchmark and the radio day's wall time")
     args = parser.parse_args(argv)
     if args.command == "report":
