@@ -66,6 +66,7 @@ from yard.ports import (
     BackendProcess,
     BackendStartError,
     DeviceReading,
+    ExitStatus,
     Launcher,
     Meter,
     ProfileStore,
@@ -419,6 +420,7 @@ class Engine:
         self._requeues = 0
         self._events = 0
         self._decisions = 0
+        self._meter_failures = 0
         self._apply_by_type: dict[type[Decision], Callable[[Any, float], None]] = {
             Dispatch: self._apply_dispatch,
             Reject: self._apply_reject,
@@ -767,6 +769,12 @@ class Engine:
             self._backends.pop(name, None)
             self._started_failed(record, exc.detail, exc.oom)
             return
+        except Exception as exc:
+            # A launcher bug or an OS error must fail this start, not the engine.
+            log.exception("launching %s failed", name)
+            self._backends.pop(name, None)
+            self._started_failed(record, f"could not start {name}: {exc!r}", False)
+            return
         record.process = process
         failure: tuple[str, bool] | None = None
         if not record.stop_requested:
@@ -784,6 +792,9 @@ class Engine:
                     except trio.TooSlowError:
                         timeout = self._start_timeout_s(name)
                         failure = (f"{name} did not become ready within {timeout:g} s", False)
+                    except Exception as exc:
+                        log.exception("waiting for %s to become ready failed", name)
+                        failure = (f"{name} failed its start-up check: {exc!r}", False)
                 record.scope = None
                 sampling.cancel_scope.cancel()
         if record.stop_requested:
@@ -791,7 +802,7 @@ class Engine:
             return
         if failure is not None:
             # The process may still be alive (a hang); make sure it is gone.
-            status = await process.stop()
+            status = await self._stop_quietly(process)
             self._backends.pop(name, None)
             self._started_failed(record, failure[0], failure[1] or status.oom)
             return
@@ -830,10 +841,19 @@ class Engine:
         else:
             self._send_event(BackendStartFailed(backend=record.name, detail=detail, oom=oom))
 
+    async def _stop_quietly(self, process: BackendProcess) -> ExitStatus:
+        """Stop a process; a failure to stop is logged, and the core is told it is
+        gone anyway (otherwise it would wait for that memory forever)."""
+        try:
+            return await process.stop()
+        except Exception as exc:
+            log.exception("stopping %s failed", process.name)
+            return ExitStatus(code=None, detail=f"stop failed: {exc!r}")
+
     async def _stop_process(self, record: _Backend) -> None:
         process = record.process
         if process is not None:
-            await process.stop()
+            await self._stop_quietly(process)
             await self._wait_memory_released(record)
         self._backends.pop(record.name, None)
         self._send_event(BackendStopped(backend=record.name))
@@ -846,7 +866,7 @@ class Engine:
         pids = {record.name: record.process.pid}
         with trio.move_on_after(_RELEASE_WAIT_S):
             while True:
-                readings = await self._meter.read(pids)
+                readings = await self._read_meter(pids)
                 if not any(reading.backends.get(record.name, 0) for reading in readings):
                     return
                 await trio.sleep(self._profile_interval_s)
@@ -860,10 +880,22 @@ class Engine:
                 pids[name] = record.process.pid
         return pids
 
+    async def _read_meter(self, pids: Mapping[str, int]) -> list[DeviceReading]:
+        """Read the meter; a failed read (a driver hiccup) is logged and yields
+        nothing, so that memory trouble never takes the engine down."""
+        assert self._meter is not None
+        try:
+            return await self._meter.read(pids)
+        except Exception:
+            self._meter_failures += 1
+            if self._meter_failures == 1 or self._meter_failures % 100 == 0:
+                log.exception("reading memory failed (%d times so far)", self._meter_failures)
+            return []
+
     async def _sample_first_load(self, record: _Backend) -> None:
         assert self._meter is not None
         while True:
-            readings = await self._meter.read(self._pids())
+            readings = await self._read_meter(self._pids())
             _track_peaks(record, readings)
             await trio.sleep(self._profile_interval_s)
 
@@ -912,10 +944,8 @@ class Engine:
                 )
 
     async def _meter_loop(self) -> None:
-        assert self._meter is not None
-        meter = self._meter
         while True:
-            readings = await meter.read(self._pids())
+            readings = await self._read_meter(self._pids())
             self._take_readings(readings)
             await trio.sleep(self._meter_interval_s)
 
@@ -974,7 +1004,7 @@ class Engine:
         processes = [r.process for r in self._backends.values() if r.process is not None]
         async with trio.open_nursery() as nursery:
             for process in processes:
-                nursery.start_soon(process.stop)
+                nursery.start_soon(self._stop_quietly, process)
         self._backends.clear()
 
     def _end_everything(self) -> None:

@@ -3,7 +3,7 @@ assertion on time is exact."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +15,7 @@ import trio.testing
 from tests.engine.fakes import (
     FakeLauncher,
     FakeMeter,
+    FakeProcess,
     MemoryProfileStore,
     React,
     Script,
@@ -45,6 +46,7 @@ from yard.core.events import (
 )
 from yard.core.spec import HOST, Profile
 from yard.engine import Engine, Rejected
+from yard.ports import DeviceReading
 
 GiB = 1 << 30
 
@@ -617,3 +619,47 @@ async def test_backend_log_comes_from_the_launcher_when_it_keeps_one(
     engine = Engine(scheduler=ScriptedPolicy(), launcher=LoggingLauncher())
     assert engine.backend_log("llm") == ["llm: listening"]
     assert Engine(scheduler=ScriptedPolicy(), launcher=FakeLauncher()).backend_log("llm") == []
+
+
+async def test_a_launcher_that_raises_fails_the_start_not_the_engine(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    class BrokenLauncher(FakeLauncher):
+        async def launch(self, backend: str, gpus: tuple[str, ...]) -> FakeProcess:
+            await trio.lowlevel.checkpoint()
+            raise OSError(24, "Too many open files")
+
+    policy = ScriptedPolicy(start_then_dispatch())
+    engine = Engine(scheduler=policy, launcher=BrokenLauncher())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        engine.submit(backend="llm", priority=1, request_id="a")
+        await trio.sleep(1)
+        failed = policy.events_of(BackendStartFailed)
+        assert len(failed) == 1 and isinstance(failed[0][1], BackendStartFailed)
+        assert failed[0][1].detail.startswith("could not start llm: OSError(24")
+        assert engine.statistics().load_failures == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_meter_that_fails_to_read_is_skipped_and_the_engine_goes_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    class FlakyMeter(FakeMeter):
+        async def read(self, pids: Mapping[str, int]) -> list[DeviceReading]:
+            if len(self.reads) % 2 == 0:
+                self.reads.append(trio.current_time())
+                raise RuntimeError("NVML: GPU is lost")
+            return await super().read(pids)
+
+    async with running(
+        start_then_dispatch(),
+        meter=lambda launcher: FlakyMeter(launcher, {"gpu0": 24 * GiB}),
+        meter_interval_s=1.0,
+    ) as h:
+        admission = h.engine.submit(backend="llm", priority=1, request_id="a")
+        await admission.wait_dispatched()
+        await trio.sleep(0.5)
+        readings = [t for t, e in h.policy.seen if isinstance(e, MemoryMeasured)]
+        # Reads at 0, 1, 2, 3, 4, 5: every other one failed.
+        assert readings == [1.0, 3.0, 5.0]
