@@ -22,7 +22,7 @@ import trio.testing
 
 from sim.baselines import BASELINES
 from sim.workload import Arrival, Scenario
-from sim.world import OomKill, SimWorld
+from sim.world import Fault, OomKill, SimWorld
 from yard.core.decisions import Decision, Dispatch
 from yard.core.events import Event
 from yard.core.spec import Profile
@@ -166,6 +166,7 @@ def run(
     try:
         rng = random.Random(seed)
         arrivals = scenario.workload(rng)
+        faults = scenario.faults + (scenario.fault_plan(rng) if scenario.fault_plan else ())
         _deterministic_trio(rng.getrandbits(64))
         started = time.perf_counter()
         result = trio.run(
@@ -175,6 +176,7 @@ def run(
             seed,
             rng,
             arrivals,
+            faults,
             keep_log,
             on_started,
             clock=trio.testing.MockClock(autojump_threshold=0),
@@ -196,6 +198,7 @@ async def _simulate(
     seed: int,
     rng: random.Random,
     arrivals: list[Arrival],
+    faults: tuple[Fault, ...],
     keep_log: bool,
     on_started: Callable[[Engine, SimWorld], None] | None,
 ) -> SimResult:
@@ -207,9 +210,7 @@ async def _simulate(
             m.name: Profile(gpu_bytes=m.peak_gpu_bytes, host_bytes=m.host_bytes, load_s=m.load_s)
             for m in scenario.models
         }
-    world = SimWorld(
-        scenario.machine, scenario.models, rng, faults=scenario.faults, stored_profiles=stored
-    )
+    world = SimWorld(scenario.machine, scenario.models, rng, faults=faults, stored_profiles=stored)
     recorder = _Recorder(make_policy(policy_name, scenario), keep_log)
     load_s = {m.name: m.load_s for m in scenario.models}
     engine = Engine(

@@ -8,6 +8,7 @@
 - ``sweep-0.8x`` ... ``sweep-3.0x``: eight models whose declared sizes add up to
   0.8 to 3 times the GPU, under a mixed two-hour workload.
 - ``faults-*`` (:func:`fault_scenario`): one fault each, on a small workload.
+- ``chaos-SEED`` (:func:`chaos`): random faults drawn from the seed.
 """
 
 from __future__ import annotations
@@ -459,6 +460,49 @@ def fault_scenario(kind: str) -> Scenario:
     )
 
 
+def _chaos_faults(rng: random.Random) -> tuple[Fault, ...]:
+    faults: list[Fault] = []
+    for _ in range(rng.randint(2, 6)):
+        backend = rng.choice(("big", "small"))
+        kind = rng.randrange(5)
+        if kind == 0:
+            faults.append(CrashWhileLoading(backend=backend, load=rng.randint(1, 3)))
+        elif kind == 1:
+            faults.append(HangOnLoad(backend=backend, load=rng.randint(1, 3)))
+        elif kind == 2:
+            faults.append(SlowStart(backend=backend, load=rng.randint(1, 3), factor=3.0))
+        elif kind == 3:
+            faults.append(CrashWhileServing(backend=backend, at=rng.uniform(0, 25 * MINUTE)))
+        else:
+            at = rng.uniform(0, 25 * MINUTE)
+            faults.append(
+                ForeignMemory(
+                    device="gpu0",
+                    at=at,
+                    bytes=rng.randint(1, 6) * GiB,
+                    until=at + rng.uniform(MINUTE, 10 * MINUTE),
+                )
+            )
+    return tuple(faults)
+
+
+def chaos(seed: int) -> Scenario:
+    """The fault workload (with client cancels) and two to six faults of any kind,
+    all drawn from ``seed``: the simulator's VOPR."""
+    return Scenario(
+        name=f"chaos-{seed}",
+        title="random faults",
+        machine=MachineSpec(gpus=(("gpu0", 18 * GiB),)),
+        models=_fault_models(),
+        workload=_fault_workload(True),
+        fault_plan=_chaos_faults,
+        horizon_s=2 * HOUR,
+        stored_profiles=seed % 2 == 0,
+        meter_interval_s=2.0,
+        seed=seed,
+    )
+
+
 # -- the catalogue ------------------------------------------------------------------------
 
 
@@ -478,6 +522,8 @@ def get(name: str) -> Scenario:
     for scenario in report_scenarios():
         if scenario.name == name:
             return scenario
+    if name.startswith("chaos-"):
+        return chaos(int(name.removeprefix("chaos-")))
     if name.startswith("faults-"):
         return fault_scenario(name.removeprefix("faults-"))
     if name.startswith("radio-day-"):

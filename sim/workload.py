@@ -54,6 +54,7 @@ class Scenario:
     meter_interval_s: how often the engine reads the simulated meter.
     seed: the default seed of ``python -m sim report``.
     policies: the policies the report runs it under (None: all).
+    fault_plan: draws more faults from the run's generator, after the workload.
     """
 
     name: str
@@ -69,6 +70,7 @@ class Scenario:
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
     seed: int = 1
     policies: tuple[str, ...] | None = None
+    fault_plan: Callable[[random.Random], tuple[Fault, ...]] | None = None
 
     def model(self, name: str) -> ModelSpec:
         for model in self.models:
