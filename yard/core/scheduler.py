@@ -187,6 +187,7 @@ class _Device:
 @dataclass(slots=True, eq=False)
 class _Backend:
     spec: BackendSpec
+    name: str  # spec.name, kept at hand: it is read on every planning round
     queue: RequestQueue
     pinned: bool
     state: BackendState = BackendState.STOPPED
@@ -219,10 +220,6 @@ class _Backend:
     learned_load_s: float | None = None
     service_ewma: float | None = None
     service_max: float | None = None
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
 
     @property
     def primary(self) -> tuple[str, ...]:
@@ -300,7 +297,10 @@ class Scheduler:
             if bspec.name in bks:
                 raise ValueError(f"backend {bspec.name} is listed twice")
             bks[bspec.name] = _Backend(
-                spec=bspec, queue=RequestQueue(self.config.deadline_boost), pinned=bspec.pinned
+                spec=bspec,
+                name=bspec.name,
+                queue=RequestQueue(self.config.deadline_boost),
+                pinned=bspec.pinned,
             )
         self._backends = dict(sorted(bks.items()))
         self._requests: dict[str, Req] = {}
@@ -989,7 +989,8 @@ class Scheduler:
                 if req is None:
                     break
                 head = self._victim_of.get(b.name)
-                if head is not None and head.state is ReqState.QUEUED:
+                first = b.dispatched_since_ready == 0
+                if head is not None and head.state is ReqState.QUEUED and not first:
                     if head.overtakes >= c.batch_bound:
                         break
                     head.overtakes += 1
@@ -1014,6 +1015,8 @@ class Scheduler:
                         f"; goes ahead of {head.id}'s swap to {head.backend} "
                         f"(overtake {head.overtakes} of {c.batch_bound})"
                     )
+                elif first and b.name in self._victim_of:
+                    reason += "; the first since it loaded, before it makes room for a swap"
                 out.append(Dispatch(request_id=req.id, backend=b.name, reason=reason))
                 any_sent = any_sent or head is not None
         return any_sent
@@ -1369,16 +1372,19 @@ class Scheduler:
         parts: list[str] = []
         for o in chosen:
             plan.cost += self._load_s(o)
-            # Batching is worth it only while the swap's head can wait: an
-            # urgent deadline gets the swap at once.
-            if (
-                head is not None
-                and not head.urgent
-                and o.queue.size > 0
-                and head.overtakes < c.batch_bound
-            ):
+            # A backend loaded for waiting requests serves one of them before
+            # it goes (else its load was wasted). Batching beyond that is worth
+            # it only while the swap's head can wait: an urgent deadline gets
+            # the swap at once.
+            fresh = o.state is BackendState.READY and o.dispatched_since_ready == 0
+            batching = head is not None and not head.urgent and head.overtakes < c.batch_bound
+            if o.queue.size > 0 and (fresh or batching):
                 plan.pending.append(o)
-                parts.append(f"{o.name} serves up to {c.batch_bound - head.overtakes} more first")
+                if batching and head is not None:
+                    more = c.batch_bound - head.overtakes
+                    parts.append(f"{o.name} serves up to {more} more first")
+                else:
+                    parts.append(f"{o.name} serves its first request since loading first")
                 plan.free_wait_s = max(plan.free_wait_s, self._service_est(o))
             elif o.busy():
                 plan.drain.append(o)
