@@ -33,7 +33,8 @@ import json
 import math
 import re
 import time
-import uuid
+import itertools
+import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,16 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_ID_PREFIX = secrets.token_hex(6)
+_ID_COUNTER = itertools.count(1)
+
+
+def new_request_id() -> str:
+    """A request id unique to this run of yard (random prefix, then a counter:
+    uuid4 cost a system call per request)."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
+
 
 LOCAL_APP = "local"
 """The app every request belongs to when no app keys are configured."""
@@ -254,7 +265,7 @@ class Gateway:
     # -- the proxy ------------------------------------------------------------
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request_id = uuid.uuid4().hex
+        request_id = new_request_id()
         try:
             request, is_async, rerun_safe = await self._read(scope, receive, request_id)
         except ApiError as exc:
@@ -507,7 +518,7 @@ class Gateway:
     # -- GET /v1/models ---------------------------------------------------------
 
     async def _models(self, scope: Scope, send: Send) -> None:
-        request_id = uuid.uuid4().hex
+        request_id = new_request_id()
         config = self.runtime.config
         try:
             authorization = next((v for n, v in scope["headers"] if n == b"authorization"), None)
