@@ -29,12 +29,12 @@ Rules it keeps:
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
-import time
-import itertools
 import secrets
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
