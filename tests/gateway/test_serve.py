@@ -22,6 +22,7 @@ from yard.core.spec import Profile
 from yard.http.runtime import Runtime
 from yard.memory import default_meter
 from yard.memory.profiles import open_profile_store
+from yard.serve import serve
 
 pytestmark = pytest.mark.slow
 
@@ -243,3 +244,41 @@ async def test_yard_killed_with_sigkill_leaves_no_orphan_once_started_again(
                         await proc.wait()
         if backend_pid and _alive(backend_pid):
             os.kill(backend_pid, signal.SIGKILL)
+
+
+async def test_respond_async_becomes_a_job_whose_result_is_the_backend_answer(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(60):
+        async with running_yard(tmp_path, _llm(tmp_path)) as runtime:
+            async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
+                accepted = await client.post(
+                    "/v1/chat/completions", json=CHAT, headers={"prefer": "respond-async"}
+                )
+                assert accepted.status_code == 202
+                location = accepted.headers["location"]
+                assert location == f"/v1/jobs/{accepted.json()['id']}"
+                result = await client.get(location + "/result", params={"wait": "30"})
+            assert result.status_code == 200
+            assert result.json()["choices"][0]["message"]["content"] == "echo: hi"
+            assert runtime.engine.statistics().requests.get("ok") == 1
+
+
+async def test_sigterm_lets_the_stream_in_flight_finish_then_stops_the_backends(
+    tmp_path: Path,
+) -> None:
+    config = load_config(write_config(tmp_path, _llm(tmp_path, chunks=8, chunk_interval=0.1)))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            runtime: Runtime = await nursery.start(serve, config)
+            async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
+                body = {**CHAT, "stream": True}
+                async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                    pid = int(response.headers["x-test-backend-pid"])
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    text = (await response.aread()).decode()
+            # Everything the backend sent arrived, to the end.
+            assert text.count("data: ") == 10
+            assert text.rstrip().endswith("data: [DONE]")
+        # serve returned by itself: the backend process is gone.
+        assert not _alive(pid)
