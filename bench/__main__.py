@@ -9,7 +9,8 @@ neighbour hurts both sides alike, and it prints:
 
 - added latency at concurrency 1 (p50, p99): yard minus direct;
 - requests per second at concurrency 16, through yard and direct;
-- time to the first byte of a stream, through yard and direct;
+- time to the first byte of a stream (and to its first event), through yard
+  and direct;
 - whether anything is held back: each streamed event carries its send time;
   the lag to the client and the gaps between events show buffering.
 
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         rps: dict[str, list[float]] = {"direct": [], "yard": []}
         cpu: dict[str, list[float]] = {"direct": [], "yard": []}
         ttfb: dict[str, list[float]] = {"direct": [], "yard": []}
+        tfe: dict[str, list[float]] = {"direct": [], "yard": []}
         lag: dict[str, list[float]] = {"direct": [], "yard": []}
         gaps: dict[str, list[float]] = {"direct": [], "yard": []}
         bases = {"direct": direct_base, "yard": yard_base}
@@ -191,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = _load("stream", base + stream_path, "--runs", "10")
                 assert isinstance(result, dict)
                 ttfb[side] += result["ttfb_us"]
+                tfe[side] += result["first_event_us"]
                 lag[side] += result["lag_us"]
                 gaps[side] += result["gap_us"]
     finally:
@@ -210,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p99 = {s: _percentile(v, 0.99) for s, v in lat.items()}
     mean_rps = {s: statistics.mean(v) for s, v in rps.items()}
     t50 = {s: _percentile(v, 0.50) for s, v in ttfb.items()}
+    e50 = {s: _percentile(v, 0.50) for s, v in tfe.items()}
     lag50 = {s: _percentile(v, 0.50) for s, v in lag.items()}
     lag_max = {s: max(v) for s, v in lag.items()}
     gap_min = {s: min(v) for s, v in gaps.items()}
@@ -248,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             mean_rps["yard"] / mean_rps["direct"],
         ),
         ("stream first byte p50", ms(t50["direct"]), ms(t50["yard"]), t50["yard"] / t50["direct"]),
+        ("stream first event p50", ms(e50["direct"]), ms(e50["yard"]), e50["yard"] / e50["direct"]),
         (
             "stream event lag p50",
             ms(lag50["direct"]),

@@ -7,7 +7,8 @@ one after another; prints the latencies (µs) as JSON.
 keep-alive connections (Trio, raw sockets), prints completed requests and
 the elapsed time as JSON.
 ``python -m bench.load stream URL --runs N``: streamed requests; prints the
-time to the first body byte (µs) and each chunk's lag behind its send time.
+time to the first byte of the response and to its first event (µs), and each
+event's lag behind its send time.
 
 Every mode sends the same small chat-completion POST. Responses are parsed
 just enough to find their end (Content-Length, or chunked framing).
@@ -118,6 +119,7 @@ async def _throughput(url: str, connections: int, seconds: float) -> dict[str, f
 def stream(url: str, runs: int) -> dict[str, list[float]]:
     host, port, payload = request_bytes(url)
     ttfb: list[float] = []
+    first_event: list[float] = []
     lags: list[float] = []
     gaps: list[float] = []
     for _ in range(runs):
@@ -134,6 +136,8 @@ def stream(url: str, runs: int) -> dict[str, list[float]]:
             now = time.perf_counter_ns()
             if not data:
                 break
+            if not buf:
+                ttfb.append((now - t0) / 1000.0)
             buf += data
             head_end = buf.find(b"\r\n\r\n")
             if head_end < 0:
@@ -153,8 +157,8 @@ def stream(url: str, runs: int) -> dict[str, list[float]]:
                 break
         sock.close()
         if first is not None:
-            ttfb.append(first)
-    return {"ttfb_us": ttfb, "lag_us": lags, "gap_us": gaps}
+            first_event.append(first)
+    return {"ttfb_us": ttfb, "first_event_us": first_event, "lag_us": lags, "gap_us": gaps}
 
 
 def main(argv: list[str] | None = None) -> int:
