@@ -163,6 +163,19 @@ class _Bench:
             self.now += 1.0
             self.feed(Tick())
 
+    def views(self) -> tuple[float, float]:
+        """Milliseconds for one snapshot, microseconds per explain() after it."""
+        self.feed(Tick())  # a fresh event: nothing cached
+        t0 = time.thread_time_ns()
+        snap = self.s.snapshot(self.now)
+        snap_ms = (time.thread_time_ns() - t0) / 1e6
+        ids = [q.request_id for q in snap.queue[:100]]
+        t0 = time.thread_time_ns()
+        for rid in ids:
+            self.s.explain(rid, self.now)
+        explain_us = (time.thread_time_ns() - t0) / 1000 / max(1, len(ids))
+        return snap_ms, explain_us
+
     def run(self) -> tuple[list[float], list[float]]:
         for _ in range(self.target + 2_000):  # fill and warm up
             self.step()
@@ -180,6 +193,7 @@ def main() -> None:
         f"{'N':>7} {'events':>7} {'median us':>10} {'p90 us':>8} {'p99 us':>8} "
         f"{'max us':>8} {'wall med':>9} {'wall p99':>9}"
     )
+    views: list[tuple[int, float, float]] = []
     for n in SIZES:
         bench = _Bench(n, random.Random(SEED))
         cpu, wall = bench.run()
@@ -189,6 +203,10 @@ def main() -> None:
             f"{n:>7} {len(cpu):>7} {statistics.median(cpu):>10.1f} {q[89]:>8.1f} "
             f"{q[98]:>8.1f} {max(cpu):>8.0f} {statistics.median(wall):>9.1f} {w[98]:>9.1f}"
         )
+        views.append((n, *bench.views()))
+    print("views (O(n), between events): snapshot(limit=200), then explain() of 100 requests")
+    for n, snap_ms, explain_us in views:
+        print(f"{n:>7} snapshot {snap_ms:8.1f} ms   explain {explain_us:8.1f} us each")
 
 
 if __name__ == "__main__":

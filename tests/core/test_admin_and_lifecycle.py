@@ -170,3 +170,18 @@ def test_the_lifecycle_table_allows_the_documented_paths_only() -> None:
     for _ in range(5):
         reachable |= {new for (old, _m), new in TRANSITIONS.items() if old in reachable}
     assert reachable == set(BackendState)
+
+
+def test_explain_agrees_with_the_snapshot_order() -> None:
+    h = Harness(
+        [BackendSpec(name="chat", gpus=("gpu0",)), BackendSpec(name="big", gpus=("gpu0",))],
+        profiles={"chat": (10, 1, 5), "big": (16, 1, 20)},
+    )
+    h.load("chat", "r0")
+    for i, (backend, prio) in enumerate([("chat", 10), ("big", 90), ("chat", 70), ("big", 5)]):
+        h.arrive(f"q{i}", backend, priority=prio, at=1 + i)
+    snap = h.s.snapshot(10)
+    assert [q.request_id for q in snap.queue] == ["q1", "q2", "q0", "q3"]
+    for q in snap.queue:
+        assert h.s.explain(q.request_id, 10) == q
+    assert h.s.explain("r0", 10) is None  # running, not waiting

@@ -105,7 +105,10 @@ def test_no_overtakes_while_the_swap_waits_for_an_urgent_deadline() -> None:
 
 def test_a_backend_loaded_for_waiting_work_serves_one_request_before_it_makes_room() -> None:
     h = Harness(
-        [BackendSpec(name="chat", gpus=("gpu0",)), BackendSpec(name="big", gpus=("gpu0",))],
+        [
+            BackendSpec(name="chat", gpus=("gpu0",), slots=2),
+            BackendSpec(name="big", gpus=("gpu0",)),
+        ],
         config=SchedulerConfig(batch_bound=4, urgency_window_s=60),
         profiles={"chat": (10, 1, 5), "big": (16, 1, 20)},
     )
@@ -113,6 +116,6 @@ def test_a_backend_loaded_for_waiting_work_serves_one_request_before_it_makes_ro
     h.arrive("c2", "chat", priority=10)
     h.arrive("announce", "big", priority=50, at=1, start_by=60.0)  # urgent, chat is loading
     h.ready("chat", at=5)
-    assert h.dispatched() == ["c1"]  # its load is not wasted, but only one goes
+    assert h.dispatched() == ["c1"]  # its load is not wasted, but only one goes, not two
     [stop] = h.finish("c1", at=6)
     assert isinstance(stop, StopBackend) and stop.backend == "chat"

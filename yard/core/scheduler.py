@@ -111,6 +111,7 @@ A request whose start-by deadline passes while it waits is ended with
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -312,6 +313,8 @@ class Scheduler:
         # Planning is skipped when nothing it reads changed: ``_epoch`` moves
         # with every such change, and the heads of the queues are compared.
         self._epoch = 0
+        self._handled = 0  # events handled: views cached between two events stay valid
+        self._order_cache: tuple[int, list[Req], dict[str, int], dict[str, int]] | None = None
         self._inflation = 0.0  # GreedyDual-Size "L": credit of the last evicted
         self._planned: tuple[object, ...] | None = None
         self._combo_cache: dict[str, list[tuple[str, ...]]] = {}
@@ -322,13 +325,14 @@ class Scheduler:
     def handle(self, event: Event, now: float) -> list[Decision]:
         """Take one event at time ``now``; return the decisions, in order."""
         out: list[Decision] = []
+        self._handled += 1
         if not self._booted:
             self._booted = True
             for b in self._backends.values():
                 if b.pinned:
                     b.want_load = True
         self._fire_wakeups(now, out)
-        if not isinstance(event, RequestArrived | Tick):
+        if not isinstance(event, RequestArrived | RequestFinished | RequestCancelled | Tick):
             self._epoch += 1
         match event:
             case RequestArrived():
@@ -498,8 +502,11 @@ class Scheduler:
         if req.state is ReqState.QUEUED:
             self._unqueue(req)
         else:
-            self._backends[req.backend].running.pop(req.id, None)
-            self._backends[req.backend].last_used = now
+            b = self._backends[req.backend]
+            b.running.pop(req.id, None)
+            b.last_used = now
+            if not b.running:
+                self._epoch += 1
         req.state = ReqState.DONE
         del self._requests[req.id]
 
@@ -526,14 +533,18 @@ class Scheduler:
         b.running.pop(req.id, None)
         b.served += 1
         b.last_used = now
+        if not b.running:
+            self._epoch += 1
         req.state = ReqState.DONE
         del self._requests[req.id]
 
     def _unqueue(self, req: Req) -> None:
-        self._epoch += 1
         req.state = ReqState.DONE
-        self._backends[req.backend].queue.removed()
+        queue = self._backends[req.backend].queue
+        queue.removed()
         self._queued -= 1
+        if not queue.size:
+            self._epoch += 1
 
     def _end(self, req: Req, status: int, code: str, message: str, out: list[Decision]) -> None:
         """End a queued, running or lost request with an error."""
@@ -991,11 +1002,14 @@ class Scheduler:
                 head = self._victim_of.get(b.name)
                 first = b.dispatched_since_ready == 0
                 if head is not None and head.state is ReqState.QUEUED and not first:
-                    if head.overtakes >= c.batch_bound:
+                    if head.urgent or head.overtakes >= c.batch_bound:
                         break
                     head.overtakes += 1
+                    self._epoch += 1
                 else:
                     head = None
+                if not b.running:
+                    self._epoch += 1  # idle -> busy
                 self._unqueue(req)
                 req.state = ReqState.RUNNING
                 req.dispatched_at = now
@@ -1124,16 +1138,29 @@ class Scheduler:
             self._reprieve(taken, victim_of)
             self._planned = None
             return
+        # What a plan reads besides the epoch: the heads of the backends waiting
+        # for a load, and for every other backend with waiting requests how its
+        # head ranks among those (whether it may be evicted for them). A
+        # dispatch on a loaded backend that leaves all of that alone does not
+        # re-plan. (Which idle victim goes first is revisited on the next
+        # change of states, memory or heads.)
+        boost = self.config.deadline_boost
+        heads = [b.queue.head() for b in cands]
+        keys = sorted(order_key(h, boost) for h in heads if h is not None)
         signature = (
             self._epoch,
-            *(
-                (h.id, h.urgent) if (h := b.queue.head()) is not None else None
+            tuple(
+                (b.name, h.id, h.urgent) if h else (b.name,)
+                for b, h in zip(cands, heads, strict=True)
+            ),
+            tuple(
+                (b.name, bisect.bisect_left(keys, order_key(h, boost)))
                 for b in self._backends.values()
+                if b.queue.size and b not in cands and (h := b.queue.head()) is not None
             ),
         )
         if signature == self._planned:
             return  # same inputs, same plan: it was carried out already
-        boost = self.config.deadline_boost
         ctx = self._context()
 
         def rank(b: _Backend) -> tuple[int, tuple[float, float, str]]:
@@ -1466,10 +1493,8 @@ class Scheduler:
 
     # -- views ---------------------------------------------------------------------
 
-    def _waiting_reason(self, req: Req, now: float, ahead: int | None = None) -> str:
+    def _waiting_reason(self, req: Req, now: float, ahead: int) -> str:
         b = self._backends[req.backend]
-        if ahead is None:
-            ahead = self._position_in_backend(req)
         before = (
             f"behind {ahead} request(s) of higher effective priority for {b.name}; "
             if ahead
@@ -1497,9 +1522,23 @@ class Scheduler:
             return before + f"waiting: {b.name} is stopping ({b.reason}); it loads again after"
         return before + (b.wait_reason or f"waiting for {b.name} to be loaded")
 
-    def _position_in_backend(self, req: Req) -> int:
-        ordered = self._backends[req.backend].queue.ordered()
-        return next((i for i, r in enumerate(ordered) if r is req), 0)
+    def _positions(self) -> tuple[list[Req], dict[str, int], dict[str, int]]:
+        """The dispatch order, each request's place in it and among the requests
+        for its backend. Built once (O(n log n)) and reused until the next event,
+        so that a page of jobs can each be explained cheaply."""
+        if self._order_cache is None or self._order_cache[0] != self._handled:
+            ordered = self._ordered_all()
+            overall: dict[str, int] = {}
+            within: dict[str, int] = {}
+            counts: dict[str, int] = {}
+            for i, r in enumerate(ordered):
+                overall[r.id] = i
+                n = counts.get(r.backend, 0)
+                within[r.id] = n
+                counts[r.backend] = n + 1
+            self._order_cache = (self._handled, ordered, overall, within)
+        _, ordered, overall, within = self._order_cache
+        return ordered, overall, within
 
     def _ordered_all(self) -> list[Req]:
         boost = self.config.deadline_boost
@@ -1519,10 +1558,21 @@ class Scheduler:
             out.append(lists[best][idx[best]])
             idx[best] += 1
 
-    def _view(self, req: Req, position: int, ahead: int, now: float) -> QueuedView:
+    def _view(
+        self,
+        req: Req,
+        position: int,
+        ahead: int,
+        now: float,
+        costs: dict[str, float] | None = None,
+    ) -> QueuedView:
         c = self.config
         b = self._backends[req.backend]
-        cost, _ = self._start_cost(b, now)
+        if costs is None:
+            costs = {}
+        if b.name not in costs:
+            costs[b.name] = self._start_cost(b, now)[0]
+        cost = costs[b.name]
         est = now + cost + ahead * self._service_est(b) / b.spec.slots
         return QueuedView(
             request_id=req.id,
@@ -1542,19 +1592,16 @@ class Scheduler:
         req = self._requests.get(request_id)
         if req is None or req.state is not ReqState.QUEUED:
             return None
-        ordered = self._ordered_all()
-        position = next(i for i, r in enumerate(ordered) if r is req)
-        return self._view(req, position, self._position_in_backend(req), now)
+        _, overall, within = self._positions()
+        return self._view(req, overall[req.id], within[req.id], now)
 
     def snapshot(self, now: float, limit: int = 200) -> Snapshot:
         """Everything at once, for the dashboard and status (O(queue length))."""
-        ordered = self._ordered_all()
-        per_backend: dict[str, int] = {}
-        queue: list[QueuedView] = []
-        for i, req in enumerate(ordered[:limit]):
-            ahead = per_backend.get(req.backend, 0)
-            per_backend[req.backend] = ahead + 1
-            queue.append(self._view(req, i, ahead, now))
+        ordered, _, within = self._positions()
+        costs: dict[str, float] = {}
+        queue = [
+            self._view(req, i, within[req.id], now, costs) for i, req in enumerate(ordered[:limit])
+        ]
         devices = []
         for d, dev in self._devices.items():
             occ = list(self._occupants(d))
