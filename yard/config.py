@@ -36,9 +36,12 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from yard.core.spec import HOST, BackendSpec, DeviceSpec, SchedulerConfig
+
+if TYPE_CHECKING:
+    from yard.jobs.service import JobsConfig
 
 __all__ = [
     "PLACEHOLDERS",
@@ -47,6 +50,8 @@ __all__ = [
     "Config",
     "ConfigError",
     "DeviceConfig",
+    "FillContext",
+    "JobsSettings",
     "ServerConfig",
     "WarmupConfig",
     "add_arguments",
@@ -167,6 +172,41 @@ class WarmupConfig:
     json: object = None
 
 
+FillContext = bool | Literal["auto"]
+"""``warmup.fill_context``: whether a measured first load is driven to a full
+context before it counts as ready (``"auto"``: when the command looks like
+llama.cpp's server)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobsSettings:
+    """``[jobs]``: settings of the job service, one to one with
+    :class:`yard.jobs.service.JobsConfig` (:meth:`to_jobs_config`).
+
+    result_ttl_s: how long a finished job keeps its result.
+    record_ttl_s: how long an expired job is still listed, after that.
+    max_result_bytes: the largest backend answer a job stores.
+    max_request_bytes: the largest request body a job stores (None: the
+        server's ``max_body_bytes`` applies).
+    reap_interval_s: how often expired results are deleted.
+    max_wait_s: the longest ``?wait=`` long-poll allowed.
+    """
+
+    result_ttl_s: float = 24 * 3600.0
+    record_ttl_s: float = 7 * 24 * 3600.0
+    max_result_bytes: int = 256 * 2**20
+    max_request_bytes: int | None = None
+    reap_interval_s: float = 60.0
+    max_wait_s: float = 300.0
+
+    def to_jobs_config(self) -> JobsConfig:
+        """The same settings as the job service's own record."""
+        # Imported here: yard.jobs imports this module.
+        from yard.jobs.service import JobsConfig
+
+        return JobsConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackendConfig:
     """``[backends.NAME]``: one model server yard may start and stop.
@@ -177,6 +217,9 @@ class BackendConfig:
     startup_timeout_s: None: derived from the measured load time
         (:meth:`startup_timeout`).
     stop_grace_s: time between SIGTERM and SIGKILL.
+    fill_context: on a measured first load, fill a slot's whole context after
+        the warm-up (True, False, or ``"auto"``: llama-server only); see
+        :func:`yard.supervisor.fills_context`.
     """
 
     name: str
@@ -195,6 +238,7 @@ class BackendConfig:
     warmup: WarmupConfig | None = None
     model_file: Path | None = None
     stop_grace_s: float = 10.0
+    fill_context: FillContext = "auto"
     path_templates: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """``cwd`` / ``model_file`` as written in the file (before placeholders)."""
 
@@ -240,6 +284,7 @@ class Config:
     devices: Mapping[str, DeviceConfig]
     apps: Mapping[str, AppConfig]
     backends: Mapping[str, BackendConfig]
+    jobs: JobsSettings = field(default_factory=JobsSettings)
 
     @property
     def config_dir(self) -> Path:
@@ -614,8 +659,9 @@ BACKEND_KEYS = (
     "model_file",
     "stop_grace_s",
 )
-WARMUP_KEYS = ("method", "path", "json")
-TOP_KEYS = ("server", "scheduler", "devices", "apps", "backends")
+WARMUP_KEYS = ("method", "path", "json", "fill_context")
+JOBS_KEYS = tuple(f.name for f in dataclasses.fields(JobsSettings))
+TOP_KEYS = ("server", "scheduler", "devices", "apps", "backends", "jobs")
 SCHEDULER_KEYS = tuple(f.name for f in dataclasses.fields(SchedulerConfig))
 
 
@@ -654,6 +700,7 @@ def _build(r: _Reader, data: dict[str, Any]) -> Config:
     devices = _devices(r, r.table(data, "", "devices"))
     apps = _apps(r, r.table(data, "", "apps"), server, scheduler)
     backends = _backends(r, r.table(data, "", "backends"), server)
+    jobs = _jobs(r, r.table(data, "", "jobs"), server)
     if server.admin_key is not None:
         for app in apps.values():
             if app.key == server.admin_key:
@@ -666,6 +713,41 @@ def _build(r: _Reader, data: dict[str, Any]) -> Config:
         devices=devices,
         apps=apps,
         backends=backends,
+        jobs=jobs,
+    )
+
+
+def _jobs(r: _Reader, data: dict[str, Any], server: ServerConfig) -> JobsSettings:
+    r.known(data, "jobs", JOBS_KEYS)
+    defaults = JobsSettings()
+    max_result = r.size(data, "jobs", "max_result_bytes", defaults.max_result_bytes)
+    if "max_result_bytes" in data and max_result == 0:
+        r.error("jobs.max_result_bytes", "must be greater than 0")
+    max_request: int | None = None
+    if "max_request_bytes" in data:
+        max_request = r.size(data, "jobs", "max_request_bytes", 0)
+        if max_request == 0:
+            r.error("jobs.max_request_bytes", "must be greater than 0 (or left out)")
+            max_request = None
+        elif max_request > server.max_body_bytes:
+            r.error(
+                "jobs.max_request_bytes",
+                f"{max_request} is above server.max_body_bytes ({server.max_body_bytes}): "
+                "larger requests are refused (413) before they become jobs; lower it, "
+                "raise server.max_body_bytes, or leave it out",
+            )
+            max_request = None
+    return JobsSettings(
+        result_ttl_s=r.get(data, "jobs", "result_ttl_s", float, defaults.result_ttl_s, _positive),
+        record_ttl_s=r.get(
+            data, "jobs", "record_ttl_s", float, defaults.record_ttl_s, _non_negative
+        ),
+        max_result_bytes=max_result,
+        max_request_bytes=max_request,
+        reap_interval_s=r.get(
+            data, "jobs", "reap_interval_s", float, defaults.reap_interval_s, _positive
+        ),
+        max_wait_s=r.get(data, "jobs", "max_wait_s", float, defaults.max_wait_s, _non_negative),
     )
 
 
@@ -930,16 +1012,31 @@ def _backend(
         r.error(f"{key}.gpu_count", "is set but gpus is empty; list the GPUs it may use")
 
     warmup = None
+    fill_context: FillContext = "auto"
     if "warmup" in table:
         w = r.get(table, key, "warmup", dict, {})
-        if w:
-            wkey = f"{key}.warmup"
-            r.known(w, wkey, WARMUP_KEYS)
+        wkey = f"{key}.warmup"
+        r.known(w, wkey, WARMUP_KEYS)
+        if "fill_context" in w:
+            fill = w["fill_context"]
+            if isinstance(fill, bool) or fill == "auto":
+                fill_context = fill
+            else:
+                r.error(
+                    f"{wkey}.fill_context",
+                    f'must be true, false or "auto" (llama-server only), got {_kind(fill)}',
+                )
+        request = {k: v for k, v in w.items() if k != "fill_context"}
+        if request:
             method = r.get(w, wkey, "method", str, "POST").upper()
             if method not in ("GET", "POST", "PUT"):
                 r.error(f"{wkey}.method", f"must be GET, POST or PUT, got {method!r}")
             if "path" not in w:
-                r.error(f"{wkey}.path", "is missing: the path to request, e.g. /v1/completions")
+                r.error(
+                    f"{wkey}.path",
+                    "is missing: the path to request, e.g. /v1/completions "
+                    "(a warm-up table with only fill_context sends no request)",
+                )
             warmup = WarmupConfig(
                 method=method,
                 path=r.get(w, wkey, "path", str, "/", _url_path),
@@ -972,6 +1069,7 @@ def _backend(
             key: text for key, text in (("cwd", cwd_text), ("model_file", model_file_text)) if text
         },
         stop_grace_s=r.get(table, key, "stop_grace_s", float, server.stop_grace_s, _non_negative),
+        fill_context=fill_context,
     )
 
 

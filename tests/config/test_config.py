@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from pathlib import Path
 
@@ -10,13 +11,16 @@ import pytest
 from yard import cli
 from yard.config import (
     DEFAULT_STARTUP_TIMEOUT_S,
+    JOBS_KEYS,
     Config,
     ConfigError,
+    JobsSettings,
     load_config,
     parse_listen,
     parse_size,
 )
 from yard.core.spec import BackendSpec, DeviceSpec, SchedulerConfig
+from yard.jobs.service import JobsConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,10 +105,19 @@ def test_every_key_of_the_full_example_is_read(tmp_path: Path) -> None:
         method = "post"
         path = "/v1/completions"
         json = { prompt = "hi", max_tokens = 8 }
+        fill_context = true
 
         [backends.raw]
         api = "plain"
         command = ["raw"]
+
+        [jobs]
+        result_ttl_s = 60
+        record_ttl_s = 0
+        max_result_bytes = "1GiB"
+        max_request_bytes = "512KiB"
+        reap_interval_s = 2.5
+        max_wait_s = 30
         """,
         env={"ADMIN": "admin-secret", "BATCH_KEY": "k-batch"},
     )
@@ -148,8 +161,18 @@ def test_every_key_of_the_full_example_is_read(tmp_path: Path) -> None:
     assert llm.warmup is not None
     assert (llm.warmup.method, llm.warmup.path) == ("POST", "/v1/completions")
     assert llm.warmup.json == {"prompt": "hi", "max_tokens": 8}
+    assert llm.fill_context is True
     raw = config.backends["raw"]
     assert (raw.api, raw.models, raw.stop_grace_s, raw.health_path) == ("plain", (), 3.0, "/health")
+    assert raw.fill_context == "auto"
+    assert config.jobs.to_jobs_config() == JobsConfig(
+        result_ttl_s=60.0,
+        record_ttl_s=0.0,
+        max_result_bytes=2**30,
+        max_request_bytes=512 * 2**10,
+        reap_interval_s=2.5,
+        max_wait_s=30.0,
+    )
 
 
 def test_defaults_of_a_minimal_file(tmp_path: Path) -> None:
@@ -160,6 +183,22 @@ def test_defaults_of_a_minimal_file(tmp_path: Path) -> None:
     assert config.scheduler == SchedulerConfig()
     llm = config.backends["llm"]
     assert (llm.slots, llm.gpus, llm.idle_ttl_s, llm.warmup, llm.cwd) == (1, (), None, None, None)
+    assert llm.fill_context == "auto"
+    # Without a [jobs] table the job service runs with its own defaults.
+    assert config.jobs.to_jobs_config() == JobsConfig()
+
+
+def test_the_jobs_table_has_exactly_the_job_services_settings_and_defaults() -> None:
+    ours = {f.name: f.default for f in dataclasses.fields(JobsSettings)}
+    theirs = {f.name: f.default for f in dataclasses.fields(JobsConfig)}
+    assert ours == theirs
+    assert tuple(theirs) == JOBS_KEYS
+
+
+def test_a_warm_up_table_may_hold_only_the_context_fill_switch(tmp_path: Path) -> None:
+    config = load(tmp_path, MINIMAL_BACKEND + "[backends.llm.warmup]\nfill_context = false\n")
+    llm = config.backends["llm"]
+    assert (llm.warmup, llm.fill_context) == (None, False)
 
 
 def test_an_empty_file_is_a_valid_config_with_nothing_to_serve(tmp_path: Path) -> None:
@@ -278,7 +317,24 @@ def test_every_error_is_reported_at_once(tmp_path: Path) -> None:
             "[backends.b]\nmodels = ['m']\ncommand = ['x']\n[backends.b.warmup]\nmethod = 'GET'\n",
             "backends.b.warmup.path: is missing",
         ),
+        (
+            "[backends.b]\nmodels = ['m']\ncommand = ['x']\nwarmup = { fill_context = 'yes' }\n",
+            'backends.b.warmup.fill_context: must be true, false or "auto"',
+        ),
         ("[backends.'a b']\nmodels = ['m']\ncommand = ['x']\n", "backend names use letters"),
+        ("[jobs]\nresult_ttl = 5\n", "jobs.result_ttl: unknown key; did you mean 'result_ttl_s'?"),
+        ("[jobs]\nresult_ttl_s = 0\n", "jobs.result_ttl_s: must be greater than 0, got 0.0"),
+        ("[jobs]\nrecord_ttl_s = -1\n", "jobs.record_ttl_s: must not be negative"),
+        ("[jobs]\nreap_interval_s = 'often'\n", "jobs.reap_interval_s: must be a number"),
+        ("[jobs]\nmax_wait_s = -5\n", "jobs.max_wait_s: must not be negative"),
+        ("[jobs]\nmax_result_bytes = 0\n", "jobs.max_result_bytes: must be greater than 0"),
+        ("[jobs]\nmax_result_bytes = '1 parsec'\n", "jobs.max_result_bytes: unknown unit"),
+        ("[jobs]\nmax_request_bytes = 0\n", "jobs.max_request_bytes: must be greater than 0"),
+        (
+            "[server]\nmax_body_bytes = '1MiB'\n[jobs]\nmax_request_bytes = '2MiB'\n",
+            "jobs.max_request_bytes: 2097152 is above server.max_body_bytes (1048576)",
+        ),
+        ("jobs = []\n", "jobs: must be a table ([jobs]), got a list"),
         ("server = 1\n", "server: must be a table ([server]), got an integer (1)"),
     ],
 )
@@ -493,6 +549,7 @@ def test_the_shipped_example_is_valid_and_uses_every_key(tmp_path: Path) -> None
         + config_module.APP_KEYS
         + config_module.BACKEND_KEYS
         + config_module.WARMUP_KEYS
+        + config_module.JOBS_KEYS
     )
     missing = [key for key in every_key if f"{key} =" not in text and f".{key}]" not in text]
     assert missing == []
