@@ -98,11 +98,11 @@ def test_the_wait_bound_follows_the_documented_formula() -> None:
     h = busy_chat(aging_rate=2.0, deadline_boost=50, min_priority=0, max_priority=100)
     c = h.s.config
     # loads: chat 5 s, big 20 s; longest service asked for: 7 s
-    expected = (100 + 50) / 2.0 + (c.queue_limit + c.batch_bound) * (20 + 7)
+    expected = (100 + 50) / 2.0 + (c.queue_limit + c.batch_bound + 1) * (20 + 7)
     assert h.s.wait_bound(max_service_s=7) == expected
     assert h.s.wait_bound() is None  # nothing served yet: no measured service time
     h.finish("r0", at=3)
-    assert h.s.wait_bound() == (100 + 50) / 2.0 + (c.queue_limit + c.batch_bound) * (20 + 3)
+    assert h.s.wait_bound() == (100 + 50) / 2.0 + (c.queue_limit + c.batch_bound + 1) * (20 + 3)
 
 
 def test_a_stream_of_high_priority_work_cannot_starve_a_swap() -> None:

@@ -6,6 +6,7 @@ from tests.core.harness import GIB, Harness, gpu, host
 from yard.core import (
     BackendSpec,
     Dispatch,
+    Flag,
     ProfileRaised,
     Reject,
     Requeue,
@@ -221,3 +222,12 @@ def test_an_oom_on_a_shared_gpu_with_no_reading_is_self_caused_and_not_repeated(
     assert raised.profile.gpu_bytes * 1.1 > (18 - 4.5 * 1.1) * GIB
     [stop] = h.finish("s1", at=61)  # big waits for gpu0 alone
     assert isinstance(stop, StopBackend) and stop.backend == "small"
+
+
+def test_live_use_above_the_profile_is_flagged_once() -> None:
+    h = chat_and_tts()
+    h.load("chat", "r1")
+    [flag] = h.memory("gpu0", used_gib=12, at=1, chat=12)
+    assert isinstance(flag, Flag) and flag.backend == "chat"
+    assert flag.reason == "chat: it used 12.0 GiB on gpu0, above its profile 10.0 GiB"
+    assert h.memory("gpu0", used_gib=13, at=2, chat=13) == []

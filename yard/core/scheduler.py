@@ -92,11 +92,12 @@ backend. The same rank comparison orders the loads (the best waiting request
 of each backend that is not loaded is compared with the requests of the
 backends a swap would evict: one whose requests rank higher is not evicted).
 From then on only the requests already queued at ``arrived_at(R) + T`` (at
-most ``queue_limit``) and at most ``batch_bound`` overtakes per waiting head
+most ``queue_limit``), at most ``batch_bound`` overtakes per waiting head, and
+the one request a backend serves right after loading before it may be evicted
 are served before R, and each of them reaches its backend within one drain of
 a busy backend and one load: at most ``max_service_s + max_load_s``. Hence::
 
-    wait(R) <= W = T + (queue_limit + batch_bound) * (max_load_s + max_service_s)
+    wait(R) <= W = T + (queue_limit + batch_bound + 1) * (max_load_s + max_service_s)
 
 where ``max_load_s`` is the largest load time of any backend and
 ``max_service_s`` the longest time a request holds a slot. The bound assumes
@@ -352,7 +353,7 @@ class Scheduler:
             case ProfileMeasured():
                 self._on_profile(event, now, out)
             case MemoryMeasured():
-                self._on_memory(event)
+                self._on_memory(event, out)
             case AdminLoad():
                 self._on_admin_load(event, now, out)
             case AdminUnload():
@@ -413,7 +414,8 @@ class Scheduler:
                 return None
             max_service_s = max(services)
         t = (c.max_priority - c.min_priority + c.deadline_boost) / c.aging_rate
-        return t + (c.queue_limit + c.batch_bound) * (max(loads, default=0.0) + max_service_s)
+        served_first = c.queue_limit + c.batch_bound + 1
+        return t + served_first * (max(loads, default=0.0) + max_service_s)
 
     # -- requests ----------------------------------------------------------------
 
@@ -762,7 +764,7 @@ class Scheduler:
             b.measuring = False
         self._reject_if_unfit(b, out)
 
-    def _on_memory(self, ev: MemoryMeasured) -> None:
+    def _on_memory(self, ev: MemoryMeasured, out: list[Decision]) -> None:
         dev = self._devices.get(ev.device)
         if dev is None:
             return
@@ -779,6 +781,7 @@ class Scheduler:
                     b.overcommit = (
                         f"it used {_gib(nbytes)} on {ev.device}, above its profile {_gib(limit)}"
                     )
+                    out.append(Flag(backend=b.name, reason=f"{b.name}: {b.overcommit}"))
         dev.used = ev.used_bytes
         dev.foreign = max(0, ev.used_bytes - total)
         usable = dev.spec.usable_bytes
@@ -788,9 +791,12 @@ class Scheduler:
             why = f"{ev.device} was over-committed ({_gib(held)} in use or reserved, " + (
                 f"{_gib(usable)} usable)"
             )
+            flagged = [o.name for o in self._occupants(ev.device) if o.overcommit is None]
             for o in self._occupants(ev.device):
                 if o.overcommit is None:
                     o.overcommit = why
+            if flagged:
+                out.append(Flag(reason=f"{why}; running there: {', '.join(flagged)}"))
 
     def _occupants(self, device: str) -> Iterable[_Backend]:
         for b in self._backends.values():
