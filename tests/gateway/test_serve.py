@@ -282,3 +282,33 @@ async def test_sigterm_lets_the_stream_in_flight_finish_then_stops_the_backends(
             assert text.rstrip().endswith("data: [DONE]")
         # serve returned by itself: the backend process is gone.
         assert not _alive(pid)
+
+
+async def test_a_deadline_that_cannot_be_met_is_refused_at_once_unless_late_is_allowed(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(60):
+        async with running_yard(tmp_path, _llm(tmp_path, service_time=1.0)) as runtime:
+            engine = runtime.engine
+            async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
+                await client.post("/v1/chat/completions", json=CHAT)  # loaded and measured
+                results: dict[str, httpx.Response] = {}
+
+                async def send(label: str, headers: dict[str, str]) -> None:
+                    results[label] = await client.post(
+                        "/v1/chat/completions", json=CHAT, headers=headers
+                    )
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(send, "busy", {})
+                    await wait_until(lambda: engine.statistics().inflight == 1)
+                    start = trio.current_time()
+                    await send("refused", {"x-yard-start-within": "0.2"})
+                    refused_after = trio.current_time() - start
+                    await send("late", {"x-yard-start-within": "0.2", "x-yard-allow-late": "true"})
+            refused = results["refused"]
+            assert refused.status_code == 409
+            assert refused.json()["error"]["code"] == "deadline_infeasible"
+            assert refused_after < 0.5
+            assert results["late"].status_code == 200
+            assert results["busy"].status_code == 200
