@@ -686,7 +686,8 @@ class Scheduler:
                     continue
                 if o.state is BackendState.STARTING:
                     return f"{o.name} was loading on {d} at the same time"
-                if o.ready_at is not None and now - o.ready_at <= _RECENT_LOAD_S:
+                recent = o.ready_at is not None and now - o.ready_at <= _RECENT_LOAD_S
+                if recent and d in b.primary:
                     return f"{o.name} had just loaded on {d}"
         # No reading caught anyone above their profile, but yard placed other
         # backends on the same device: together they outgrew it, so a profile
@@ -1450,7 +1451,6 @@ class Scheduler:
             why = plan.reason if plan is not None else f"{b.name} has no place on this machine"
             out.append(Flag(backend=b.name, reason=f"admin load: not loading {b.name} now: {why}"))
             return
-        b.want_load = True
         self._start(plan, now, out)
 
     def _on_admin_unload(self, ev: AdminUnload, now: float, out: list[Decision]) -> None:
