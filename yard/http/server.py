@@ -77,12 +77,13 @@ def _reason(status: int) -> bytes:
 class _Connection:
     """One client connection: requests in turn, each handed to the app.
 
-    One reader task per connection owns the socket's receiving side: it reads
-    when the connection's task needs bytes, and, while the app works on a
-    request whose body is in, keeps reading so that a client hanging up is
-    seen at once (``http.disconnect``, and the cancel scope the app asked to
-    have cancelled through the ``yard.disconnect`` extension). This costs no
-    task per request, where an ASGI app's own disconnect watcher would.
+    The connection's task reads the requests. While the app works on a
+    request whose body is in, a reader task (one per connection, not per
+    request) keeps reading, so that a client hanging up is seen at once
+    (``http.disconnect``, and the cancel scope the app asked to have
+    cancelled through the ``yard.disconnect`` extension); when the app is
+    done the reader is pulled out of its read (a cancel, which trio delivers
+    at once) and the connection's task reads the next request itself.
     """
 
     def __init__(
@@ -96,8 +97,7 @@ class _Connection:
         self.gone_event = trio.Event()
         self.idle_since: float | None = None
         self._may_read = trio.Event()
-        self._fed = trio.Event()
-        self._watching = False
+        self._read_scope: trio.CancelScope | None = None
         self._pipelined = 0
         self._watched: trio.CancelScope | None = None
 
@@ -118,53 +118,59 @@ class _Connection:
         stream = self.stream
         while True:
             await self._may_read.wait()
-            try:
-                data = await stream.receive_some(_READ)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                data = b""
+            with trio.CancelScope() as scope:
+                self._read_scope = scope
+                try:
+                    data = await stream.receive_some(_READ)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    data = b""
+            self._read_scope = None
+            if scope.cancelled_caught:
+                continue  # stop_watching: the connection's task reads again
             if not data:
                 self._hang_up()
                 return
+            # Bytes after the body (a pipelined request) wait in h11's
+            # buffer; past a limit stop reading (and watching).
             self.h11.receive_data(data)
-            if self._watching:
-                # Bytes after the body (a pipelined request) wait in h11's
-                # buffer; past a limit stop reading (and watching).
-                self._pipelined += len(data)
-                if self._pipelined > _PIPELINE_LIMIT:
-                    self._may_read = trio.Event()
-            else:
+            self._pipelined += len(data)
+            if self._pipelined > _PIPELINE_LIMIT:
                 self._may_read = trio.Event()
-            fed, self._fed = self._fed, trio.Event()
-            fed.set()
 
     def _hang_up(self) -> None:
         self.gone = True
         self.gone_event.set()
-        self._fed.set()
         if self._watched is not None:
             self._watched.cancel()
 
     def start_watching(self) -> None:
         """The request's body is in: keep reading, to see a hang-up at once."""
-        if not self._watching:
-            self._watching = True
-            self._pipelined = 0
-            self._may_read.set()
+        self._pipelined = 0
+        self._may_read.set()
 
     def stop_watching(self) -> None:
-        self._watching = False
         self._watched = None
+        if self._may_read.is_set():
+            self._may_read = trio.Event()
+        if self._read_scope is not None:
+            # Delivered at once to a task blocked in a read: the socket is
+            # free for the connection's task when this returns.
+            self._read_scope.cancel()
 
     async def next_event(self) -> h11.Event | type[h11.PAUSED]:
         while True:
             event = self.h11.next_event()
             if event is h11.NEED_DATA:
-                if self.gone:
-                    self.h11.receive_data(b"")
-                    continue
-                fed = self._fed
-                self._may_read.set()
-                await fed.wait()
+                if not self.gone:
+                    try:
+                        data = await self.stream.receive_some(_READ)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        data = b""
+                    if data:
+                        self.h11.receive_data(data)
+                        continue
+                    self._hang_up()
+                self.h11.receive_data(b"")
                 continue
             return event  # type: ignore[return-value]
 
