@@ -7,7 +7,9 @@ are also filtered by kind for quick asserts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+import itertools
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 from yard.core import (
@@ -169,6 +171,51 @@ class Harness:
         """A request arrives and its backend becomes ready: the usual warm-up."""
         self.arrive(rid, backend, priority, at=at)
         return self.ready(backend)
+
+    def play(
+        self,
+        arrivals: Sequence[tuple[float, RequestArrived]],
+        service_s: Mapping[str, float],
+        until: float,
+        stop_s: float = 1.0,
+    ) -> None:
+        """Play the engine until ``until``: feed the arrivals at their times, and
+        carry out every decision (a start is ready after the profile's load time,
+        a dispatch finishes after its service time, a stop completes after
+        ``stop_s``), with a Tick at each ``next_wakeup()``."""
+        seq = itertools.count()
+        pending: list[tuple[float, int, Event]] = [(t, next(seq), e) for t, e in arrivals]
+        heapq.heapify(pending)
+
+        def carry_out(decisions: list[Decision]) -> None:
+            for d in decisions:
+                if isinstance(d, StartBackend):
+                    profile = self.s.profile(d.backend)
+                    load = profile.load_s if profile is not None else 1.0
+                    later(load, BackendReady(backend=d.backend))
+                elif isinstance(d, StopBackend):
+                    later(stop_s, BackendStopped(backend=d.backend))
+                elif isinstance(d, Dispatch):
+                    later(service_s[d.request_id], RequestFinished(request_id=d.request_id))
+
+        def later(delay: float, event: Event) -> None:
+            heapq.heappush(pending, (self.now + delay, next(seq), event))
+
+        while True:
+            wake = self.s.next_wakeup()
+            nxt = pending[0][0] if pending else None
+            times = [t for t in (wake, nxt) if t is not None and t <= until]
+            if not times:
+                return
+            t = max(self.now, min(times))
+            if nxt is not None and nxt <= t:
+                _, _, event = heapq.heappop(pending)
+                carry_out(self.feed(event, t))
+            else:
+                carry_out(self.feed(Tick(), t))
+
+    def dispatch_times(self) -> list[tuple[float, str]]:
+        return [(t, d.request_id) for t, d in self.log if isinstance(d, Dispatch)]
 
     # -- what came out -----------------------------------------------------------
 
