@@ -20,8 +20,8 @@ Rules it keeps
   on those devices and is measured; nothing loads next to it until its
   profile arrives. Exclusive devices hold one backend at a time.
 - Among several GPUs it may use, a backend goes where it needs no eviction,
-  else where evicting costs least (busy ones last, then the reload time of
-  the evicted), then where the most memory is left, then by device name.
+  else where evicting costs least (no busy one if possible, then the least
+  total reload time), then where the most memory is left, then by device name.
 - Room is made by stopping idle, unpinned backends whose waiting requests do
   not rank above the request that needs the room, no more than needed. The
   least needed and cheapest to reload go first: those nobody waits for, then
@@ -31,7 +31,8 @@ Rules it keeps
   since the last evictions outlives one idle for long. (Ranking by load time
   alone kept evicting the popular small model: twice the loads in the sim's
   memory-pressure sweep.) A busy one is never killed: it is *drained* (no new
-  work) and stopped once idle.
+  work) and stopped once idle. A backend loaded for waiting requests serves
+  one of them before it can be evicted, so no load is wasted.
 - Swap batching: while a request waits for such a swap, up to ``batch_bound``
   requests behind it may still be dispatched to the backends the swap will
   evict ("overtakes", counted per waiting request); then they drain. None
@@ -71,11 +72,12 @@ Failures
 - ``upstream_lost`` holds the slot for ``lost_grace_s`` waiting for the exit
   report; without one the request fails with 502.
 
-What the engine must know: after ``Requeue`` or ``Reject`` of a dispatched
-request, later ``RequestFinished`` reports for that attempt are ignored (so the
-engine may send them or not); a ``StopBackend`` occupies memory until
-``BackendStopped``; a ``BackendExited`` while stopping is ignored (the stop
-completes with ``BackendStopped``).
+What the engine must know: after ``Reject`` of a dispatched request, reports
+about it are ignored; after ``Requeue`` the old attempt must not be reported
+(once the request is dispatched again the core would take the report for the
+new attempt). A ``StopBackend`` occupies memory until ``BackendStopped``; a
+``BackendExited`` while stopping is ignored (the stop completes with
+``BackendStopped``).
 
 The wait bound
 --------------
