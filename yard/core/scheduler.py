@@ -1640,7 +1640,9 @@ class Scheduler:
                 pinned=b.pinned,
                 profile=self.profile(b.name),
                 last_load_s=b.learned_load_s,
-                reason=b.reason,
+                reason=f"{b.reason}; {b.queue.size} waiting: {b.wait_reason}"
+                if b.wait_reason and b.queue.size and b.state not in OCCUPYING
+                else b.reason,
                 queued=b.queue.size,
             )
             for b in self._backends.values()
