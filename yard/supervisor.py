@@ -5,9 +5,15 @@
 - A backend is started from its argv, never through a shell, in a process
   group of its own (``start_new_session``), on a free loopback port, with
   ``CUDA_VISIBLE_DEVICES`` set to the GPUs it was placed on (empty for a
-  host-only backend, so that it cannot take GPU memory yard does not count).
+  host-only backend, so that it cannot take GPU memory yard does not count),
+  and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (unless its ``env`` says otherwise), so
+  that CUDA numbers the GPUs as NVML does: ``gpu1`` is CUDA device 1.
 - It is ready when its health path answers 200 (a 503 "Loading model" is not
-  ready) and its warm-up request, if any, succeeded.
+  ready) and its warm-up request, if any, succeeded. On a measured first
+  load (``launch(..., measure=True)``) of a llama-server backend (see
+  :func:`fills_context`) one more request fills a slot's whole context
+  before it is ready, so that the profile taken during the load is the
+  worst case, not the footprint of an idle server.
 - Its stdout and stderr go to ``DATA_DIR/logs/NAME.log`` and to a ring of the
   last lines in memory (:meth:`Supervisor.log_lines`).
 - Its exit is seen at once, with the exit status and the signs of running out
@@ -21,7 +27,9 @@
   files; the next one kills those groups at start-up
   (:meth:`Supervisor.reap_orphans`), after checking that each pid still
   belongs to the process it started (same start time), so a reused pid of an
-  unrelated process is never touched.
+  unrelated process is never touched. A second process that shares the
+  data directory without owning its backends (``yard probe``) passes
+  ``reap_orphans=False``.
 - The supervisor never restarts a backend by itself: the core decides.
 """
 
@@ -45,9 +53,17 @@ import psutil
 import trio
 
 from yard.config import BackendConfig, Config
+from yard.memory.warmup import fill_llama_context, looks_like_llama_server
 from yard.ports import BackendStartError, ExitStatus
 
-__all__ = ["OOM_SIGNS", "Orphan", "Supervisor", "SupervisorStatistics", "looks_like_oom"]
+__all__ = [
+    "OOM_SIGNS",
+    "Orphan",
+    "Supervisor",
+    "SupervisorStatistics",
+    "fills_context",
+    "looks_like_oom",
+]
 
 LOOPBACK = "127.0.0.1"
 
@@ -74,6 +90,18 @@ LOG_ROTATE_BYTES = 16 * 2**20
 def looks_like_oom(lines: Iterable[str]) -> bool:
     """Whether any of ``lines`` reports running out of memory."""
     return any(sign in line.lower() for line in lines for sign in OOM_SIGNS)
+
+
+def fills_context(backend: BackendConfig, argv: Sequence[str], *, measure: bool) -> bool:
+    """Whether a launch of ``backend`` as ``argv`` gets
+    :func:`yard.memory.warmup.fill_llama_context` after its warm-up: only a
+    measured load, and then as ``warmup.fill_context`` says (``"auto"``: when
+    ``argv`` looks like llama-server)."""
+    if not measure:
+        return False
+    if backend.fill_context == "auto":
+        return looks_like_llama_server(argv)
+    return backend.fill_context
 
 
 # -- process groups -------------------------------------------------------------
@@ -249,6 +277,7 @@ class ManagedProcess:
         log: IO[bytes],
         ring: collections.deque[str],
         pid_file: Path,
+        fill_context: bool = False,
     ) -> None:
         self._supervisor = supervisor
         self.config = config
@@ -258,6 +287,7 @@ class ManagedProcess:
         self._log = log
         self._ring = ring
         self._pid_file = pid_file
+        self.fill_context = fill_context
         self._ready = False
         self._sent_sigkill = False
         self._stop_requested = False
@@ -297,7 +327,8 @@ class ManagedProcess:
 
     async def wait_ready(self) -> None:
         """Poll the health path (every ~100 ms) until it answers 200, then run
-        the warm-up request. Raises :class:`BackendStartError` as soon as the
+        the warm-up request, then, on a measured load of a llama-server, fill
+        a slot's context (:func:`fills_context`). Raises :class:`BackendStartError` as soon as the
         process exits, or if the warm-up fails. The caller bounds the wait."""
         if self._ready:
             return
@@ -312,6 +343,8 @@ class ManagedProcess:
             try:
                 await self._poll_health()
                 await self._warm_up()
+                if self.fill_context:
+                    await self._fill_context()
                 self._ready = True
             except _WarmupFailed as exc:
                 failure = str(exc)
@@ -365,6 +398,30 @@ class ManagedProcess:
                     f"{self.name}: warm-up {warmup.method} {warmup.path} answered "
                     f"{response.status_code}: {response.text[:300]}"
                 )
+
+    async def _fill_context(self) -> None:
+        self._supervisor._log_line(
+            self, "[yard] measured first load: filling a slot's context (the worst case)"
+        )
+        try:
+            await fill_llama_context(self.base_url)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            if self.config.fill_context is True:
+                raise _WarmupFailed(f"{self.name}: context fill failed: {exc!r}") from exc
+            # "auto" guessed from the command: a server without /props or
+            # /tokenize still starts, with a profile that may be short of the
+            # worst case. One that died under the fill is reported as dead.
+            with trio.move_on_after(1.0):
+                await self._process.wait()
+            if self._process.poll() is not None:
+                raise _WarmupFailed(f"{self.name}: exited during the context fill") from exc
+            self._supervisor._log_line(
+                self,
+                f"[yard] context fill failed ({exc!r}); the measured profile may be short "
+                "of the worst case (set warmup.fill_context = false to skip it)",
+            )
+        else:
+            self._supervisor._log_line(self, "[yard] context filled")
 
     async def wait_exit(self) -> ExitStatus:
         """Return when the process has exited (and what was left of its group
@@ -521,10 +578,16 @@ class Supervisor:
 
     When :meth:`run` is cancelled every backend still running is stopped
     (shielded, each within its grace period).
+
+    reap_orphans: whether :meth:`run` first kills the backends an earlier
+    yard left running (see :meth:`reap_orphans`). A second process sharing
+    the data directory that does not own its backends (``yard probe``)
+    passes False.
     """
 
-    def __init__(self, config: Config, *, log_lines: int = 500) -> None:
+    def __init__(self, config: Config, *, log_lines: int = 500, reap_orphans: bool = True) -> None:
         self.config = config
+        self._reap_at_start = reap_orphans
         self._data_dir = config.server.data_dir
         self._log_dir = self._data_dir / "logs"
         self._run_dir = self._data_dir / "run"
@@ -538,9 +601,11 @@ class Supervisor:
         self._orphans_reaped = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Reap orphans of an earlier yard, then serve launches until cancelled;
-        on the way out, stop every backend still running."""
-        await self.reap_orphans()
+        """Reap orphans of an earlier yard (unless constructed with
+        ``reap_orphans=False``), then serve launches until cancelled; on the
+        way out, stop every backend still running."""
+        if self._reap_at_start:
+            await self.reap_orphans()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -596,9 +661,13 @@ class Supervisor:
             "python": sys.executable,
         }
 
-    async def launch(self, backend: str, gpus: tuple[str, ...]) -> ManagedProcess:
+    async def launch(
+        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+    ) -> ManagedProcess:
         """Start ``backend`` placed on ``gpus`` and return at once (not ready
-        yet; see :meth:`ManagedProcess.wait_ready`).
+        yet; see :meth:`ManagedProcess.wait_ready`). ``measure``: this is a
+        measured first load; a llama-server backend then gets its context
+        filled before it is ready (:func:`fills_context`).
 
         Raises :class:`BackendStartError` if it is unknown, still running, or
         cannot be spawned (command not found, not executable, bad cwd).
@@ -615,6 +684,10 @@ class Supervisor:
         values = self._placeholders(config, port, gpus)
         argv = [arg.format_map(values) for arg in config.command]
         env = dict(os.environ)
+        # CUDA numbers GPUs fastest first by default, NVML (and so gpuN) by
+        # PCI bus: make them agree, whatever yard itself inherited, unless the
+        # backend's own env says otherwise.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env.update({k: v.format_map(values) for k, v in config.env.items()})
         # Placement decides which GPUs it sees; a host-only backend sees none.
         env["CUDA_VISIBLE_DEVICES"] = values["gpus"]
@@ -654,6 +727,7 @@ class Supervisor:
             log=log,
             ring=ring,
             pid_file=pid_file,
+            fill_context=fills_context(config, argv, measure=measure),
         )
         self._processes[backend] = managed
         self._launches += 1

@@ -285,6 +285,15 @@ async def test_a_new_yard_reaps_the_backends_a_killed_yard_left(tmp_path: Path) 
         child = psutil.Process(backend_pid).children()[0].pid
         assert not gone(backend_pid) and not gone(child)  # left running
 
+        # A process sharing the data directory that does not own its
+        # backends (yard probe) opts out of reaping.
+        bystander = Supervisor(load_config(path, env={}), reap_orphans=False)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(bystander.run)
+            nursery.cancel_scope.cancel()
+        assert not gone(backend_pid) and not gone(child)
+        assert (tmp_path / "data" / "run" / "llm.pid").exists()
+
         supervisor = Supervisor(load_config(path, env={}))
         orphans = await supervisor.reap_orphans()
         assert [(o.backend, o.pid, o.killed) for o in orphans] == [("llm", backend_pid, True)]
