@@ -279,7 +279,7 @@ def radio_day(gpu_count: int, hours: float = 24.0, *, first_day: bool = False) -
         workload=lambda rng: radio_day_workload(rng, hours),
         horizon_s=hours * HOUR + HOUR,
         stored_profiles=not first_day,
-        meter_interval_s=5.0,
+        meter_interval_s=10.0,
         seed=2024,
         policies=("yard",) if first_day else None,
     )
