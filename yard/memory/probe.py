@@ -225,7 +225,9 @@ async def _probe(
     display = _Display(err, backend.name, quiet=args.json)
     try:
         async with trio.open_nursery() as nursery:
-            supervisor = Supervisor(config)
+            # The guard above made sure no yard runs on this data directory;
+            # its pid files are still no business of a probe.
+            supervisor = Supervisor(config, reap_orphans=False)
             await nursery.start(supervisor.run)
             timeout = args.timeout or backend.startup_timeout(None)
             try:
