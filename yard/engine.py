@@ -14,9 +14,20 @@ that was dispatched, rejected or requeued) or a task (start or stop a backend pr
 through the :class:`~yard.ports.Launcher`). A task reports back by sending an event, so
 its outcome reaches the core through the same channel.
 
+Memory: a meter task reads every device every ``meter_interval_s`` and sends one
+``MemoryMeasured`` per device. A first load the core asks to measure
+(``StartBackend(measure=True)``) is also sampled every ``profile_interval_s`` from launch
+to ready (warm-up included); its peak per device becomes ``ProfileMeasured("measured")``,
+sent before ``BackendReady`` and persisted. Live use above the current profile sends
+``ProfileMeasured("raised")`` and persists it too.
+
+Shutdown: cancelling :meth:`Engine.run` stops every backend it started (shielded, within
+``shutdown_grace_s``) and ends every waiting request with 503 ``shutting_down``.
+
 Rules this module keeps:
 
-- It reaches processes, meters and stores only through the ports (``yard.ports``).
+- It reaches processes, meters and stores only through the ports (``yard.ports``); a
+  port that raises fails that one start, stop or reading, never the engine.
 - Sync callers (the HTTP layer, a job runner) never block on the engine: ``submit``,
   ``report`` and ``cancel`` are plain functions.
 - Every request ends exactly once for its holder: dispatched and reported, rejected, or
@@ -33,7 +44,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import trio
 
@@ -62,6 +73,7 @@ from yard.core.events import (
     Tick,
 )
 from yard.core.spec import HOST, Profile
+from yard.core.views import QueuedView, Snapshot
 from yard.ports import (
     BackendProcess,
     BackendStartError,
@@ -71,9 +83,6 @@ from yard.ports import (
     Meter,
     ProfileStore,
 )
-
-if TYPE_CHECKING:
-    from yard.core.views import QueuedView, Snapshot
 
 __all__ = [
     "Admission",
