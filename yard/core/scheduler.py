@@ -322,6 +322,7 @@ class Scheduler:
         self._planned: tuple[object, ...] | None = None
         self._combo_cache: dict[str, list[tuple[str, ...]]] = {}
         self._fit_cache: dict[str, tuple[bool, str]] = {}
+        self._need_cache: dict[tuple[str, tuple[str, ...]], dict[str, int]] = {}
 
     # -- the one entry point ---------------------------------------------------
 
@@ -728,7 +729,7 @@ class Scheduler:
             load_s=old.load_s,
         )
         b.profile = new
-        self._fit_cache.pop(b.name, None)
+        self._forget_fit(b)
         out.append(
             ProfileRaised(
                 backend=b.name,
@@ -756,14 +757,14 @@ class Scheduler:
         if load is None and b.profile is not None and b.profile_has_load:
             load = b.profile.load_s
         b.profile_has_load = load is not None
-        self._fit_cache.pop(b.name, None)
+        self._forget_fit(b)
         b.profile = Profile(
             gpu_bytes=ev.gpu_bytes,
             host_bytes=ev.host_bytes,
             load_s=load if load is not None else self._load_s(b),
         )
         if b.state in OCCUPYING and b.devices:
-            b.reserved = self._need(b, b.gpus)
+            b.reserved = dict(self._need(b, b.gpus))
             b.measuring = False
         self._reject_if_unfit(b, out)
 
@@ -810,12 +811,22 @@ class Scheduler:
         return max(b.reserved.get(device, 0), b.live.get(device, 0))
 
     def _need(self, b: _Backend, gpus: tuple[str, ...]) -> dict[str, int]:
-        """Reservation on each device of a placement (0s while unmeasured)."""
-        p = b.profile
-        m = self.config.profile_margin
-        need = {g: math.ceil(p.gpu_bytes * m) if p else 0 for g in gpus}
-        need[HOST] = math.ceil(p.host_bytes * m) if p else 0
+        """Reservation on each device of a placement (0s while unmeasured).
+        Cached until the profile changes: do not modify the result."""
+        need = self._need_cache.get((b.name, gpus))
+        if need is None:
+            p = b.profile
+            m = self.config.profile_margin
+            need = {g: math.ceil(p.gpu_bytes * m) if p else 0 for g in gpus}
+            need[HOST] = math.ceil(p.host_bytes * m) if p else 0
+            self._need_cache[(b.name, gpus)] = need
         return need
+
+    def _forget_fit(self, b: _Backend) -> None:
+        """The profile changed: what was worked out from it is stale."""
+        self._fit_cache.pop(b.name, None)
+        for key in [k for k in self._need_cache if k[0] == b.name]:
+            del self._need_cache[key]
 
     def _combos(self, b: _Backend) -> list[tuple[str, ...]]:
         combos = self._combo_cache.get(b.name)
@@ -1278,7 +1289,6 @@ class Scheduler:
         devs = (*gpus, HOST)
         measure = b.profile is None
         need = self._need(b, gpus)
-        where = "+".join(primary)
         for d in primary:
             if d in claimed:
                 return _Plan(
@@ -1297,6 +1307,7 @@ class Scheduler:
                     f"waiting for {d}: {loader.name} is loading there (one load at a time)",
                     need=need,
                 )
+        where = "+".join(primary)
         # Who must go: on exclusive devices everybody; for a first (measured)
         # load everybody on its devices; next to a backend whose footprint is
         # unknown, that backend.
@@ -1486,7 +1497,7 @@ class Scheduler:
         if b is not None:
             b.profile = None
             b.profile_has_load = False
-            self._fit_cache.pop(b.name, None)
+            self._forget_fit(b)
 
     def _on_admin_pin(self, ev: AdminPin, out: list[Decision]) -> None:
         b = self._backends.get(ev.backend)
