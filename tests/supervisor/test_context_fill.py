@@ -14,8 +14,12 @@ import pytest
 import trio
 
 from yard.config import BackendConfig, FillContext, load_config
+from yard.demo.llama_server import find_llama_server
+from yard.demo.tinymodel import write_sized_llama
 from yard.ports import BackendProcess, BackendStartError, launch_backend, takes_measure
 from yard.supervisor import Supervisor, fills_context
+
+MIB = 1 << 20
 
 # A stand-in for llama.cpp's server: its file name contains "llama-server",
 # so the supervisor's "auto" recognises it. It prints each request it gets.
@@ -245,3 +249,47 @@ async def test_cuda_numbers_gpus_in_pci_order_like_nvml_unless_the_backend_says_
                 assert (await process.wait_exit()).code == 0
             assert "ORDER=PCI_BUS_ID" in supervisor.log_lines("default")
             assert "ORDER=FASTEST_FIRST" in supervisor.log_lines("own")
+
+
+def held_bytes(pid: int) -> int:
+    """What the process holds (anonymous + shared memory), from /proc."""
+    held = 0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Anonymous:"):
+            held += int(line.split()[1]) * 1024
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssShmem:"):
+            held += int(line.split()[1]) * 1024
+    return held
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    find_llama_server() is None or not Path("/proc/self/smaps_rollup").exists(),
+    reason="needs llama-server (`make demo-setup`) and Linux /proc",
+)
+async def test_a_measured_real_llama_server_is_ready_at_its_worst_case_footprint(
+    tmp_path: Path,
+) -> None:
+    model = write_sized_llama(tmp_path / "m50.gguf", size_mb=50, n_layers=4)
+    command = [
+        "{python}", "-m", "yard.demo.llama_server", "--host", "{host}", "--port", "{port}",
+        "-m", "{model_file}", "-c", "2048", "-np", "1",
+    ]  # fmt: skip
+    text = (
+        f'[backends.llm]\nmodels = ["tiny"]\ncommand = {json.dumps(command)}\n'
+        f'model_file = "{model.path}"\n'
+    )
+    held: dict[bool, int] = {}
+    with trio.fail_after(120):
+        async with supervising(tmp_path, text) as supervisor:
+            for measure in (False, True):
+                process = await supervisor.launch("llm", (), measure=measure)
+                await process.wait_ready()
+                assert process.pid is not None
+                held[measure] = held_bytes(process.pid)
+                await process.stop()
+    mib = {measure: round(value / MIB, 1) for measure, value in held.items()}
+    print(f"llama-server 50 MB model, ctx 2048, held at ready: {mib}")
+    # The full prompt touches the compute buffers' pages: ~20 MiB more here.
+    assert held[True] >= held[False] + 8 * MIB, mib
