@@ -336,7 +336,9 @@ class Scheduler:
                 if b.pinned:
                     b.want_load = True
         self._fire_wakeups(now, out)
-        if not isinstance(event, RequestArrived | RequestFinished | RequestCancelled | Tick):
+        if not isinstance(
+            event, RequestArrived | RequestFinished | RequestCancelled | MemoryMeasured | Tick
+        ):
             self._epoch += 1
         match event:
             case RequestArrived():
@@ -773,12 +775,15 @@ class Scheduler:
         if dev is None:
             return
         total = 0
+        changed = False  # in what planning reads: memory held, foreign use
         for name, nbytes in ev.backends:
             total += nbytes
             b = self._backends.get(name)
             if b is None or b.state not in OCCUPYING or ev.device not in b.devices:
                 continue  # a late reading of a stopped backend, or of a stranger
+            before = self._occ(b, ev.device)
             b.live[ev.device] = nbytes
+            changed = changed or self._occ(b, ev.device) != before
             if b.profile is not None and not b.measuring:
                 limit = b.profile.gpu_bytes if ev.device != HOST else b.profile.host_bytes
                 if nbytes > limit and b.overcommit is None:
@@ -787,7 +792,10 @@ class Scheduler:
                     )
                     out.append(Flag(backend=b.name, reason=f"{b.name}: {b.overcommit}"))
         dev.used = ev.used_bytes
-        dev.foreign = max(0, ev.used_bytes - total)
+        foreign = max(0, ev.used_bytes - total)
+        if foreign != dev.foreign or changed:
+            self._epoch += 1
+        dev.foreign = foreign
         usable = dev.spec.usable_bytes
         committed = sum(self._occ(o, ev.device) for o in self._occupants(ev.device))
         if ev.used_bytes > usable or committed + dev.foreign > usable:
