@@ -249,6 +249,7 @@ class _Connection:
                 h11.Response(
                     status_code=status,
                     headers=[*_ERROR_HEAD, (b"content-length", b"%d" % len(body))],
+                    reason=_reason(status),
                 )
             )
             data = (head or b"") + (self.h11.send(h11.Data(data=body)) or b"")
@@ -398,7 +399,11 @@ class Server:
             client: tuple[str, int] | None = (str(peer[0]), int(peer[1]))
         except OSError:
             client = None
-        await _Connection(self, stream, client).serve()
+        try:
+            await _Connection(self, stream, client).serve()
+        except Exception:
+            # One broken connection must never take the server down with it.
+            log.exception("connection from %s failed", client)
 
 
 async def _lifespan(
