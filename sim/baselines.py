@@ -6,15 +6,20 @@ model's declared size (its resident footprint once loaded, as a user would write
 in a config) and nothing else: no measured peaks, no growth after the first request,
 no foreign memory, no deadlines.
 
-- ``llama-swap``: llama-swap's default. First come, first served, head of line: the
-  oldest request decides. If its model is not the one loaded, wait for in-flight
-  requests to finish, stop everything, start the requested one.
-- ``lru``: FIFO loads with least-recently-used eviction by size. Requests for loaded
-  models go at once; the oldest request for an unloaded model gets the next load;
-  least recently used backends are stopped until it fits (busy ones drain first).
-- ``ollama``: Ollama-like. As ``lru``, but at most 3 models loaded, each stopped
-  after 5 minutes idle (keep-alive); to make room it evicts the idle backend whose
-  keep-alive ends soonest, and waits for a busy one only if none is idle.
+All three work like Ollama's scheduler (``server/sched.go``, ``processPending``):
+requests are taken first come, first served and handed to their backend's process,
+which serves them as its slots free up (a loading backend holds them until it is
+ready). A request whose model must be loaded and does not fit makes room by stopping
+backends; while it waits for them to go (busy ones finish what they were handed
+first), it blocks every request behind it. They differ in what fits and what goes:
+
+- ``llama-swap``: llama-swap's default: one model at a time. A request for another
+  model stops everything else, then starts its own.
+- ``lru``: FIFO with least-recently-used eviction by size: declared sizes must fit
+  on a GPU; the least recently used backends go first until it fits.
+- ``ollama``: Ollama-like: as ``lru``, but at most 3 models loaded, each stopped after
+  5 minutes idle (keep-alive); to make room it stops the idle backend whose keep-alive
+  ends soonest, and waits for a busy one only if none is idle.
 """
 
 from __future__ import annotations
@@ -38,16 +43,16 @@ from yard.core.spec import BackendSpec, DeviceSpec, Profile
 from yard.core.views import BackendView, DeviceView, QueuedView, Snapshot
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Req:
     id: str
     backend: str
-    seq: int
-    arrived_at: float
+    handed: bool = False  # handed to its backend (waits for a slot there)
 
 
 class Baseline:
-    """Shared bookkeeping: per-backend FIFO queues, backend states, declared sizes."""
+    """Shared bookkeeping and the first-come-first-served loop; subclasses say what
+    fits (:meth:`_fit`) and what goes to make room (:meth:`_victims`)."""
 
     name = "baseline"
 
@@ -61,6 +66,7 @@ class Baseline:
         self.capacity = {d.name: d.usable_bytes for d in self.devices.values()}
         self.specs = {b.name: b for b in backends}
         self.sizes = dict(sizes)
+        self.pending: deque[_Req] = deque()
         self.queues: dict[str, deque[_Req]] = {b.name: deque() for b in backends}
         self.queued: dict[str, _Req] = {}
         self.running: dict[str, str] = {}
@@ -69,7 +75,6 @@ class Baseline:
         self.inflight: dict[str, int] = {b.name: 0 for b in backends}
         self.draining: set[str] = set()
         self.last_used: dict[str, float] = {b.name: 0.0 for b in backends}
-        self._seq = 0
 
     # -- the scheduler's shape ---------------------------------------------------------
 
@@ -78,7 +83,7 @@ class Baseline:
         kind = type(event)
         if kind is RequestArrived:
             assert isinstance(event, RequestArrived)
-            self._arrived(event, now, out)
+            self._arrived(event, out)
         elif kind is RequestFinished:
             assert isinstance(event, RequestFinished)
             backend = self.running.pop(event.request_id, None)
@@ -86,20 +91,12 @@ class Baseline:
                 self.inflight[backend] -= 1
                 self.last_used[backend] = now
                 if event.outcome == "upstream_lost":
-                    out.append(
-                        Reject(
-                            reason=f"{backend} failed while serving it",
-                            request_id=event.request_id,
-                            status=502,
-                            code="backend_failed",
-                            message=f"backend {backend} failed",
-                        )
-                    )
+                    out.append(_failed(event.request_id, backend, f"backend {backend} failed"))
         elif kind is RequestCancelled:
             assert isinstance(event, RequestCancelled)
             req = self.queued.pop(event.request_id, None)
             if req is not None:
-                self.queues[req.backend].remove(req)
+                (self.queues[req.backend] if req.handed else self.pending).remove(req)
             else:
                 backend = self.running.pop(event.request_id, None)
                 if backend is not None:
@@ -109,24 +106,17 @@ class Baseline:
             assert isinstance(event, BackendReady)
             self.state[event.backend] = "ready"
             self.last_used[event.backend] = now
-        elif kind is BackendStartFailed:
-            assert isinstance(event, BackendStartFailed)
+        elif kind is BackendStartFailed or kind is BackendExited:
+            assert isinstance(event, BackendStartFailed | BackendExited)
+            # What it was handed fails with it, as in Ollama.
             self._gone(event.backend)
             queue = self.queues[event.backend]
             while queue:
                 req = queue.popleft()
                 del self.queued[req.id]
-                out.append(
-                    Reject(
-                        reason=f"{event.backend} failed to start",
-                        request_id=req.id,
-                        status=502,
-                        code="backend_failed",
-                        message=event.detail,
-                    )
-                )
-        elif kind is BackendExited or kind is BackendStopped:
-            assert isinstance(event, BackendExited | BackendStopped)
+                out.append(_failed(req.id, event.backend, f"backend {event.backend} failed"))
+        elif kind is BackendStopped:
+            assert isinstance(event, BackendStopped)
             self._gone(event.backend)
         out.extend(self.schedule(now))
         return out
@@ -172,9 +162,51 @@ class Baseline:
     def profile(self, backend: str) -> Profile | None:
         return None
 
+    # -- the loop ------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> list[Decision]:
+        out: list[Decision] = []
+        self._expire(now, out)
+        for backend, queue in self.queues.items():
+            if queue and self.state[backend] == "ready":
+                self._serve(backend, out)
+            if backend in self.draining and self.inflight[backend] == 0 and not queue:
+                self._stop(backend, "making room", out)
+        pending = self.pending
+        while pending:
+            req = pending[0]
+            backend = req.backend
+            state = self.state[backend]
+            if state in ("ready", "starting"):
+                self._hand(pending.popleft(), out)
+                continue
+            if state == "stopping" or self.draining or "stopping" in self.state.values():
+                return out  # wait for the unload it (or an earlier request) started
+            gpus = self._fit(backend)
+            if gpus is not None:
+                self._start(backend, gpus, out)
+                self._hand(pending.popleft(), out)
+                continue
+            for victim in self._victims(backend):
+                if self.inflight[victim] == 0 and not self.queues[victim]:
+                    self._stop(victim, f"making room for {backend}", out)
+                else:
+                    self.draining.add(victim)
+            return out
+        return out
+
+    def _fit(self, backend: str) -> tuple[str, ...] | None:
+        raise AssertionError("a baseline says what fits")
+
+    def _victims(self, backend: str) -> list[str]:
+        raise AssertionError("a baseline says what goes")
+
+    def _expire(self, now: float, out: list[Decision]) -> None:
+        return None
+
     # -- helpers ---------------------------------------------------------------------
 
-    def _arrived(self, event: RequestArrived, now: float, out: list[Decision]) -> None:
+    def _arrived(self, event: RequestArrived, out: list[Decision]) -> None:
         spec = self.specs.get(event.backend)
         if spec is None:
             out.append(
@@ -198,39 +230,39 @@ class Baseline:
                 )
             )
             return
-        self._seq += 1
-        req = _Req(event.request_id, event.backend, self._seq, now)
+        req = _Req(event.request_id, event.backend)
         self.queued[req.id] = req
+        self.pending.append(req)
+
+    def _hand(self, req: _Req, out: list[Decision]) -> None:
+        req.handed = True
         self.queues[req.backend].append(req)
+        if self.state[req.backend] == "ready":
+            self._serve(req.backend, out)
+
+    def _serve(self, backend: str, out: list[Decision]) -> None:
+        queue = self.queues[backend]
+        slots = self.specs[backend].slots
+        while queue and self.inflight[backend] < slots:
+            req = queue.popleft()
+            del self.queued[req.id]
+            self.running[req.id] = backend
+            self.inflight[backend] += 1
+            out.append(Dispatch(reason=self.name, request_id=req.id, backend=backend))
 
     def _gone(self, backend: str) -> None:
         self.state[backend] = "stopped"
         self.placed.pop(backend, None)
         self.draining.discard(backend)
 
+    def _loaded(self) -> list[str]:
+        return [b for b, s in self.state.items() if s != "stopped"]
+
     def _occupying(self, gpu: str) -> list[str]:
-        return [
-            b
-            for b, gpus in self.placed.items()
-            if gpu in gpus and self.state[b] in ("starting", "ready", "stopping")
-        ]
+        return [b for b, gpus in self.placed.items() if gpu in gpus]
 
     def _used(self, gpu: str) -> int:
         return sum(self.sizes[b] for b in self._occupying(gpu))
-
-    def _dispatch_ready(self, out: list[Decision]) -> None:
-        for backend, queue in self.queues.items():
-            if not queue or self.state[backend] != "ready" or backend in self.draining:
-                continue
-            slots = self.specs[backend].slots
-            while queue and self.inflight[backend] < slots:
-                self._dispatch(queue.popleft(), out)
-
-    def _dispatch(self, req: _Req, out: list[Decision]) -> None:
-        del self.queued[req.id]
-        self.running[req.id] = req.backend
-        self.inflight[req.backend] += 1
-        out.append(Dispatch(reason=self.name, request_id=req.id, backend=req.backend))
 
     def _start(self, backend: str, gpus: tuple[str, ...], out: list[Decision]) -> None:
         self.state[backend] = "starting"
@@ -242,90 +274,62 @@ class Baseline:
         self.draining.discard(backend)
         out.append(StopBackend(reason=f"{self.name}: {why}", backend=backend))
 
-    def _oldest(self, pick: Callable[[str], bool]) -> _Req | None:
-        best: _Req | None = None
-        for backend, queue in self.queues.items():
-            if queue and pick(backend) and (best is None or queue[0].seq < best.seq):
-                best = queue[0]
-        return best
+    def _first_gpus(self, backend: str) -> tuple[str, ...]:
+        spec = self.specs[backend]
+        return spec.gpus[: spec.gpu_count]
 
-    def schedule(self, now: float) -> list[Decision]:
-        raise AssertionError("a baseline defines its schedule")
+
+def _failed(request_id: str, backend: str, message: str) -> Reject:
+    return Reject(
+        reason=f"{backend} failed",
+        request_id=request_id,
+        status=502,
+        code="backend_failed",
+        message=message,
+    )
 
 
 class LlamaSwap(Baseline):
-    """llama-swap's default: one model at a time, strict arrival order."""
+    """llama-swap's default: one model at a time."""
 
     name = "llama-swap"
 
-    def schedule(self, now: float) -> list[Decision]:
-        out: list[Decision] = []
-        while True:
-            head = self._oldest(lambda backend: True)
-            if head is None:
-                return out
-            backend = head.backend
-            state = self.state[backend]
-            if state == "ready":
-                if self.inflight[backend] >= self.specs[backend].slots:
-                    return out
-                self.queues[backend].popleft()
-                self._dispatch(head, out)
-                continue
-            if state in ("starting", "stopping"):
-                return out
-            busy = False
-            for other, other_state in self.state.items():
-                if other == backend or other_state == "stopped":
-                    continue
-                if other_state == "ready" and self.inflight[other] == 0:
-                    self._stop(other, f"swapping to {backend}", out)
-                busy = True
-            if busy:
-                return out
-            self._start(backend, self.specs[backend].gpus[: self.specs[backend].gpu_count], out)
-            return out
+    def _fit(self, backend: str) -> tuple[str, ...] | None:
+        return None if self._loaded() else self._first_gpus(backend)
+
+    def _victims(self, backend: str) -> list[str]:
+        # Wait for a load in progress to finish before swapping it out again.
+        if any(self.state[b] == "starting" for b in self._loaded()):
+            return []
+        return self._loaded()
 
 
 class LruBySize(Baseline):
-    """FIFO loads, least-recently-used eviction until the new model fits."""
+    """Least-recently-used eviction until the declared size fits."""
 
     name = "lru"
     max_loaded: int | None = None
 
-    def schedule(self, now: float) -> list[Decision]:
-        out: list[Decision] = []
-        self._dispatch_ready(out)
-        for backend in list(self.draining):
-            if self.inflight[backend] == 0:
-                self._stop(backend, "making room", out)
-        if any(s in ("starting", "stopping") for s in self.state.values()) or self.draining:
-            return out
-        head = self._oldest(lambda backend: self.state[backend] == "stopped")
-        if head is None:
-            return out
-        self._load(head.backend, now, out)
-        return out
-
-    def _victim_order(self, candidates: list[str], now: float) -> list[str]:
-        return sorted(candidates, key=lambda b: (self.inflight[b] > 0, self.last_used[b]))
-
-    def _load(self, backend: str, now: float, out: list[Decision]) -> None:
-        spec = self.specs[backend]
+    def _fit(self, backend: str) -> tuple[str, ...] | None:
+        if self.max_loaded is not None and len(self._loaded()) >= self.max_loaded:
+            return None
         need = self.sizes[backend]
-        loaded = [b for b, s in self.state.items() if s != "stopped"]
-        too_many = self.max_loaded is not None and len(loaded) >= self.max_loaded
-        if not too_many:
-            for gpu in spec.gpus:
-                if self.capacity[gpu] - self._used(gpu) >= need:
-                    self._start(backend, (gpu,), out)
-                    return
-        # Choose the GPU whose victims are the least recently used.
+        for gpu in self.specs[backend].gpus:
+            if self.capacity[gpu] - self._used(gpu) >= need:
+                return (gpu,)
+        return None
+
+    def _order(self, candidates: list[str]) -> list[str]:
+        return sorted(candidates, key=lambda b: self.last_used[b])
+
+    def _victims(self, backend: str) -> list[str]:
+        need = self.sizes[backend]
         best: tuple[tuple[int, float], list[str]] | None = None
-        for gpu in spec.gpus:
-            victims: list[str] = []
+        for gpu in self.specs[backend].gpus:
+            ready = [b for b in self._occupying(gpu) if self.state[b] == "ready"]
             free = self.capacity[gpu] - self._used(gpu)
-            for candidate in self._victim_order(self._occupying(gpu), now):
+            victims: list[str] = []
+            for candidate in self._order(ready):
                 if free >= need:
                     break
                 victims.append(candidate)
@@ -333,22 +337,17 @@ class LruBySize(Baseline):
             if free < need:
                 continue
             cost = (
-                sum(self.inflight[v] > 0 for v in victims),
+                sum(self.inflight[v] > 0 or bool(self.queues[v]) for v in victims),
                 max((self.last_used[v] for v in victims), default=0.0),
             )
             if best is None or cost < best[0]:
                 best = (cost, victims)
-        if best is None:
-            return
-        chosen = best[1]
-        if too_many and not chosen:
+        chosen = [] if best is None else best[1]
+        if not chosen and self.max_loaded is not None:
             # At the limit of loaded models: one must go, wherever it is.
-            chosen = self._victim_order(loaded, now)[:1]
-        for victim in chosen:
-            if self.inflight[victim] == 0:
-                self._stop(victim, f"making room for {backend}", out)
-            else:
-                self.draining.add(victim)
+            ready = [b for b in self._loaded() if self.state[b] == "ready"]
+            chosen = self._order(ready)[:1]
+        return chosen
 
 
 class OllamaLike(LruBySize):
@@ -358,25 +357,25 @@ class OllamaLike(LruBySize):
     max_loaded = 3
     keep_alive_s = 300.0
 
-    def schedule(self, now: float) -> list[Decision]:
-        out: list[Decision] = []
-        for backend, state in self.state.items():
-            if (
-                state == "ready"
-                and self.inflight[backend] == 0
-                and not self.queues[backend]
-                and now - self.last_used[backend] >= self.keep_alive_s
-            ):
+    def _idle(self, backend: str) -> bool:
+        return (
+            self.state[backend] == "ready"
+            and self.inflight[backend] == 0
+            and not self.queues[backend]
+            and backend not in self.draining
+        )
+
+    def _order(self, candidates: list[str]) -> list[str]:
+        # Idle ones first, the soonest-expiring first; busy ones only if needed.
+        return sorted(candidates, key=lambda b: (not self._idle(b), self.last_used[b]))
+
+    def _expire(self, now: float, out: list[Decision]) -> None:
+        for backend in self.specs:
+            if self._idle(backend) and now - self.last_used[backend] >= self.keep_alive_s:
                 self._stop(backend, "keep-alive expired", out)
-        out.extend(super().schedule(now))
-        return out
 
     def next_wakeup(self) -> float | None:
-        expiries = [
-            self.last_used[b] + self.keep_alive_s
-            for b, s in self.state.items()
-            if s == "ready" and self.inflight[b] == 0 and not self.queues[b]
-        ]
+        expiries = [self.last_used[b] + self.keep_alive_s for b in self.specs if self._idle(b)]
         return min(expiries, default=None)
 
 

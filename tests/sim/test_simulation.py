@@ -90,9 +90,10 @@ def test_llama_swap_baseline_runs_one_backend_at_a_time() -> None:
     policy.handle(RequestArrived(request_id="2", backend="b", priority=99), 1.0)
     decisions = policy.handle(BackendReady(backend="a"), 2.0)
     assert [type(d).__name__ for d in decisions] == ["Dispatch"]
-    # b is next in line: a is stopped once its request is done, then b starts.
+    # b is next in line: a (busy) drains, is stopped once its request is done, then b
+    # starts.
     decisions = policy.handle(RequestFinished(request_id="1"), 3.0)
-    assert decisions == [StopBackend(reason="llama-swap: swapping to b", backend="a")]
+    assert decisions == [StopBackend(reason="llama-swap: making room", backend="a")]
     decisions = policy.handle(BackendStopped(backend="a"), 4.0)
     assert decisions == [StartBackend(reason="llama-swap", backend="b", gpus=("gpu0",))]
 
