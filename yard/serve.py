@@ -36,6 +36,7 @@ from yard.core import Scheduler
 from yard.engine import Engine
 from yard.http.app import create_app, serve_app
 from yard.http.runtime import Runtime
+from yard.http.server import open_listeners
 from yard.supervisor import Supervisor
 
 log = logging.getLogger("yard.serve")
@@ -83,7 +84,14 @@ def run(args: argparse.Namespace) -> int:
         for error in exc.errors:
             print(error, file=sys.stderr)
         return 2
+    except CannotListen as exc:
+        print(f"yard: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+class CannotListen(Exception):
+    """The HTTP address is taken (or not ours to bind); nothing was started."""
 
 
 def _optional(module: str) -> Any:
@@ -112,10 +120,31 @@ async def serve(
     """Run yard with ``config`` until SIGINT/SIGTERM (or cancellation).
 
     Reports its :class:`Runtime` (``runtime.urls``: where it listens) once
-    ``/healthz`` answers.
+    ``/healthz`` answers. Raises :class:`CannotListen` when the address is
+    taken (before anything is started).
     Raises :class:`ConfigError` when the configuration does not match this
     machine (a GPU it names is not there).
     """
+    # Claim the port before anything else: a second yard started by mistake
+    # must fail here, before it touches backends or data.
+    host, port = config.server.listen_host, config.server.listen_port
+    try:
+        listeners = await open_listeners(host, port)
+    except OSError as exc:
+        raise CannotListen(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    try:
+        await _serve(config, listeners, task_status=task_status)
+    finally:
+        for listener in listeners:
+            listener.socket.close()
+
+
+async def _serve(
+    config: Config,
+    listeners: list[trio.SocketListener],
+    *,
+    task_status: trio.TaskStatus[Runtime],
+) -> None:
     config.server.data_dir.mkdir(parents=True, exist_ok=True)
     meter = _open_meter()
     totals: Mapping[str, int] = meter.device_totals() if meter is not None else {}
@@ -169,9 +198,7 @@ async def serve(
         else:
             log.warning("yard.jobs is not available: 'Prefer: respond-async' answers 501")
 
-        binds = await nursery.start(
-            _serve_http, runtime, config.server.listen_host, config.server.listen_port, stop
-        )
+        binds = await nursery.start(_serve_http, runtime, listeners, stop)
         runtime.urls = binds
         log.info("yard is serving on %s (data in %s)", ", ".join(binds), config.server.data_dir)
         task_status.started(runtime)
@@ -185,20 +212,21 @@ async def serve(
 
 async def _serve_http(
     runtime: Runtime,
-    host: str,
-    port: int,
+    listeners: list[trio.SocketListener],
     stop: trio.Event,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     done = runtime.extras.setdefault("http_done", trio.Event())
+    server = runtime.config.server
     try:
         await serve_app(
             create_app(runtime),
-            host,
-            port,
+            server.listen_host,
+            server.listen_port,
             shutdown_trigger=stop.wait,
-            graceful_s=runtime.config.server.stop_grace_s,
+            graceful_s=server.stop_grace_s,
+            listeners=listeners,
             task_status=task_status,
         )
     finally:

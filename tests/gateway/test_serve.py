@@ -312,3 +312,33 @@ async def test_a_deadline_that_cannot_be_met_is_refused_at_once_unless_late_is_a
             assert refused_after < 0.5
             assert results["late"].status_code == 200
             assert results["busy"].status_code == 200
+
+
+async def test_a_second_yard_on_a_taken_port_fails_before_touching_the_backends(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(60):
+        async with running_yard(tmp_path, _llm(tmp_path)) as runtime:
+            async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
+                first = await client.post("/v1/chat/completions", json=CHAT)
+                listen = runtime.urls[0].removeprefix("http://")
+                second = await trio.run_process(
+                    [
+                        sys.executable,
+                        "-m",
+                        "yard.cli",
+                        "serve",
+                        "--config",
+                        str(runtime.config.path),
+                        "--listen",
+                        listen,
+                    ],
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                )
+                after = await client.post("/v1/chat/completions", json=CHAT)
+            assert second.returncode == 1
+            assert b"cannot listen on" in second.stderr
+            # Same backend process: the second yard reaped nothing.
+            assert after.headers["x-test-backend-pid"] == first.headers["x-test-backend-pid"]

@@ -88,9 +88,11 @@ async def serve_app(
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     graceful_s: float = 10.0,
+    listeners: list[trio.SocketListener] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` on ``host:port`` with yard's lean HTTP/1.1 server.
+    """Serve ``app`` on ``host:port`` (or on ``listeners`` already bound with
+    :func:`yard.http.server.open_listeners`) with yard's lean HTTP/1.1 server.
 
     Reports the bound addresses (``["http://127.0.0.1:8080"]``; port 0 picks a
     free one) through ``task_status`` once the socket listens. When
@@ -104,5 +106,6 @@ async def serve_app(
         port,
         shutdown_trigger=shutdown_trigger,
         graceful_s=graceful_s,
+        listeners=listeners,
         task_status=task_status,
     )

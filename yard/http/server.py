@@ -446,6 +446,18 @@ async def _lifespan(
             nursery.cancel_scope.cancel()
 
 
+async def open_listeners(host: str, port: int) -> list[trio.SocketListener]:
+    """Bind and listen on ``host:port`` (port 0: a free one). Raises ``OSError``
+    when the address is taken."""
+    listeners = await trio.open_tcp_listeners(port, host=host, backlog=1024)
+    for listener in listeners:
+        # Wake the accept only once the request's first bytes are there: one
+        # wake-up less for every new connection.
+        with contextlib.suppress(OSError, AttributeError):
+            listener.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, _DEFER_ACCEPT_S)
+    return listeners
+
+
 async def serve(
     app: ASGIApp,
     host: str,
@@ -454,9 +466,14 @@ async def serve(
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     graceful_s: float = 10.0,
     keep_alive_s: float = 75.0,
+    listeners: list[trio.SocketListener] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` until cancelled or ``shutdown_trigger`` returns.
+
+    ``listeners``: sockets already bound with :func:`open_listeners` (then
+    ``host`` and ``port`` are not used), so that a caller can claim the port
+    before it starts anything else.
 
     Runs the app's lifespan startup first (a failure raises ``RuntimeError``),
     then binds and reports the bound addresses (``["http://127.0.0.1:8080"]``;
@@ -476,14 +493,8 @@ async def serve(
         if failure:
             raise RuntimeError(f"the app failed to start: {failure[0]}")
         try:
-            listeners = await trio.open_tcp_listeners(port, host=host, backlog=1024)
-            for listener in listeners:
-                # Wake the accept only once the request's first bytes are
-                # there: one wake-up less for every new connection.
-                with contextlib.suppress(OSError, AttributeError):
-                    listener.socket.setsockopt(
-                        socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, _DEFER_ACCEPT_S
-                    )
+            if listeners is None:
+                listeners = await open_listeners(host, port)
             sockname = listeners[0].socket.getsockname()
             server.address = (str(sockname[0]), int(sockname[1]))
             shown = f"[{sockname[0]}]" if ":" in str(sockname[0]) else str(sockname[0])
