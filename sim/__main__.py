@@ -2,6 +2,8 @@
 
 report: every report scenario under yard and each baseline, side by side (a table,
     or ``{scenario: {policy: {metric: value}}}`` with ``--json``).
+targets: the radio day's targets (OOMs, deadlines, loads, waits, wall time) judged
+    for each machine shape and seed.
 bench: the core benchmark (``sim.bench_core.main()``, if present), then the wall
     time of the simulated radio day through the whole engine.
 """
@@ -107,6 +109,54 @@ def render_table(name: str, title: str, rows: dict[str, dict[str, float]]) -> st
     return "\n".join(lines) + "\n"
 
 
+def _mark(ok: bool) -> str:
+    return "ok" if ok else "MISSED"
+
+
+def _targets(args: argparse.Namespace) -> int:
+    """The radio day's targets, per machine shape and seed, measured and judged."""
+    jobs = [
+        (scenarios.radio_day(gpus).name, policy, seed)
+        for gpus in (1, 2)
+        for seed in args.seed
+        for policy in POLICIES
+    ]
+    found: dict[tuple[str, str, int | None], dict[str, float]] = {}
+    with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:
+        for job, (_, _, row) in zip(jobs, pool.map(_measure, jobs), strict=True):
+            found[job] = row
+    print(
+        "| machine | seed | OOMs | feasible deadlines met | loads vs baselines | loads / LB "
+        "| high p95 vs best baseline | requests in wall |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for gpus in (1, 2):
+        name = scenarios.radio_day(gpus).name
+        for seed in args.seed:
+            yard = found[(name, "yard", seed)]
+            others = {p: found[(name, p, seed)] for p in POLICIES if p != "yard"}
+            feasible = yard["deadlines_met"] + yard["deadlines_missed_avoidable"]
+            fewest = min(row["loads"] for row in others.values())
+            best = min(others.items(), key=lambda item: item[1]["high_wait_p95_s"])
+            ratio = yard["loads"] / yard["loads_lower_bound"]
+
+            cells = [
+                f"{gpus} GPU",
+                str(seed),
+                f"{yard['ooms']:.0f} {_mark(yard['ooms'] == 0)}",
+                f"{yard['deadlines_met']:.0f}/{feasible:.0f} "
+                f"{_mark(yard['deadlines_missed_avoidable'] == 0)}",
+                f"{yard['loads']:.0f} vs {fewest:.0f} {_mark(yard['loads'] < fewest)}",
+                f"{ratio:.2f} {_mark(ratio <= 1.2)}",
+                f"{yard['high_wait_p95_s']:.0f} s vs {best[1]['high_wait_p95_s']:.0f} s "
+                f"({best[0]}) {_mark(yard['high_wait_p95_s'] <= best[1]['high_wait_p95_s'] / 2)}",
+                f"{yard['requests']:.0f} in {yard['wall_s']:.0f} s "
+                f"{_mark(yard['requests'] >= 50_000 and yard['wall_s'] < 60)}",
+            ]
+            print("| " + " | ".join(cells) + " |")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     try:
         bench_core = importlib.import_module("sim.bench_core")
@@ -144,10 +194,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=min(4, os.cpu_count() or 1),
         help="simulations run side by side (default: the CPUs, at most 4)",
     )
+    targets = commands.add_parser("targets", help="the radio day's targets, judged per seed")
+    targets.add_argument(
+        "--seed", type=int, action="append", default=None, help="a seed (repeatable)"
+    )
+    targets.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1))
     commands.add_parser("bench", help="the core benchmark and the radio day's wall time")
     args = parser.parse_args(argv)
     if args.command == "report":
         return _report(args)
+    if args.command == "targets":
+        args.seed = args.seed or [scenarios.radio_day(1).seed]
+        return _targets(args)
     return _bench(args)
 
 
