@@ -181,21 +181,26 @@ def main(argv: list[str] | None = None) -> int:
         bases = {"direct": direct_base, "yard": yard_base}
         pids = {"direct": direct_proc.pid, "yard": yard_proc.pid}
         for _ in range(args.rounds):
+            # Each phase starts on a settled machine (the throughput phase
+            # leaves 16 connections closing behind it).
             for side, base in bases.items():
-                values = _load("latency", base + small, "--requests", str(args.requests))
-                assert isinstance(values, list)
-                lat[side] += values
-            for side, base in bases.items():
-                rate, cpu_us = _throughput(base + small, args.seconds, script, use_wrk, pids[side])
-                rps[side].append(rate)
-                cpu[side].append(cpu_us)
-            for side, base in bases.items():
-                result = _load("stream", base + stream_path, "--runs", "10")
+                time.sleep(0.5)
+                result = _load("stream", base + stream_path, "--runs", "20")
                 assert isinstance(result, dict)
                 ttfb[side] += result["ttfb_us"]
                 tfe[side] += result["first_event_us"]
                 lag[side] += result["lag_us"]
                 gaps[side] += result["gap_us"]
+            for side, base in bases.items():
+                time.sleep(0.5)
+                values = _load("latency", base + small, "--requests", str(args.requests))
+                assert isinstance(values, list)
+                lat[side] += values
+            for side, base in bases.items():
+                time.sleep(0.5)
+                rate, cpu_us = _throughput(base + small, args.seconds, script, use_wrk, pids[side])
+                rps[side].append(rate)
+                cpu[side].append(cpu_us)
     finally:
         if yard_proc is not None:
             yard_proc.send_signal(signal.SIGTERM)
