@@ -50,7 +50,13 @@ async def test_yard_headers_and_hop_by_hop_headers_are_not_forwarded(gw: Gateway
     response = await gw.client.post(
         "/v1/chat/completions",
         json=CHAT,
-        headers={"x-yard-priority": "7", "x-custom": "kept", "authorization": "Bearer backend-key"},
+        headers={
+            "x-yard-priority": "7",
+            "x-custom": "kept",
+            "authorization": "Bearer backend-key",
+            "connection": "keep-alive, x-hop",
+            "x-hop": "for this connection only",
+        },
     )
     sent = _headers(_echo(response))
     assert sent["x-custom"] == "kept"
@@ -58,6 +64,7 @@ async def test_yard_headers_and_hop_by_hop_headers_are_not_forwarded(gw: Gateway
     assert [name for name in sent if name.startswith("x-yard-")] == ["x-yard-request-id"]
     assert sent["x-yard-request-id"] == gw.engine.admissions[0].request_id
     assert "connection" not in sent
+    assert "x-hop" not in sent
     # No app keys configured: the key is not yard's, so it goes on to the backend.
     assert sent["authorization"] == "Bearer backend-key"
     assert sent["host"] == f"127.0.0.1:{gw.upstream.port}"

@@ -329,7 +329,7 @@ class Gateway:
                 async with pool.request(
                     assignment.base_url, method, target, request.headers, request.body
                 ) as response:
-                    headers = [h for h in response.headers if h[0] not in _RESPONSE_DROPPED]
+                    headers = _response_headers(response.headers)
                     headers += (
                         (b"x-yard-request-id", request.request_id.encode()),
                         (b"x-yard-queue-ms", b"%.1f" % (admission.queued_s * 1000.0)),
@@ -403,7 +403,7 @@ class Gateway:
         config = self.runtime.config
         forwarded: Headers = []
         authorization = content_type = content_length = None
-        priority = start_by = start_within = allow_late = prefer = None
+        priority = start_by = start_within = allow_late = prefer = connection = None
         for name, value in scope["headers"]:
             if name.startswith(b"x-yard-"):
                 if name == b"x-yard-priority":
@@ -424,12 +424,16 @@ class Gateway:
                 continue
             elif name == b"prefer":
                 prefer = value
+            elif name == b"connection":
+                connection = value
             if name not in _DROPPED:
                 forwarded.append((name, value))
 
         app, consumed = authenticate(config, authorization)
         if consumed:
             forwarded = [h for h in forwarded if h[0] != b"authorization"]
+        if connection is not None:
+            forwarded = _without_connection_options(forwarded, connection)
         # The backend sees yard's id, so its logs can be matched with yard's.
         forwarded.append((b"x-yard-request-id", request_id.encode()))
         if (
@@ -564,6 +568,21 @@ class Gateway:
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _without_connection_options(headers: Headers, connection: bytes) -> Headers:
+    """Drop the headers a ``Connection`` header names: they are hop-by-hop too."""
+    named = {token.strip().lower() for token in connection.split(b",")}
+    return [h for h in headers if h[0] not in named]
+
+
+def _response_headers(headers: Headers) -> Headers:
+    """A backend's response headers as they go to the client."""
+    kept = [h for h in headers if h[0] not in _RESPONSE_DROPPED]
+    for name, value in headers:
+        if name == b"connection":
+            kept = _without_connection_options(kept, value)
+    return kept
 
 
 def _flag(value: bytes | None, header: str) -> bool:
