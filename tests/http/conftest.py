@@ -17,7 +17,9 @@ from tests.http.upstream import Upstream, serve_upstream
 from yard.config import AppConfig, BackendConfig, Config, ServerConfig
 from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
-from yard.http.app import create_app, serve_app
+from yard.http.app import create_app, create_control_app, serve_app
+from yard.http.gateway import ASGIApp, RequestHook
+from yard.http.gateway import Gateway as GatewayApp
 from yard.http.runtime import JobService, Runtime
 
 
@@ -60,8 +62,14 @@ class GatewayFactory:
         self.runtimes: list[Runtime] = []
 
     async def __call__(
-        self, *, config: Config | None = None, jobs: JobService | None = None
+        self,
+        *,
+        config: Config | None = None,
+        jobs: JobService | None = None,
+        observe: RequestHook | None = None,
     ) -> Gateway:
+        """A gateway on a free port; ``observe`` replaces the metrics hook
+        ``yard.observe`` leaves in the runtime (to record what it hears)."""
         upstream = await self.nursery.start(serve_upstream, Upstream())
         engine = FakeEngine(base_urls=dict.fromkeys(("llm", "whisper", "music"), upstream.base_url))
         runtime = Runtime(
@@ -71,7 +79,13 @@ class GatewayFactory:
             started_at=1_700_000_000.0,
         )
         self.runtimes.append(runtime)
-        binds = await self.nursery.start(serve_app, create_app(runtime), "127.0.0.1", 0)
+        if observe is None:
+            app = create_app(runtime)
+        else:
+            control = cast(ASGIApp, create_control_app(runtime))
+            runtime.extras["observe_request"] = observe
+            app = GatewayApp(runtime, control)
+        binds = await self.nursery.start(serve_app, app, "127.0.0.1", 0)
         client = httpx.AsyncClient(base_url=binds[0], timeout=10.0)
         return Gateway(binds[0], client, engine, upstream, runtime)
 

@@ -11,6 +11,7 @@ import trio
 
 from tests.http.conftest import APPS, Gateway, GatewayFactory, make_config, open_raw
 from yard.engine import Rejected
+from yard.observe.metrics import REQUESTS
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -399,3 +400,114 @@ async def test_respond_async_hands_the_parsed_request_to_the_job_service(
     assert request.target == b"/v1/chat/completions?q=1"
     assert all(name != b"prefer" for name, _ in request.headers)
     assert gw.engine.admissions == []
+
+
+class _Heard:
+    """Records what the gateway tells the metrics hook."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, object]] = []
+        self.changed = trio.Event()
+
+    def __call__(
+        self,
+        *,
+        model: str,
+        backend: str,
+        outcome: str,
+        queued_s: float | None,
+        latency_s: float | None,
+    ) -> None:
+        self.calls.append(
+            {
+                "model": model,
+                "backend": backend,
+                "outcome": outcome,
+                "queued_s": queued_s,
+                "latency_s": latency_s,
+            }
+        )
+        self.changed.set()
+
+    async def wait_calls(self, count: int) -> None:
+        while len(self.calls) < count:
+            self.changed = trio.Event()
+            await self.changed.wait()
+
+
+async def test_metrics_hook_hears_each_request_once_with_outcome_wait_and_latency(
+    gateway_factory: GatewayFactory,
+) -> None:
+    heard = _Heard()
+    gw = await gateway_factory(observe=heard)
+    async with gw.client:
+        streamed = {**CHAT, "stream": True, "chunks": 3, "interval": 0.1}
+        assert (await gw.client.post("/v1/chat/completions", json=streamed)).status_code == 200
+        assert (await gw.client.post("/backends/music/x", content=b"x")).status_code == 200
+        gw.engine.reject["whisper"] = Rejected(status=503, code="queue_full", message="full")
+        rejected = await gw.client.post("/v1/audio/transcriptions", json={"model": "whisper-1"})
+        assert rejected.status_code == 503
+        assert (await gw.client.post("/backends/music/cut-before")).status_code == 502
+        with trio.fail_after(5):
+            await heard.wait_calls(4)
+    ok, plain, full, lost = heard.calls
+    assert ok["latency_s"] is not None and 0.2 <= float(str(ok["latency_s"])) < 2.0
+    assert {k: v for k, v in ok.items() if k != "latency_s"} == {
+        "model": "tiny",
+        "backend": "llm",
+        "outcome": "ok",
+        "queued_s": 0.0125,
+    }
+    assert (plain["model"], plain["backend"], plain["outcome"]) == ("", "music", "ok")
+    # Never dispatched: no wait and no latency to report.
+    assert full == {
+        "model": "whisper-1",
+        "backend": "whisper",
+        "outcome": "queue_full",
+        "queued_s": None,
+        "latency_s": None,
+    }
+    # Lost before any byte, then failed by the core: one call, the final code.
+    assert (lost["outcome"], lost["queued_s"], lost["latency_s"]) == (
+        "backend_failed",
+        0.0125,
+        None,
+    )
+
+
+async def test_metrics_hook_hears_a_cut_response_as_error_and_a_client_gone_as_cancelled(
+    gateway_factory: GatewayFactory,
+) -> None:
+    heard = _Heard()
+    gw = await gateway_factory(observe=heard)
+    async with gw.client:
+        with trio.fail_after(5):
+            try:
+                async with gw.client.stream("POST", "/backends/music/cut-after") as response:
+                    await response.aread()
+            except httpx.RemoteProtocolError:
+                pass
+            await heard.wait_calls(1)
+            body = {**CHAT, "stream": True, "chunks": 1000, "interval": 0.05}
+            stream = await open_raw(
+                gw.url, "POST", "/v1/chat/completions", json.dumps(body).encode()
+            )
+            assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 200")
+            await stream.aclose()
+            await heard.wait_calls(2)
+    cut, gone = heard.calls
+    assert (cut["outcome"], cut["queued_s"]) == ("error", 0.0125)
+    assert cut["latency_s"] is not None
+    assert (gone["outcome"], gone["queued_s"], gone["latency_s"]) == ("cancelled", 0.0125, None)
+
+
+async def test_every_proxied_request_counts_in_yard_requests_total(gw: Gateway) -> None:
+    def count() -> float:
+        labels = {"model": "tiny-alias", "backend": "llm", "outcome": "ok"}
+        samples = [s for m in REQUESTS.collect() for s in m.samples]
+        return sum(s.value for s in samples if s.name.endswith("_total") and s.labels == labels)
+
+    before = count()
+    await gw.client.post("/v1/chat/completions", json={**CHAT, "model": "tiny-alias"})
+    await gw.client.post("/v1/chat/completions", json={**CHAT, "model": "tiny-alias"})
+    assert count() == before + 2

@@ -13,7 +13,9 @@ One request, in order:
    backend named in ``/backends/NAME/...``;
 3. ``Prefer: respond-async`` -> hand it to the job service (202), else
 4. ``engine.submit`` -> wait for dispatch -> :func:`yard.http.proxy.forward`
-   -> stream back -> ``admission.report``.
+   -> stream back -> ``admission.report``;
+5. the metrics hook (``runtime.extras["observe_request"]``, left there by
+   ``yard.observe.register``) hears the outcome, queue wait and latency.
 
 Rules it keeps:
 
@@ -37,7 +39,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs
 
 import trio
@@ -56,6 +58,28 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class RequestHook(Protocol):
+    """What the gateway calls once per proxied request as it ends
+    (``yard.observe.observe_request``, left in ``runtime.extras["observe_request"]``).
+
+    outcome: ``ok``, ``error`` (the response was cut), ``cancelled`` (the
+        client left, or yard is stopping), or the code it was rejected with.
+    queued_s: arrival to dispatch; None when it was never dispatched.
+    latency_s: dispatch to the end of the response; None unless proxied.
+    """
+
+    def __call__(
+        self,
+        *,
+        model: str,
+        backend: str,
+        outcome: str,
+        queued_s: float | None,
+        latency_s: float | None,
+    ) -> None: ...
+
 
 _ID_PREFIX = secrets.token_hex(6)
 _ID_COUNTER = itertools.count(1)
@@ -245,8 +269,24 @@ class Gateway:
         self.runtime = runtime
         self.control = control
         self._max_body = runtime.config.server.max_body_bytes
+        # Looked up once: ``yard.observe.register`` leaves it while the
+        # control app is built, before this app exists.
+        self._observe: RequestHook | None = runtime.extras.get("observe_request")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Route one ASGI connection event.
+
+        - ``/v1/models``: the configured models (answered here);
+        - ``/v1/jobs...``: the jobs API (Quart);
+        - other ``/v1/*``: routed by the ``model`` the request names, to the
+          backend that serves it;
+        - ``/backends/NAME/PATH``: ``PATH`` (query kept) on backend ``NAME``,
+          queued and scheduled like any other request. Every configured
+          backend is reachable this way, ``api = "openai"`` ones included:
+          that is how a client gets at a server's own routes beside the
+          OpenAI ones (llama-server's ``/tokenize``, ``/props``, ``/slots``...);
+        - everything else: the Quart control plane.
+        """
         if scope["type"] == "http":
             path: str = scope["path"]
             if path.startswith("/v1/"):
@@ -311,57 +351,84 @@ class Gateway:
         pool = self.runtime.upstream
         method = request.method.encode()
         target = request.target
-        while True:
-            try:
-                assignment = await admission.wait_dispatched()
-            except Rejected as exc:
-                return await _send_error(
-                    send,
-                    exc.status,
-                    exc.code,
-                    exc.message,
-                    request.request_id,
-                    admission.queued_s,
-                    exc.retry_after_s,
+        # What the metrics hook hears once this request ends, however it ends
+        # (a client that leaves cancels us: "cancelled").
+        outcome = "cancelled"
+        dispatched_at: float | None = None
+        try:
+            while True:
+                try:
+                    assignment = await admission.wait_dispatched()
+                except Rejected as exc:
+                    outcome = exc.code
+                    return await _send_error(
+                        send,
+                        exc.status,
+                        exc.code,
+                        exc.message,
+                        request.request_id,
+                        admission.queued_s,
+                        exc.retry_after_s,
+                    )
+                dispatched_at = trio.current_time()
+                started = False
+                try:
+                    async with pool.request(
+                        assignment.base_url, method, target, request.headers, request.body
+                    ) as response:
+                        headers = _response_headers(response.headers)
+                        headers += (
+                            (b"x-yard-request-id", request.request_id.encode()),
+                            (b"x-yard-queue-ms", b"%.1f" % (admission.queued_s * 1000.0)),
+                            _ACCEL,
+                        )
+                        started = True
+                        # When the body is already here, the head waits for it
+                        # and both go out in one write (see yard.http.server).
+                        await send(
+                            {
+                                "type": "http.response.start",
+                                "status": response.status,
+                                "headers": headers,
+                                "yard.hold": response.buffered(),
+                            }
+                        )
+                        async for chunk in response.chunks():
+                            await send(
+                                {"type": "http.response.body", "body": chunk, "more_body": True}
+                            )
+                        # The backend's work is done: free its slot before the
+                        # last (empty) write to the client.
+                        admission.report("ok")
+                        outcome = "ok"
+                        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                except UpstreamError as exc:
+                    if not started:
+                        # Nothing reached the client: the core decides whether
+                        # the backend's death was yard's doing (requeue) or not
+                        # (fail).
+                        admission.report("upstream_lost", exc.detail)
+                        continue
+                    # Bytes went out: the response is cut (the connection
+                    # closes without the final chunk) and nothing can be done.
+                    admission.report("error", exc.detail)
+                    outcome = "error"
+                return None
+        finally:
+            if self._observe is not None:
+                self._observe(
+                    model=request.model or "",
+                    backend=request.backend,
+                    outcome=outcome,
+                    # Only a dispatched request has a queue wait, and only a
+                    # proxied one (ok or error) a latency.
+                    queued_s=admission.queued_s if dispatched_at is not None else None,
+                    latency_s=(
+                        trio.current_time() - dispatched_at
+                        if dispatched_at is not None and outcome in ("ok", "error")
+                        else None
+                    ),
                 )
-            started = False
-            try:
-                async with pool.request(
-                    assignment.base_url, method, target, request.headers, request.body
-                ) as response:
-                    headers = _response_headers(response.headers)
-                    headers += (
-                        (b"x-yard-request-id", request.request_id.encode()),
-                        (b"x-yard-queue-ms", b"%.1f" % (admission.queued_s * 1000.0)),
-                        _ACCEL,
-                    )
-                    started = True
-                    # When the body is already here, the head waits for it and
-                    # both go out in one write (see yard.http.server).
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": response.status,
-                            "headers": headers,
-                            "yard.hold": response.buffered(),
-                        }
-                    )
-                    async for chunk in response.chunks():
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    # The backend's work is done: free its slot before the
-                    # last (empty) write to the client.
-                    admission.report("ok")
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-            except UpstreamError as exc:
-                if not started:
-                    # Nothing reached the client: the core decides whether the
-                    # backend's death was yard's doing (requeue) or not (fail).
-                    admission.report("upstream_lost", exc.detail)
-                    continue
-                # Bytes went out: the response is cut (the connection closes
-                # without the final chunk) and nothing can be done.
-                admission.report("error", exc.detail)
-            return None
 
     async def _submit_job(self, request: ProxyRequest, rerun_safe: bool, send: Send) -> None:
         jobs = self.runtime.jobs
