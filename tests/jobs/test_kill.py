@@ -32,6 +32,7 @@ import pytest
 import trio
 
 from tests.gateway.conftest import backend_toml
+from tests.jobs.client import client as plain_body_client
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 SEED = int(os.environ.get("YARD_KILL_SEED", "20261202"))
@@ -171,7 +172,7 @@ async def test_no_accepted_job_is_lost_or_run_twice_across_fifty_sigkills(
 
     try:
         with trio.fail_after(240):
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            async with plain_body_client(f"http://127.0.0.1:{port}") as client:
                 for kill in range(KILLS):
                     process = await _start(argv, tmp_path / f"yard-{kill}.log")
                     if rng.random() < EARLY_KILL_SHARE:
