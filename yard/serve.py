@@ -7,8 +7,20 @@ The nursery tree (DESIGN.md "The shape"), each part started with
 2. the meter (``yard.memory.default_meter``: host RAM, plus GPUs via NVML);
 3. the profile store (``data_dir/profiles.sqlite``);
 4. the engine, which owns the scheduler core;
-5. the job service (``data_dir/jobs.sqlite``), when ``yard.jobs`` is there;
+5. the job service (``data_dir/jobs.sqlite``, settings from ``[jobs]``),
+   when ``yard.jobs`` is there;
 6. the HTTP server: data plane and control plane on one port.
+
+What yard does is logged at INFO (``server.log_level``, default ``info``):
+the core's decisions to start or stop a backend and to reject or requeue a
+request, each with the core's reason (:func:`log_decisions`), and what became
+of each backend process: ready, stopped, exited on its own, failed to start
+(:class:`LoggingLauncher`).
+
+The runtime's extras carry ``stopping`` (the shutdown event: open dashboard
+streams and log tails end once it is set), ``profiles`` (the profile store,
+for ``DELETE /admin/profiles/NAME``) and ``meter_mode`` (the meter's
+sentence: which GPUs it reads, or why host-only).
 
 SIGINT or SIGTERM starts a graceful shutdown: the HTTP server stops
 accepting and gives in-flight requests ``server.stop_grace_s``; then the job
@@ -33,10 +45,26 @@ import trio
 
 from yard.config import Config, ConfigError, load_config
 from yard.core import Scheduler
-from yard.engine import Engine
+from yard.core.decisions import (
+    Decision,
+    Dispatch,
+    Reject,
+    Requeue,
+    StartBackend,
+    StopBackend,
+)
+from yard.engine import Engine, LoggedDecision
 from yard.http.app import create_app, serve_app
 from yard.http.runtime import Runtime
 from yard.http.server import open_listeners
+from yard.ports import (
+    BackendProcess,
+    BackendStartError,
+    ExitStatus,
+    Launcher,
+    MeasuringLauncher,
+    launch_backend,
+)
 from yard.supervisor import Supervisor
 
 log = logging.getLogger("yard.serve")
@@ -149,8 +177,6 @@ async def _serve(
     meter = _open_meter()
     totals: Mapping[str, int] = meter.device_totals() if meter is not None else {}
     devices = config.device_specs(totals)
-    if meter is not None and getattr(meter, "mode", "") == "host-only":
-        log.warning("%s", getattr(meter, "mode_detail", "host-only mode"))
     scheduler = Scheduler(devices, config.backend_specs(), config.scheduler)
 
     def start_timeout(backend: str) -> float:
@@ -177,20 +203,33 @@ async def _serve(
 
         engine = Engine(
             scheduler=scheduler,
-            launcher=supervisor,
+            launcher=LoggingLauncher(supervisor),
             meter=meter,
             profiles=profiles,
             start_timeout_s=start_timeout,
             shutdown_grace_s=max(30.0, 2 * config.server.stop_grace_s),
         )
+        nursery.start_soon(log_decisions, engine, engine.subscribe(), stop)
         await nursery.start(engine.run)
 
         runtime = Runtime(config=config, engine=engine, launcher=supervisor, started_at=time.time())
+        # For the admin API (forgetting a profile) and the endless streams
+        # (dashboard events, log tails), which end once ``stop`` is set.
+        runtime.extras["stopping"] = stop
+        if profiles is not None:
+            runtime.extras["profiles"] = profiles
+        if meter is not None:
+            # The meter logged host-only mode once; this is the same sentence
+            # for the parts that show it (status).
+            runtime.extras["meter_mode"] = getattr(meter, "mode_detail", None)
         jobs_module = _optional("yard.jobs")
         if jobs_module is not None and hasattr(jobs_module, "open_jobs"):
             jobs = await stack.enter_async_context(
                 jobs_module.open_jobs(
-                    engine=engine, data_dir=config.server.data_dir, pool=runtime.upstream
+                    engine=engine,
+                    data_dir=config.server.data_dir,
+                    pool=runtime.upstream,
+                    config=config.jobs.to_jobs_config(),
                 )
             )
             runtime.jobs = jobs
@@ -208,6 +247,117 @@ async def _serve(
         await _wait_http_done(runtime)
         nursery.cancel_scope.cancel()
     log.info("yard stopped")
+
+
+class LoggingLauncher:
+    """The supervisor as the engine sees it, saying at INFO what becomes of
+    each backend process: ready (and how long it took), stopped, or exited on
+    its own (WARNING, with its last log lines), so that ``yard serve``'s
+    output shows what yard does. The core's start and stop decisions, with
+    their reasons, are logged by :func:`log_decisions`."""
+
+    def __init__(self, launcher: Launcher | MeasuringLauncher) -> None:
+        self._launcher = launcher
+
+    async def launch(
+        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+    ) -> BackendProcess:
+        """Launch through the wrapped launcher (``measure`` passed on when it takes it)."""
+        try:
+            process = await launch_backend(self._launcher, backend, gpus, measure=measure)
+        except BackendStartError as exc:
+            log.warning("%s could not be started: %s", backend, exc.detail)
+            raise
+        log.debug("%s launched (pid %s, %s)", backend, process.pid, process.base_url)
+        return _LoggedProcess(process)
+
+    def backend_log(self, backend: str) -> list[str]:
+        """The backend's last log lines, when the wrapped launcher keeps them."""
+        lines = getattr(self._launcher, "backend_log", None)
+        return [str(line) for line in lines(backend)] if callable(lines) else []
+
+
+class _LoggedProcess:
+    def __init__(self, process: BackendProcess) -> None:
+        self._process = process
+        self._launched_at = trio.current_time()
+
+    @property
+    def name(self) -> str:
+        return self._process.name
+
+    @property
+    def base_url(self) -> str:
+        return self._process.base_url
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    async def wait_ready(self) -> None:
+        try:
+            await self._process.wait_ready()
+        except BackendStartError as exc:
+            log.warning("%s failed to start: %s", self.name, exc.detail)
+            raise
+        took = trio.current_time() - self._launched_at
+        log.info("%s is ready (%.1f s after launch, %s)", self.name, took, self.base_url)
+
+    async def wait_exit(self) -> ExitStatus:
+        # The engine waits here only while it has not asked for a stop (it
+        # cancels this wait first): returning means the backend ended on its own.
+        status = await self._process.wait_exit()
+        log.warning("%s", status.detail or f"{self.name} exited (code {status.code})")
+        return status
+
+    async def stop(self) -> ExitStatus:
+        status = await self._process.stop()
+        log.info("%s stopped", self.name)
+        return status
+
+
+def describe_decision(decision: Decision) -> tuple[int, str] | None:
+    """The log level and line for one core decision, or None for those the
+    engine logs itself (flags, raised profiles). The core's reasons already
+    say what they are about ("starting llm: ..."); the subject is added only
+    when a reason leaves it out."""
+    match decision:
+        case StartBackend(backend=backend, reason=reason):
+            return logging.INFO, _about(f"starting {backend}", reason)
+        case StopBackend(backend=backend, reason=reason):
+            return logging.INFO, _about(f"stopping {backend}", reason)
+        case Reject(request_id=request_id, status=status, code=code, reason=reason):
+            return logging.INFO, f"rejected ({status} {code}) " + _about(request_id, reason)
+        case Requeue(request_id=request_id, reason=reason):
+            return logging.INFO, "requeued " + _about(request_id, reason)
+        case Dispatch(request_id=request_id, backend=backend, reason=reason):
+            return logging.DEBUG, f"dispatched {request_id} to {backend}: {reason}"
+    return None
+
+
+def _about(subject: str, reason: str) -> str:
+    return reason if reason.startswith(subject) else f"{subject}: {reason}"
+
+
+async def log_decisions(
+    engine: Engine, feed: trio.MemoryReceiveChannel[LoggedDecision], stop: trio.Event
+) -> None:
+    """Log the core's decisions as the engine makes them (see
+    :func:`describe_decision`) until cancelled, or until the engine closes
+    its feeds after ``stop``. ``feed`` is ``engine.subscribe()``, taken before
+    the engine runs so that its first decisions are seen too."""
+    while True:
+        async with feed:
+            async for logged in feed:
+                line = describe_decision(logged.decision)
+                if line is not None:
+                    log.log(line[0], "%s", line[1])
+        if stop.is_set():
+            return
+        # The engine drops a subscriber that falls behind (it never waits):
+        # say so and follow again.
+        log.warning("the decision log fell behind; some decisions were not logged")
+        feed = engine.subscribe()
 
 
 async def _serve_http(

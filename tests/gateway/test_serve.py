@@ -4,6 +4,7 @@ real sockets (loopback). Slow: each test starts processes."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -342,3 +343,111 @@ async def test_a_second_yard_on_a_taken_port_fails_before_touching_the_backends(
             assert b"cannot listen on" in second.stderr
             # Same backend process: the second yard reaped nothing.
             assert after.headers["x-test-backend-pid"] == first.headers["x-test-backend-pid"]
+
+
+def _requests_total(metrics: str, model: str, backend: str, outcome: str) -> float:
+    wanted = f'yard_requests_total{{backend="{backend}",model="{model}",outcome="{outcome}"}} '
+    for line in metrics.splitlines():
+        if line.startswith(wanted):
+            return float(line.removeprefix(wanted))
+    return 0.0
+
+
+async def test_metrics_count_each_proxied_request_by_model_and_outcome(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with running_yard(tmp_path, _llm(tmp_path)) as runtime:
+            async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
+                before = (await client.get("/metrics")).text
+                assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+                assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+                after = (await client.get("/metrics")).text
+            ok = ("tiny", "llm", "ok")
+            assert _requests_total(after, *ok) == _requests_total(before, *ok) + 2
+
+
+async def test_forgetting_a_profile_through_the_admin_api_drops_the_stored_one(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(60):
+        async with running_yard(tmp_path, _llm(tmp_path)) as runtime:
+            store = runtime.extras["profiles"]
+            async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
+                assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+                # The first load was measured; its profile is stored once ready.
+                while True:
+                    if await store.get("llm") is not None:
+                        break
+                    await trio.sleep(0.05)
+                forgotten = await client.delete("/admin/profiles/llm")
+            assert forgotten.json() == {"backend": "llm", "forgotten": True, "store": True}
+            assert await store.get("llm") is None
+
+
+async def test_sigterm_ends_an_open_log_tail_cleanly_before_the_grace_runs_out(
+    tmp_path: Path,
+) -> None:
+    # stop_grace_s is 2: a stream still open then would be cut.
+    config = load_config(write_config(tmp_path, _llm(tmp_path)))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            runtime: Runtime = await nursery.start(serve, config)
+            async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
+                assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+                async with client.stream("GET", "/admin/backends/llm/log") as tail:
+                    assert tail.status_code == 200
+                    chunks = tail.aiter_bytes()
+                    assert (await chunks.__anext__()).startswith(b": yard log tail")
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    signalled = trio.current_time()
+                    # Read to the end: a stream cut by the grace would raise.
+                    async for _ in chunks:
+                        pass
+                    ended_after = trio.current_time() - signalled
+    assert ended_after < 1.0
+
+
+async def test_jobs_settings_in_the_config_reach_the_job_service(tmp_path: Path) -> None:
+    body = _llm(tmp_path) + "\n[jobs]\nmax_result_bytes = 16\n"
+    with trio.fail_after(60):
+        async with running_yard(tmp_path, body) as runtime:
+            async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
+                accepted = await client.post(
+                    "/v1/chat/completions", json=CHAT, headers={"prefer": "respond-async"}
+                )
+                assert accepted.status_code == 202
+                job = await client.get(accepted.headers["location"], params={"wait": "30"})
+            assert job.json()["status"] == "failed"
+            assert job.json()["error"]["code"] == "result_too_large"
+
+
+async def test_serve_logs_backend_starts_readiness_and_rejections_with_reasons(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with trio.fail_after(60), caplog.at_level(logging.INFO, logger="yard"):
+        async with running_yard(tmp_path, _llm(tmp_path, service_time=1.0)) as runtime:
+            engine = runtime.engine
+            async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
+                await client.post("/v1/chat/completions", json=CHAT)
+
+                async def busy() -> None:
+                    await client.post("/v1/chat/completions", json=CHAT)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(busy)
+                    await wait_until(lambda: engine.statistics().inflight == 1)
+                    refused = await client.post(
+                        "/v1/chat/completions", json=CHAT, headers={"x-yard-start-within": "0.2"}
+                    )
+                unload = await client.post("/admin/backends/llm/unload")
+                await wait_until(lambda: not runtime.launcher.running())
+    assert unload.status_code == 202
+    assert refused.status_code == 409
+    request_id = refused.headers["x-yard-request-id"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "yard.serve"]
+    assert any(line.startswith("starting llm: ") for line in lines)
+    assert any(line.startswith("llm is ready (") for line in lines)
+    assert any(
+        line.startswith(f"rejected (409 deadline_infeasible) {request_id}: ") for line in lines
+    )
+    assert any(line.startswith("stopping llm: ") for line in lines)
+    assert "llm stopped" in lines

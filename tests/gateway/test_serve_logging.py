@@ -1,0 +1,131 @@
+"""What ``yard serve`` says at INFO: the core's decisions with their reasons,
+and what becomes of each backend process (fakes, virtual time)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import pytest
+import trio
+
+from yard.core.decisions import Dispatch, Flag, Reject, Requeue, StartBackend, StopBackend
+from yard.ports import BackendStartError, ExitStatus
+from yard.serve import LoggingLauncher, describe_decision
+
+
+def test_decisions_are_logged_with_the_cores_reason_naming_their_subject_once() -> None:
+    start = StartBackend(backend="llm", gpus=("gpu0",), reason="starting llm: 1 request waiting")
+    assert describe_decision(start) == (logging.INFO, "starting llm: 1 request waiting")
+    assert describe_decision(StartBackend(backend="tts", reason="pinned")) == (
+        logging.INFO,
+        "starting tts: pinned",
+    )
+    assert describe_decision(StopBackend(backend="tts", reason="idle for 300 s")) == (
+        logging.INFO,
+        "stopping tts: idle for 300 s",
+    )
+    reject = Reject(
+        request_id="r1", status=503, code="queue_full", message="try later", reason="64 waiting"
+    )
+    assert describe_decision(reject) == (logging.INFO, "rejected (503 queue_full) r1: 64 waiting")
+    late = Reject(
+        request_id="r9", status=409, code="deadline_infeasible", message="m", reason="r9: too late"
+    )
+    assert describe_decision(late) == (
+        logging.INFO,
+        "rejected (409 deadline_infeasible) r9: too late",
+    )
+    assert describe_decision(Requeue(request_id="r2", reason="llm died of an OOM yard caused")) == (
+        logging.INFO,
+        "requeued r2: llm died of an OOM yard caused",
+    )
+    dispatch = Dispatch(request_id="r3", backend="llm", reason="slot free")
+    assert describe_decision(dispatch) == (logging.DEBUG, "dispatched r3 to llm: slot free")
+    # The engine logs flags itself.
+    assert describe_decision(Flag(reason="late")) is None
+
+
+@dataclass
+class _Process:
+    name: str
+    ready_after: float = 2.0
+    fails: str | None = None
+    exits_after: float | None = None
+    exited: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def base_url(self) -> str:
+        return "http://127.0.0.1:9"
+
+    @property
+    def pid(self) -> int | None:
+        return 4242
+
+    async def wait_ready(self) -> None:
+        await trio.sleep(self.ready_after)
+        if self.fails is not None:
+            raise BackendStartError(self.fails)
+
+    async def wait_exit(self) -> ExitStatus:
+        if self.exits_after is None:
+            await self.exited.wait()
+        else:
+            await trio.sleep(self.exits_after)
+        return ExitStatus(code=1, detail=f"{self.name} exited with code 1; last log lines: boom")
+
+    async def stop(self) -> ExitStatus:
+        self.exited.set()
+        return ExitStatus(code=0, detail=f"{self.name} exited with code 0 after yard asked")
+
+
+@dataclass
+class _Launcher:
+    processes: dict[str, _Process]
+    measured: list[bool] = field(default_factory=list)
+
+    async def launch(
+        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+    ) -> _Process:
+        self.measured.append(measure)
+        if backend not in self.processes:
+            raise BackendStartError(f"{backend}: command not found")
+        return self.processes[backend]
+
+    def backend_log(self, backend: str) -> list[str]:
+        return [f"{backend} line"]
+
+
+async def test_backend_ready_stop_exit_and_failures_are_logged(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    inner = _Launcher(
+        {
+            "llm": _Process("llm", ready_after=2.5),
+            "tts": _Process("tts", exits_after=1.0),
+            "bad": _Process("bad", fails="bad exited with code 2 before it was ready"),
+        }
+    )
+    launcher = LoggingLauncher(inner)
+    with caplog.at_level(logging.INFO, logger="yard.serve"):
+        llm = await launcher.launch("llm", (), measure=True)
+        await llm.wait_ready()
+        await llm.stop()
+        tts = await launcher.launch("tts", ("gpu0",))
+        await tts.wait_exit()
+        bad = await launcher.launch("bad", ())
+        with pytest.raises(BackendStartError):
+            await bad.wait_ready()
+        with pytest.raises(BackendStartError):
+            await launcher.launch("gone", ())
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "llm is ready (2.5 s after launch, http://127.0.0.1:9)"),
+        ("INFO", "llm stopped"),
+        ("WARNING", "tts exited with code 1; last log lines: boom"),
+        ("WARNING", "bad failed to start: bad exited with code 2 before it was ready"),
+        ("WARNING", "gone could not be started: gone: command not found"),
+    ]
+    # measure reaches a launcher that takes it; the process keeps its identity.
+    assert inner.measured == [True, False, False, False]
+    assert (llm.name, llm.pid, llm.base_url) == ("llm", 4242, "http://127.0.0.1:9")
+    assert launcher.backend_log("llm") == ["llm line"]
