@@ -160,3 +160,25 @@ def test_a_chaos_run_replays_with_its_faults() -> None:
     again = run(scenarios.chaos(3), "yard", keep_log=True)
     assert first.faults == again.faults and len(first.faults) > 0
     assert first.log == again.log
+
+
+@pytest.mark.slow
+def test_a_seed_replays_in_another_process_with_another_hash_seed() -> None:
+    import os
+    import subprocess
+    import sys
+
+    here = run(scenarios.chaos(4), "yard").log_digest
+    code = (
+        "from sim import scenarios, runner; "
+        "print(runner.run(scenarios.chaos(4), 'yard').log_digest)"
+    )
+    there = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.strip()
+    assert there == here
