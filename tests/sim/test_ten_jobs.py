@@ -62,3 +62,11 @@ def test_ten_jobs_three_models_one_deadline_dispatch_in_exactly_one_order() -> N
     ]
     assert all(r.outcome == "ok" for r in result.records)
     assert result.end_time == 140.0
+    # The GPU loaded during 0-25 (llm, then tts) and 41-51 (image), and served
+    # something the rest of the time.
+    assert result.gpu_seconds["gpu0"] == {
+        "loading": 35.0,
+        "serving": 105.0,
+        "idle_with_work": 0.0,
+        "idle": 0.0,
+    }
