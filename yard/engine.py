@@ -82,6 +82,7 @@ from yard.ports import (
     Launcher,
     Meter,
     ProfileStore,
+    launch_backend,
 )
 
 __all__ = [
@@ -773,7 +774,9 @@ class Engine:
         name = record.name
         record.launched_at = trio.current_time()
         try:
-            process = await self._launcher.launch(name, record.gpus)
+            process = await launch_backend(
+                self._launcher, name, record.gpus, measure=record.measure
+            )
         except BackendStartError as exc:
             self._backends.pop(name, None)
             self._started_failed(record, exc.detail, exc.oom)
