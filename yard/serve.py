@@ -349,6 +349,9 @@ async def log_decisions(
     while True:
         async with feed:
             async for logged in feed:
+                if type(logged.decision) is Dispatch and not log.isEnabledFor(logging.DEBUG):
+                    # One per request: not even formatted unless asked for.
+                    continue
                 line = describe_decision(logged.decision)
                 if line is not None:
                     log.log(line[0], "%s", line[1])

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import cast
 
 import pytest
 import trio
 
 from yard.core.decisions import Dispatch, Flag, Reject, Requeue, StartBackend, StopBackend
+from yard.engine import Engine, LoggedDecision
 from yard.ports import BackendStartError, ExitStatus
-from yard.serve import LoggingLauncher, describe_decision
+from yard.serve import LoggingLauncher, describe_decision, log_decisions
 
 
 def test_decisions_are_logged_with_the_cores_reason_naming_their_subject_once() -> None:
@@ -129,3 +131,48 @@ async def test_backend_ready_stop_exit_and_failures_are_logged(
     assert inner.measured == [True, False, False, False]
     assert (llm.name, llm.pid, llm.base_url) == ("llm", 4242, "http://127.0.0.1:9")
     assert launcher.backend_log("llm") == ["llm line"]
+
+
+class _Feeds:
+    """The engine's subscribe(), as log_decisions sees it."""
+
+    def __init__(self) -> None:
+        self.senders: list[trio.MemorySendChannel[LoggedDecision]] = []
+
+    def subscribe(self) -> trio.MemoryReceiveChannel[LoggedDecision]:
+        send, receive = trio.open_memory_channel[LoggedDecision](10)
+        self.senders.append(send)
+        return receive
+
+
+async def test_decision_log_follows_again_when_dropped_and_ends_after_stop(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    feeds = _Feeds()
+    stop = trio.Event()
+    engine = cast(Engine, feeds)
+    with caplog.at_level(logging.INFO, logger="yard.serve"), trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(log_decisions, engine, feeds.subscribe(), stop)
+            first = feeds.senders[0]
+            await first.send(LoggedDecision(at=0.0, decision=StopBackend(backend="a", reason="x")))
+            await first.send(
+                LoggedDecision(
+                    at=0.0, decision=Dispatch(request_id="r", backend="a", reason="free")
+                )
+            )
+            await first.aclose()  # dropped for falling behind
+            await trio.sleep(1)
+            assert len(feeds.senders) == 2
+            await feeds.senders[1].send(
+                LoggedDecision(at=1.0, decision=StartBackend(backend="a", reason="again"))
+            )
+            await trio.sleep(1)
+            stop.set()
+            await feeds.senders[1].aclose()  # the engine closes its feeds at shutdown
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "stopping a: x"),
+        ("WARNING", "the decision log fell behind; some decisions were not logged"),
+        ("INFO", "starting a: again"),
+    ]
+    assert len(feeds.senders) == 2
