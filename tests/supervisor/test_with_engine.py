@@ -12,6 +12,7 @@ import httpx
 import pytest
 import trio
 
+from tests.supervisor.test_context_fill import llama_toml
 from yard.config import load_config
 from yard.core import Scheduler
 from yard.core.decisions import StartBackend, StopBackend
@@ -108,3 +109,21 @@ async def test_a_crashed_backend_is_started_again_by_the_core_not_the_supervisor
             assert supervisor.statistics().launches == 2
             starts = [d for d in engine.decisions() if isinstance(d.decision, StartBackend)]
             assert len(starts) == 2
+
+
+@pytest.mark.slow
+async def test_the_engine_has_a_first_load_of_llama_server_filled_before_it_is_used(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(60):
+        async with yard(tmp_path, llama_toml(tmp_path, "llm")) as (engine, sup):
+            admission = engine.submit(backend="llm", priority=10)
+            await admission.wait_dispatched()
+            # No profile yet: the core measures this load, and the supervisor
+            # filled the context before the backend counted as ready.
+            starts = [
+                d.decision for d in engine.decisions() if isinstance(d.decision, StartBackend)
+            ]
+            assert [s.measure for s in starts] == [True]
+            assert "[yard] context filled" in sup.log_lines("llm")
+            admission.report("ok")
