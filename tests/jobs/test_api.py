@@ -4,8 +4,11 @@ real backend on loopback, the fake engine dispatching at once."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import cast
 
@@ -15,12 +18,13 @@ import trio
 
 from tests.jobs.backend import Backend, audio_bytes, serve_backend
 from tests.jobs.fakes import FakeEngine
-from yard.config import AppConfig, BackendConfig, Config, ServerConfig
+from yard.config import AppConfig, BackendConfig, Config, ServerConfig, load_config
 from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
 from yard.http.app import create_app, serve_app
 from yard.http.runtime import Runtime
-from yard.jobs import open_jobs
+from yard.jobs import JobsConfig, open_jobs
+from yard.jobs.service import Jobs
 
 RADIO = {"authorization": "Bearer key-radio"}
 GAMES = {"authorization": "Bearer key-games"}
@@ -47,20 +51,32 @@ class Yard:
     client: httpx.AsyncClient
     backend: Backend
     engine: FakeEngine
+    jobs: Jobs
 
 
-@pytest.fixture
-async def yard(tmp_path: Path) -> AsyncIterator[Yard]:
+@asynccontextmanager
+async def running_api(tmp_path: Path, jobs_toml: str = "") -> AsyncIterator[Yard]:
+    """The gateway's app with the job service, configured by a ``[jobs]``
+    table (``jobs_toml``, read by the real configuration loader)."""
+    config_file = tmp_path / "yard.toml"
+    config_file.write_text(f'[server]\ndata_dir = "{tmp_path}"\n\n[jobs]\n{jobs_toml}')
+    settings = load_config(config_file).jobs
     async with trio.open_nursery() as nursery:
         backend = await nursery.start(serve_backend, Backend())
         engine = FakeEngine(auto_dispatch=backend.base_url)
-        async with open_jobs(engine=engine, data_dir=tmp_path) as jobs:
+        async with open_jobs(engine=engine, data_dir=tmp_path, config=settings) as jobs:
             await nursery.start(jobs.run)
             runtime = Runtime(config=make_config(tmp_path), engine=cast(Engine, engine), jobs=jobs)
             binds = await nursery.start(serve_app, create_app(runtime), "127.0.0.1", 0)
             async with httpx.AsyncClient(base_url=binds[0], timeout=20.0) as client:
-                yield Yard(client=client, backend=backend, engine=engine)
+                yield Yard(client=client, backend=backend, engine=engine, jobs=jobs)
             nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def yard(tmp_path: Path) -> AsyncIterator[Yard]:
+    async with running_api(tmp_path) as running:
+        yield running
 
 
 async def submit(yard: Yard, path: str, body: object, headers: dict[str, str]) -> str:
@@ -234,3 +250,74 @@ async def test_yard_jobs_cli_lists_shows_fetches_and_cancels(
     assert lines[2].split()[:4] == [done_id, "radio", "voice", "succeeded"]
     assert cancelled.strip() == f"{queued_id}: cancelled"
     assert "HTTP 404: job_not_found" in missing
+
+
+def _epoch(rfc3339: object) -> float:
+    assert isinstance(rfc3339, str) and rfc3339.endswith("Z"), rfc3339
+    return datetime.fromisoformat(rfc3339).timestamp()
+
+
+@pytest.mark.slow
+async def test_a_queued_job_shows_its_place_reason_and_estimated_start_and_wait_long_polls(
+    yard: Yard,
+) -> None:
+    with trio.fail_after(30):
+        yard.engine.auto_dispatch = None
+        ahead = await submit(yard, "/v1/audio/speech", {"model": "voice", "bytes": 1}, RADIO)
+        job_id = await submit(yard, "/v1/audio/speech", {"model": "voice", "bytes": 3}, RADIO)
+        asked_at = time.time()
+        shown = (await yard.client.get(f"/v1/jobs/{job_id}", headers=RADIO)).json()
+        answered_at = time.time()
+        began = trio.current_time()
+        still = (await yard.client.get(f"/v1/jobs/{job_id}?wait=0.3", headers=RADIO)).json()
+        short_wait_s = trio.current_time() - began
+        async with trio.open_nursery() as nursery:
+
+            async def long_poll() -> None:
+                response = await yard.client.get(f"/v1/jobs/{job_id}?wait=20", headers=RADIO)
+                polled.append(response.json())
+
+            polled: list[dict[str, object]] = []
+            nursery.start_soon(long_poll)
+            # The long poll is in once its wait is registered with the service
+            # (nothing public says so; the poll only orders the test's steps).
+            while job_id not in yard.jobs._ended:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+            assert polled == []
+            yard.engine.dispatch(ahead, yard.backend.base_url)
+            yard.engine.dispatch(job_id, yard.backend.base_url)
+    # Place in the queue (0 = next), why it waits, and when it should start:
+    # the fake engine estimates 10 s from now, shown on the wall clock.
+    assert (shown["status"], shown["position"]) == ("queued", 1)
+    assert shown["reason"] == "waiting for tts to load"
+    assert asked_at + 10.0 - 0.01 <= _epoch(shown["estimated_start"]) <= answered_at + 10.0 + 0.01
+    # ?wait= on a job that does not end returns it, still queued, after the wait.
+    assert still["status"] == "queued" and short_wait_s >= 0.3
+    # ?wait= returns as soon as the job ends, with the ended job.
+    assert [job["status"] for job in polled] == ["succeeded"]
+    assert polled[0]["result"] == {
+        "status": 200,
+        "content_type": "audio/wav",
+        "bytes": 3,
+        "url": f"/v1/jobs/{job_id}/result",
+    }
+
+
+@pytest.mark.slow
+async def test_wait_is_capped_by_the_jobs_table_and_nonsense_is_refused(tmp_path: Path) -> None:
+    async with running_api(tmp_path, "max_wait_s = 0.2\nresult_ttl_s = 90\n") as yard:
+        assert yard.jobs.config == JobsConfig(max_wait_s=0.2, result_ttl_s=90.0)
+        with trio.fail_after(30):
+            yard.engine.auto_dispatch = None
+            job_id = await submit(yard, "/v1/audio/speech", {"model": "voice", "bytes": 1}, RADIO)
+            began = trio.current_time()
+            capped = await yard.client.get(f"/v1/jobs/{job_id}?wait=600", headers=RADIO)
+            capped_s = trio.current_time() - began
+            bad = [
+                await yard.client.get(f"/v1/jobs/{job_id}?wait={text}", headers=RADIO)
+                for text in ("soon", "-1", "nan", "inf")
+            ]
+    assert capped.json()["status"] == "queued"
+    # Cut to max_wait_s (well below the 30 s bound that would fail the test).
+    assert 0.2 <= capped_s < 20
+    assert [(b.status_code, b.json()["error"]["code"]) for b in bad] == [(400, "invalid_wait")] * 4

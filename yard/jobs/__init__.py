@@ -13,7 +13,7 @@ Layout:
 ``yard serve`` uses it like this (after the engine has started)::
 
     async with open_jobs(engine=engine, data_dir=config.server.data_dir,
-                         pool=runtime.upstream) as jobs:
+                         pool=runtime.upstream, config=config.jobs) as jobs:
         runtime.jobs = jobs
         await nursery.start(jobs.run)
 """
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import trio
 
+from yard.config import JobsSettings
 from yard.http.proxy import UpstreamPool
 from yard.jobs.service import EngineLike, Jobs, JobsConfig
 from yard.jobs.store import JobStore
@@ -42,12 +43,18 @@ async def open_jobs(
     engine: EngineLike,
     data_dir: Path,
     pool: UpstreamPool | None = None,
-    config: JobsConfig | None = None,
+    config: JobsConfig | JobsSettings | None = None,
     wall: Callable[[], float] | None = None,
 ) -> AsyncIterator[Jobs]:
     """Open the job store in ``data_dir`` and yield the job service (not yet
     running: start ``jobs.run`` with ``nursery.start``). On the way out the
-    service is stopped and the store closed."""
+    service is stopped and the store closed.
+
+    config: the ``[jobs]`` settings, as the configuration has them
+    (``Config.jobs``) or as the service's own record; None: the defaults.
+    """
+    if isinstance(config, JobsSettings):
+        config = config.to_jobs_config()
     store = await JobStore.open(data_dir / JOBS_FILE)
     jobs = Jobs(
         engine=engine,
