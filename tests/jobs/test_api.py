@@ -129,6 +129,11 @@ async def test_another_apps_key_cannot_see_fetch_or_cancel_a_job(yard: Yard) -> 
             await yard.client.delete(f"/v1/jobs/{job_id}", headers=GAMES),
         ]
         listing = (await yard.client.get("/v1/jobs", headers=GAMES)).json()
+        # A cursor naming another app's job is refused as one naming no job.
+        cursors = [
+            await yard.client.get(f"/v1/jobs?after={after}", headers=GAMES)
+            for after in (job_id, "job_nope")
+        ]
         no_key = await yard.client.get(f"/v1/jobs/{job_id}")
         wrong_key = await yard.client.get(f"/v1/jobs/{job_id}", headers={"authorization": "x"})
         mine = (await yard.client.get(f"/v1/jobs/{job_id}", headers=RADIO)).json()
@@ -136,6 +141,12 @@ async def test_another_apps_key_cannot_see_fetch_or_cancel_a_job(yard: Yard) -> 
     assert [a.status_code for a in answers] == [404, 404, 404]
     assert all(a.json()["error"]["code"] == "job_not_found" for a in answers)
     assert listing["data"] == []
+    assert [(c.status_code, c.json()["error"]["code"]) for c in cursors] == [
+        (400, "invalid_cursor")
+    ] * 2
+    assert cursors[0].json()["error"]["message"] == cursors[1].json()["error"]["message"].replace(
+        "job_nope", job_id
+    )
     assert (no_key.status_code, wrong_key.status_code) == (401, 403)
     assert mine["status"] == "running"  # the other app's DELETE did nothing
     assert yard.backend.hung_up == 0
@@ -186,13 +197,17 @@ async def test_listing_filters_by_status_and_pages_with_a_cursor(yard: Yard) -> 
             await submit(yard, "/v1/audio/speech", {"model": "voice", "bytes": 1}, RADIO)
             for _ in range(3)
         ]
-        await yard.client.delete(f"/v1/jobs/{ids[0]}", headers=RADIO)
+        deleted = await yard.client.delete(f"/v1/jobs/{ids[0]}", headers=RADIO)
         first = (await yard.client.get("/v1/jobs?limit=2", headers=RADIO)).json()
         second = (
             await yard.client.get(f"/v1/jobs?limit=2&after={first['last_id']}", headers=RADIO)
         ).json()
         queued = (await yard.client.get("/v1/jobs?status=queued", headers=RADIO)).json()
         bad = await yard.client.get("/v1/jobs?status=sleeping", headers=RADIO)
+    assert (deleted.status_code, deleted.json()["status"]) == (200, "cancelled")
+    # A queued job that is deleted leaves the scheduler's queue at once.
+    assert yard.engine.admissions[ids[0]].cancelled
+    assert [a.request_id for a in yard.engine.queue] == ids[1:]
     assert [j["id"] for j in first["data"]] == [ids[2], ids[1]] and first["has_more"]
     assert [j["id"] for j in second["data"]] == [ids[0]] and not second["has_more"]
     assert [j["id"] for j in queued["data"]] == [ids[2], ids[1]]
