@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import trio.testing
 from tests.memory.fake_proc import FakeProc
 from tests.memory.fake_pynvml import NVML_ERROR_NOT_SUPPORTED, FakeGpu, FakePynvml
 from yard.core.spec import Profile
-from yard.memory import FakeMeter, default_meter
+from yard.memory import FakeMeter, SystemMeter, default_meter
 from yard.memory.measure import Measurement, measure_profile
 from yard.memory.probe import fit_report
 from yard.memory.readings import DeviceDetail
@@ -222,6 +223,24 @@ class GpuLoader:
         return ExitStatus(code=0)
 
 
+@dataclass
+class InlineMeter:
+    """A :class:`SystemMeter` read in the Trio thread, for tests on virtual time.
+
+    ``SystemMeter.read_details`` samples in a worker thread. Under the autojump
+    clock a task waiting for a thread counts as blocked, so the clock jumps to
+    the next timer while the thread runs: the sample is taken at some later
+    virtual moment, depending on how fast the thread was scheduled (a short
+    warm-up peak was missed about half the time, alone or after other tests).
+    Sampling inline takes no virtual time, so each sample lands when it is due.
+    """
+
+    meter: SystemMeter
+
+    async def read_details(self, pids: Mapping[str, int]) -> list[DeviceDetail]:
+        return self.meter.sample(pids)
+
+
 async def test_without_per_process_figures_a_lone_load_is_measured_by_device_deltas(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -240,7 +259,7 @@ async def test_without_per_process_figures_a_lone_load_is_measured_by_device_del
         backend="llm",
         gpus=("gpu0",),
         launcher=FakeLauncher(process),  # type: ignore[arg-type]
-        meter=meter,
+        meter=InlineMeter(meter),
         warmup=worst_case,
         settle_s=0.4,
     )
