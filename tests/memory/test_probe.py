@@ -116,3 +116,76 @@ def test_probe_refuses_to_share_a_data_dir_with_a_running_yard(
     # A pid file left by a yard that is gone (its pid's start time differs) is no obstacle.
     (run_dir / "tb.pid").write_text(json.dumps({**record, "start_time": 1.0, "yard_pid": me}))
     assert live_yard(tmp_path / "data") is None
+
+
+def fill_config(root: Path) -> Path:
+    """Backends on the fake llama-server (tests/memory/fake_llama.py), copied
+    under a llama-server name and a plain one; each records what reached it."""
+    source = (Path(__file__).parent / "fake_llama.py").read_text()
+    scripts = {"llama": root / "llama-server.py", "plain": root / "plain-server.py"}
+    for path in scripts.values():
+        path.write_text(source)
+    blocks = ['[server]\ndata_dir = "data"\nstop_grace_s = 2\n']
+    for name, kind, fill, mode in [
+        ("auto", "llama", None, "ok"),
+        ("off", "llama", "false", "ok"),
+        ("forced", "plain", "true", "ok"),
+        ("plain", "plain", None, "ok"),
+        ("broken", "plain", "true", "no-props"),
+    ]:
+        command = ["{python}", str(scripts[kind]), "{port}", str(root / f"{name}.txt"), mode]
+        blocks.append(
+            f'[backends.{name}]\nmodels = ["{name}"]\ncommand = {json.dumps(command)}\n'
+            f'[backends.{name}.warmup]\npath = "/v1/completions"\njson = {{ prompt = "hi" }}\n'
+            + (f"fill_context = {fill}\n" if fill is not None else "")
+        )
+    config = root / "yard.toml"
+    config.write_text("\n".join(blocks))
+    return config
+
+
+def probe_requests(
+    root: Path, config: Path, backend: str, capsys: pytest.CaptureFixture[str], *extra: str
+) -> tuple[list[str], dict[str, object]]:
+    """Probe ``backend``; the requests that reached it, and the JSON report."""
+    record = root / f"{backend}.txt"
+    record.unlink(missing_ok=True)
+    args = ["--json", "--settle", "0", "--timeout", "60", "--no-store", *extra]
+    assert main(["probe", backend, "--config", str(config), *args]) == 0
+    report = json.loads(capsys.readouterr().out)
+    return record.read_text().splitlines(), report
+
+
+@pytest.mark.slow
+def test_probe_fills_the_context_as_each_backends_fill_context_says_and_only_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = fill_config(tmp_path)
+    warm_up, fill = "warm-up /v1/completions", "completion of 56 tokens"  # n_ctx 64 less 8
+    # "auto" on llama-server: the configured warm-up, then one fill (the probe's,
+    # not a second one by the supervisor).
+    seen, report = probe_requests(tmp_path, config, "auto", capsys)
+    assert seen == [warm_up, fill]
+    assert report["warmup_s"] is not None
+    seen, report = probe_requests(tmp_path, config, "off", capsys)
+    assert seen == [warm_up]
+    assert report["warmup_s"] is None
+    # true fills whatever the command looks like; "auto" fills only llama-server.
+    assert probe_requests(tmp_path, config, "forced", capsys)[0] == [warm_up, fill]
+    assert probe_requests(tmp_path, config, "plain", capsys)[0] == [warm_up]
+    # --no-fill wins over the config.
+    assert probe_requests(tmp_path, config, "forced", capsys, "--no-fill")[0] == [warm_up]
+    assert probe_requests(tmp_path, config, "auto", capsys, "--no-fill")[0] == [warm_up]
+
+
+@pytest.mark.slow
+def test_a_failed_context_fill_fails_the_probe_and_says_how_to_skip_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = fill_config(tmp_path)
+    assert main(["probe", "broken", "--config", str(config), "--timeout", "60"]) == 1
+    err = capsys.readouterr().err
+    assert "broken failed: the context fill failed" in err
+    assert "warmup.fill_context = false" in err and "--no-fill" in err
+    assert (tmp_path / "broken.txt").read_text().splitlines() == ["warm-up /v1/completions"]
+    assert live_yard(tmp_path / "data") is None  # the backend was stopped

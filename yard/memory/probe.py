@@ -3,7 +3,8 @@
 It starts the backend serving MODEL (a model name or a backend name) alone,
 through the same supervisor ``yard serve`` uses, samples its memory every
 200 ms through start-up, its configured warm-up and a worst-case request
-(llama-server: a prompt that fills the context), stops it, prints what it
+(a prompt that fills a slot's context, as ``warmup.fill_context`` says:
+``"auto"`` for llama-server), stops it, prints what it
 needs and where that fits next to the pinned backends, and stores the
 profile, so ``yard serve`` does not measure it again.
 
@@ -18,7 +19,7 @@ import argparse
 import contextlib
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -35,8 +36,13 @@ from yard.memory.measure import Measurement, Phase, measure_profile
 from yard.memory.meter import SystemMeter, default_meter
 from yard.memory.profiles import open_profile_store
 from yard.memory.readings import DeviceDetail, format_bytes
-from yard.memory.warmup import fill_llama_context, looks_like_llama_server
+from yard.memory.warmup import fill_llama_context
 from yard.ports import BackendStartError
+
+
+class ContextFillFailed(Exception):
+    """The worst-case request of a probe failed (the server refused it, or
+    answered something that is not llama-server's API)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +113,34 @@ def fit_report(
     return fits
 
 
+def context_fill(
+    backend: BackendConfig, *, no_fill: bool
+) -> Callable[[str], Awaitable[None]] | None:
+    """The worst-case request the probe sends after the configured warm-up,
+    or None: as the backend's ``warmup.fill_context`` says (``"auto"``: when
+    its command looks like llama-server), never with ``--no-fill``.
+
+    The probe fills the context itself and launches without ``measure``, so
+    the supervisor does not fill it a second time. A failed fill raises
+    :class:`ContextFillFailed`, naming the switches that skip it.
+    """
+    from yard.supervisor import fills_context  # the supervisor's rule, one place
+
+    if not fills_context(backend, backend.command, measure=not no_fill):
+        return None
+
+    async def fill(base_url: str) -> None:
+        try:
+            await fill_llama_context(base_url)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise ContextFillFailed(
+                f"the context fill failed ({exc!r}); set warmup.fill_context = false "
+                "or pass --no-fill to measure without it"
+            ) from exc
+
+    return fill
+
+
 def live_yard(data_dir: Path) -> str | None:
     """A sentence naming a backend that a running yard started from
     ``data_dir``, or None. (The supervisor's pid files say who started what.)"""
@@ -147,7 +181,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-fill",
         action="store_true",
-        help="llama-server: skip the context-filling request after the configured warm-up",
+        help="skip the context-filling request after the configured warm-up "
+        '(sent as warmup.fill_context says; "auto": llama-server only)',
     )
     parser.add_argument("--no-store", action="store_true", help="measure, but store nothing")
 
@@ -218,9 +253,7 @@ async def _probe(
             markup=False,
         )
         return 2
-    fill = None
-    if not args.no_fill and looks_like_llama_server(backend.command):
-        fill = fill_llama_context
+    fill = context_fill(backend, no_fill=args.no_fill)
     store = await open_profile_store(config, devices=meter.describe())
     display = _Display(err, backend.name, quiet=args.json)
     try:
@@ -242,7 +275,12 @@ async def _probe(
                         settle_s=args.settle,
                         on_sample=display.update,
                     )
-            except (BackendStartError, trio.TooSlowError, httpx.HTTPError) as exc:
+            except (
+                BackendStartError,
+                ContextFillFailed,
+                trio.TooSlowError,
+                httpx.HTTPError,
+            ) as exc:
                 why = (
                     f"no answer within {timeout:g} s" if isinstance(exc, trio.TooSlowError) else exc
                 )

@@ -4,8 +4,9 @@ A profile is only as good as the load it was measured under. For llama.cpp's
 ``llama-server`` the worst case is a prompt that fills a slot's whole context:
 the KV cache is allocated at start, but the compute buffers' pages are only
 touched by the largest batches. A backend's configured ``warmup`` request
-comes first; ``yard probe`` adds :func:`fill_llama_context` for llama-server
-backends that have none.
+comes first; a measured first load (the supervisor) and ``yard probe`` then
+add :func:`fill_llama_context` as the backend's ``warmup.fill_context`` says
+(``"auto"``: when :func:`looks_like_llama_server`).
 """
 
 from __future__ import annotations
