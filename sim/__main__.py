@@ -14,6 +14,7 @@ import argparse
 import concurrent.futures
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -200,7 +201,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     targets.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1))
     commands.add_parser("bench", help="the core benchmark and the radio day's wall time")
+    parser.add_argument(
+        "--verbose", action="store_true", help="show the engine's log (raised profiles, ...)"
+    )
     args = parser.parse_args(argv)
+    if not args.verbose:
+        # The engine logs what a person running yard should see (a profile raised after
+        # an out-of-memory); in a report of thousands of simulated days it is noise.
+        logging.getLogger("yard").setLevel(logging.ERROR)
     if args.command == "report":
         return _report(args)
     if args.command == "targets":
