@@ -205,16 +205,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--verbose", action="store_true", help="show the engine's log (raised profiles, ...)"
     )
     args = parser.parse_args(argv)
+    yard_log = logging.getLogger("yard")
+    level = yard_log.level
     if not args.verbose:
         # The engine logs what a person running yard should see (a profile raised after
         # an out-of-memory); in a report of thousands of simulated days it is noise.
-        logging.getLogger("yard").setLevel(logging.ERROR)
-    if args.command == "report":
-        return _report(args)
-    if args.command == "targets":
-        args.seed = args.seed or [scenarios.radio_day(1).seed]
-        return _targets(args)
-    return _bench(args)
+        yard_log.setLevel(logging.ERROR)
+    try:
+        if args.command == "report":
+            return _report(args)
+        if args.command == "targets":
+            args.seed = args.seed or [scenarios.radio_day(1).seed]
+            return _targets(args)
+        return _bench(args)
+    finally:
+        yard_log.setLevel(level)
 
 
 if __name__ == "__main__":
