@@ -119,3 +119,53 @@ def test_a_backend_loaded_for_waiting_work_serves_one_request_before_it_makes_ro
     assert h.dispatched() == ["c1"]  # its load is not wasted, but only one goes, not two
     [stop] = h.finish("c1", at=6)
     assert isinstance(stop, StopBackend) and stop.backend == "chat"
+
+
+def chat_then_news(news_start_by: float) -> Harness:
+    """chat (1 slot) served one 600 s request and five 10 s ones (mean ~110 s,
+    longest 600 s); more chat jobs wait; at 645 a deadline request arrives for
+    big (loads in 20 s), which needs chat's memory."""
+    h = Harness(
+        [BackendSpec(name="chat", gpus=("gpu0",)), BackendSpec(name="big", gpus=("gpu0",))],
+        config=SchedulerConfig(batch_bound=4, urgency_window_s=0),
+        profiles={"chat": (10, 1, 5), "big": (16, 1, 20)},
+    )
+    h.load("chat", "r0")
+    for i in range(1, 10):
+        h.arrive(f"c{i}", "chat", priority=10, at=599)
+    h.finish("r0", at=600)
+    for i in range(1, 5):
+        h.finish(f"c{i}", at=600 + 10 * i)
+    h.arrive("news", "big", priority=90, at=645, start_by=news_start_by)
+    return h
+
+
+def test_a_request_that_could_outlast_a_swaps_latest_start_does_not_overtake_it() -> None:
+    # Latest start of the swap: 945 - 20 s load = 925; a chat request may take
+    # 600 s (the longest recent one), so one dispatched at 650 could end at 1250.
+    h = chat_then_news(news_start_by=945)
+    [stop] = h.finish("c5", at=650)
+    assert isinstance(stop, StopBackend) and stop.backend == "chat"
+    assert h.dispatched()[-1] == "c5"
+    [start] = h.stopped("chat", at=651)
+    assert isinstance(start, StartBackend) and start.backend == "big"
+    h.ready("big", at=671)
+    assert h.dispatched()[-1] == "news"
+
+
+def test_a_request_that_ends_before_a_swaps_latest_start_still_overtakes_it() -> None:
+    h = chat_then_news(news_start_by=650 + 600 + 20 + 10)
+    out = h.finish("c5", at=650)
+    assert [d.request_id for d in out if isinstance(d, Dispatch)] == ["c6"]
+    assert "overtake 1 of 4" in h.decisions(Dispatch)[-1].reason
+    assert h.state("chat") == "ready"
+
+
+def test_a_deadline_behind_the_head_of_a_swap_also_stops_overtakes() -> None:
+    h = chat_then_news(news_start_by=945)
+    h.cancel("news", at=646)
+    h.arrive("vip", "big", priority=95, at=647)  # the swap's head, no deadline
+    h.arrive("news2", "big", priority=90, at=648, start_by=945)
+    [stop] = h.finish("c5", at=650)
+    assert isinstance(stop, StopBackend) and stop.backend == "chat"
+    assert h.dispatched()[-1] == "c5"

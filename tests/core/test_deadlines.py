@@ -128,3 +128,45 @@ def test_a_stream_of_high_priority_work_cannot_starve_a_swap() -> None:
     bound = h.s.wait_bound(max_service_s=0.5)
     assert bound is not None and waited <= bound
     assert 90 <= waited <= 100 + 10  # aging alone overtakes priority 100 after 100 s
+
+
+def idle_chat() -> Harness:
+    """chat is loaded and idle since t=5 (its one slot is free)."""
+    h = busy_chat()
+    h.finish("r0", at=5)
+    return h
+
+
+def test_a_start_by_of_now_on_a_ready_backend_with_a_free_slot_is_dispatched_at_once() -> None:
+    # X-Yard-Start-Within: 0 becomes an engine time a moment before the core
+    # handles the arrival.
+    h = idle_chat()
+    out = h.arrive("now", "chat", at=10.01, start_by=10.0)
+    assert [d.request_id for d in out if isinstance(d, Dispatch)] == ["now"]
+    assert h.rejected() == {}
+    h.tick(11)
+    assert h.rejected() == {}
+
+
+def test_a_start_by_equal_to_the_arrival_on_a_free_slot_is_dispatched_at_once() -> None:
+    h = idle_chat()
+    out = h.arrive("now", "chat", at=10, start_by=10.0)
+    assert [d.request_id for d in out if isinstance(d, Dispatch)] == ["now"]
+
+
+def test_a_start_by_clearly_in_the_past_is_still_refused() -> None:
+    h = idle_chat()
+    [reject] = h.arrive("old", "chat", at=10, start_by=9.0)
+    assert isinstance(reject, Reject) and reject.code == "deadline_infeasible"
+    assert "1.0 s after the requested start-by" in reject.message
+
+
+def test_urgency_counts_the_longest_recent_service_of_a_neighbour_not_the_mean() -> None:
+    h = busy_chat(urgency_window_s=0)
+    h.finish("r0", at=100)  # chat's requests: 100 s, then 10 s ones (mean ~ 53 s)
+    for i in range(1, 4):
+        h.arrive(f"c{i}", "chat", at=100 + 10 * (i - 1))
+        h.finish(f"c{i}", at=100 + 10 * i)
+    h.arrive("announce", "big", at=200, start_by=400.0)
+    # urgent at 400 - (20 s load + 100 s longest chat request) = 280
+    assert h.s.next_wakeup() == 280

@@ -16,9 +16,10 @@ Ordering rules (DESIGN.md "Priority with aging", "Start-by deadlines"):
 - Ties: earlier arrival first, then request id.
 
 Three heaps per backend: normal requests by rank, urgent ones by deadline and
-urgent ones by rank. Removals are lazy: an entry is live only while its
-request is still queued, in the same heap kind, with the same generation (a
-requeued request gets a new generation).
+urgent ones by rank; a fourth holds every request with a start-by, earliest
+first, so that swap batching can ask how soon a swap is needed. Removals are
+lazy: an entry is live only while its request is still queued, in the same heap
+kind, with the same generation (a requeued request gets a new generation).
 """
 
 from __future__ import annotations
@@ -88,12 +89,24 @@ class RequestQueue:
     _urank: list[_Entry] = field(default_factory=list)
     _head: Req | None = None
     _head_known: bool = False
+    _deadlines: list[tuple[float, int, Req, int]] = field(default_factory=list)
+    _pushed: int = 0
 
     def push(self, req: Req) -> None:
         """Add a queued request (``req.state`` must be QUEUED)."""
         self.size += 1
         self._head_known = False
         self._push(req)
+        if req.start_by is not None:
+            self._pushed += 1
+            heapq.heappush(self._deadlines, (req.start_by, self._pushed, req, req.gen))
+
+    def earliest_start_by(self) -> float | None:
+        """The earliest start-by of any waiting request (None: none has one)."""
+        heap = self._deadlines
+        while heap and not (heap[0][2].state is ReqState.QUEUED and heap[0][2].gen == heap[0][3]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def _push(self, req: Req) -> None:
         if req.urgent:

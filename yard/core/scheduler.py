@@ -36,7 +36,11 @@ Rules it keeps
 - Swap batching: while a request waits for such a swap, up to ``batch_bound``
   requests behind it may still be dispatched to the backends the swap will
   evict ("overtakes", counted per waiting request); then they drain. None
-  while that request is urgent (its deadline is near).
+  while that request is urgent (its deadline is near), and none that could
+  make the swap late: when a request waiting for the swap has a start-by, an
+  overtake is allowed only if it ends, at the victim's high service estimate
+  (the longest of its recent requests, not the mean), by the swap's latest
+  start (the earliest such start-by minus the swap's load time).
 - yard never retries, except after an out-of-memory it caused itself: the
   requests that backend was serving go back once, to their old place.
 
@@ -47,11 +51,14 @@ A request with ``start_by`` is refused at arrival (409 ``deadline_infeasible``,
 with the earliest possible start) when even going first it could not start in
 time: 0 if its backend is ready with a free slot, the expected service time if
 it is busy, the rest of the load if it is loading, else its load time plus the
-time to free memory (draining busy neighbours). It becomes *urgent* at
+time to free memory (draining busy neighbours). A start-by up to 50 ms before
+the arrival is handled counts as now (``X-Yard-Start-Within: 0``: the engine
+time was taken a moment earlier). It becomes *urgent* at
 ``start_by - cost - urgency_window_s``, where ``cost`` is the worst case (a load
-after its neighbours drain), because a loaded backend may be evicted while the
-request waits. If ``start_by`` passes while it waits it ends with 504
-``deadline_missed``. ``allow_late`` turns both refusals into a ``Flag``.
+after its neighbours drain, each at the longest of its recent service times),
+because a loaded backend may be evicted while the request waits. If
+``start_by`` passes while it waits it ends with 504 ``deadline_missed``.
+``allow_late`` turns both refusals into a ``Flag``.
 
 Failures
 --------
@@ -94,7 +101,8 @@ backend. The same rank comparison orders the loads (the best waiting request
 of each backend that is not loaded is compared with the requests of the
 backends a swap would evict: one whose requests rank higher is not evicted).
 From then on only the requests already queued at ``arrived_at(R) + T`` (at
-most ``queue_limit``), at most ``batch_bound`` overtakes per waiting head, and
+most ``queue_limit``), at most ``batch_bound`` overtakes per waiting head (the
+deadline rule only refuses overtakes, so it never adds to them), and
 the one request a backend serves right after loading before it may be evicted
 are served before R, and each of them reaches its backend within one drain of
 a busy backend and one load: at most ``max_service_s + max_load_s``. Hence::
@@ -118,6 +126,7 @@ import bisect
 import heapq
 import itertools
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -161,6 +170,12 @@ _RAISE_FACTOR = 1.10
 _RECENT_LOAD_S = 5.0
 """An OOM this soon after another backend on the same device became ready
 counts as caused by that load (its peak may outlast the health check)."""
+_SERVICE_WINDOW = 64
+"""How many recent service times the high estimate is the maximum of."""
+_START_BY_SLACK_S = 0.05
+"""A start-by this little before the arrival is handled still counts as met by
+a start at once: ``X-Yard-Start-Within: 0`` is turned into an engine time
+before the core sees the arrival, a moment later."""
 
 # Plan outcomes, best first.
 _START = 0  # start it now
@@ -224,6 +239,7 @@ class _Backend:
     learned_load_s: float | None = None
     service_ewma: float | None = None
     service_max: float | None = None
+    service_recent: deque[float] = field(default_factory=lambda: deque(maxlen=_SERVICE_WINDOW))
 
     @property
     def primary(self) -> tuple[str, ...]:
@@ -476,7 +492,7 @@ class Scheduler:
         )
         if ev.start_by is not None:
             cost, how = self._start_cost(b, now)
-            if now + cost > ev.start_by:
+            if now + cost > ev.start_by + _START_BY_SLACK_S:
                 late = now + cost - ev.start_by
                 msg = (
                     f"the earliest possible start is in {_secs(cost)} ({how}), "
@@ -537,6 +553,7 @@ class Scheduler:
             else (1 - _EWMA_ALPHA) * b.service_ewma + _EWMA_ALPHA * sample
         )
         b.service_max = sample if b.service_max is None else max(b.service_max, sample)
+        b.service_recent.append(sample)
         b.running.pop(req.id, None)
         b.served += 1
         b.last_used = now
@@ -970,6 +987,31 @@ class Scheduler:
     def _service_est(self, b: _Backend) -> float:
         return b.service_ewma if b.service_ewma is not None else self.config.default_service_s
 
+    def _service_hi(self, b: _Backend) -> float:
+        """A high estimate of one request's service time (the longest of the
+        recent ones): for promises about deadlines the mean is too hopeful."""
+        if not b.service_recent:
+            return self.config.default_service_s
+        return max(max(b.service_recent), self._service_est(b))
+
+    def _overtake_denied(self, victim: _Backend, swap: _Backend, now: float) -> str | None:
+        """Why a request for ``victim`` may not go ahead of the swap to ``swap``
+        by the swap's deadlines (None: it may). It may not if its service could
+        end after the latest start of the swap: the earliest start-by of the
+        requests waiting for ``swap`` minus its load time."""
+        start_by = swap.queue.earliest_start_by()
+        if start_by is None:
+            return None
+        latest = start_by - self._load_s(swap)
+        ends = now + self._service_hi(victim)
+        if ends <= latest:
+            return None
+        return (
+            f"a request for {victim.name} could take {_secs(self._service_hi(victim))}, "
+            f"past the latest start of the swap to {swap.name} "
+            f"(start-by in {_secs(start_by - now)}, load {_secs(self._load_s(swap))})"
+        )
+
     def _start_cost(self, b: _Backend, now: float) -> tuple[float, str]:
         """Expected time until a request for ``b`` could start if it went first."""
         if b.state is BackendState.READY:
@@ -982,7 +1024,7 @@ class Scheduler:
             rem = max(0.0, b.started_at + self._load_s(b) - now)
             return rem, f"{b.name} is loading, about {_secs(rem)} left"
         load = self._load_s(b)
-        plan = self._best_plan(b, None, {}, set(), set())
+        plan = self._best_plan(b, None, {}, set(), set(), now)
         free_wait = plan.free_wait_s if plan is not None else 0.0
         if b.state in LOADED:  # draining: wait for it to stop, then load again
             free_wait = max(free_wait, self._service_est(b))
@@ -997,7 +1039,7 @@ class Scheduler:
         devs = set(b.spec.gpus) | {HOST}
         drain = max(
             (
-                self._service_est(o)
+                self._service_hi(o)
                 for o in self._backends.values()
                 if o is not b and devs & (set(o.spec.gpus) | {HOST})
             ),
@@ -1017,7 +1059,8 @@ class Scheduler:
         self._settle(now, out)
 
     def _dispatch_all(self, now: float, out: list[Decision]) -> bool:
-        """Dispatch what can go; True if an overtake of a waiting swap happened."""
+        """Dispatch what can go; True if an overtake of a waiting swap happened
+        or was refused (either way the swap's victims must be planned again)."""
         c = self.config
         any_sent = False
         for b in self._backends.values():
@@ -1031,6 +1074,12 @@ class Scheduler:
                 first = b.dispatched_since_ready == 0
                 if head is not None and head.state is ReqState.QUEUED and not first:
                     if head.urgent or head.overtakes >= c.batch_bound:
+                        break
+                    if self._overtake_denied(b, self._backends[head.backend], now):
+                        # No longer worth it: time passed since the plan let
+                        # it batch. Planned again, the victim drains now.
+                        self._epoch += 1
+                        any_sent = True
                         break
                     head.overtakes += 1
                     self._epoch += 1
@@ -1205,7 +1254,7 @@ class Scheduler:
             if b.state is BackendState.STOPPING:
                 b.wait_reason = f"waiting for {b.name} to finish stopping before it loads again"
                 continue
-            plan = self._best_plan(b, head, booked, claimed, taken, ctx)
+            plan = self._best_plan(b, head, booked, claimed, taken, now, ctx)
             if plan is None:
                 b.wait_reason = f"{b.name} has no place on this machine"
                 continue
@@ -1262,13 +1311,14 @@ class Scheduler:
         booked: dict[str, int],
         claimed: set[str],
         taken: set[str],
+        now: float,
         ctx: _Ctx | None = None,
     ) -> _Plan | None:
         if ctx is None:
             ctx = self._context()
         best: _Plan | None = None
         for gpus in self._combos(b):
-            plan = self._plan_on(b, head, gpus, booked, claimed, taken, ctx)
+            plan = self._plan_on(b, head, gpus, booked, claimed, taken, now, ctx)
             if best is None or plan.key() < best.key():
                 best = plan
         return best
@@ -1290,6 +1340,7 @@ class Scheduler:
         booked: dict[str, int],
         claimed: set[str],
         taken: set[str],
+        now: float,
         ctx: _Ctx,
     ) -> _Plan:
         c = self.config
@@ -1432,7 +1483,12 @@ class Scheduler:
             # it only while the swap's head can wait: an urgent deadline gets
             # the swap at once.
             fresh = o.state is BackendState.READY and o.dispatched_since_ready == 0
-            batching = head is not None and not head.urgent and head.overtakes < c.batch_bound
+            batching = (
+                head is not None
+                and not head.urgent
+                and head.overtakes < c.batch_bound
+                and self._overtake_denied(o, b, now) is None
+            )
             if o.queue.size > 0 and (fresh or batching):
                 plan.pending.append(o)
                 if batching and head is not None:
@@ -1467,7 +1523,7 @@ class Scheduler:
         if b.state not in (BackendState.STOPPED, BackendState.FAILED):
             out.append(Flag(backend=b.name, reason=f"admin load: {b.name} is {b.state.value}"))
             return
-        plan = self._best_plan(b, None, {}, set(), set())
+        plan = self._best_plan(b, None, {}, set(), set(), now)
         if plan is None or plan.status != _START:
             why = plan.reason if plan is not None else f"{b.name} has no place on this machine"
             out.append(Flag(backend=b.name, reason=f"admin load: not loading {b.name} now: {why}"))
