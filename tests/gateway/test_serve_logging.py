@@ -13,7 +13,7 @@ import trio
 from yard.core.decisions import Dispatch, Flag, Reject, Requeue, StartBackend, StopBackend
 from yard.engine import Engine, LoggedDecision
 from yard.ports import BackendStartError, ExitStatus
-from yard.serve import LoggingLauncher, describe_decision, log_decisions
+from yard.serve import LOG_PAUSE_S, LoggingLauncher, describe_decision, log_decisions
 
 
 def test_decisions_are_logged_with_the_cores_reason_naming_their_subject_once() -> None:
@@ -176,3 +176,47 @@ async def test_decision_log_follows_again_when_dropped_and_ends_after_stop(
         ("INFO", "starting a: again"),
     ]
     assert len(feeds.senders) == 2
+
+
+async def test_decision_log_takes_a_burst_in_one_go_after_a_short_rest(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    feeds = _Feeds()
+    stop = trio.Event()
+    logged_at: list[tuple[float, str]] = []
+
+    class _Times(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logged_at.append((trio.current_time(), record.getMessage()))
+
+    handler = _Times()
+    logger = logging.getLogger("yard.serve")
+    logger.addHandler(handler)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="yard.serve"), trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(log_decisions, cast(Engine, feeds), feeds.subscribe(), stop)
+                feed = feeds.senders[0]
+                await trio.sleep(1)
+                await feed.send(
+                    LoggedDecision(at=1.0, decision=StartBackend(backend="a", reason="asked"))
+                )
+                await trio.sleep(0.01)
+                for i in range(3):
+                    await feed.send(
+                        LoggedDecision(
+                            at=1.01, decision=Dispatch(request_id=f"r{i}", backend="a", reason="f")
+                        )
+                    )
+                await trio.sleep(1)
+                stop.set()
+                await feed.aclose()
+    finally:
+        logger.removeHandler(handler)
+    assert logged_at == [
+        (1.0, "starting a: asked"),
+        (1.0 + LOG_PAUSE_S, "dispatched r0 to a: f"),
+        (1.0 + LOG_PAUSE_S, "dispatched r1 to a: f"),
+        (1.0 + LOG_PAUSE_S, "dispatched r2 to a: f"),
+    ]
+    assert len(feeds.senders) == 1
