@@ -418,7 +418,9 @@ class SimWorld:
 
     # -- Launcher ----------------------------------------------------------------------
 
-    async def launch(self, backend: str, gpus: tuple[str, ...]) -> SimProcess:
+    async def launch(
+        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+    ) -> SimProcess:
         await trio.lowlevel.checkpoint()
         model = self.models.get(backend)
         if model is None:

@@ -82,7 +82,6 @@ from yard.ports import (
     Launcher,
     Meter,
     ProfileStore,
-    launch_backend,
 )
 
 __all__ = [
@@ -774,9 +773,7 @@ class Engine:
         name = record.name
         record.launched_at = trio.current_time()
         try:
-            process = await launch_backend(
-                self._launcher, name, record.gpus, measure=record.measure
-            )
+            process = await self._launcher.launch(name, record.gpus, measure=record.measure)
         except BackendStartError as exc:
             self._backends.pop(name, None)
             self._started_failed(record, exc.detail, exc.oom)

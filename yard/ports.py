@@ -8,10 +8,9 @@ both are tested against the same expectations.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Protocol
 
 from yard.core.spec import Profile
 
@@ -81,54 +80,20 @@ class BackendProcess(Protocol):
 class Launcher(Protocol):
     """Starts backend processes."""
 
-    async def launch(self, backend: str, gpus: tuple[str, ...]) -> BackendProcess:
+    async def launch(
+        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+    ) -> BackendProcess:
         """Start ``backend`` placed on ``gpus`` and return at once (not ready yet).
+
+        ``measure``: this is a measured first load (the engine is taking the
+        backend's memory profile); a launcher that can should then drive the
+        backend to its worst-case footprint before it reports ready (the real
+        supervisor fills a llama-server slot's context). Launchers with nothing
+        to do for it ignore it.
 
         Raises :class:`BackendStartError` if it cannot even be spawned.
         """
         ...
-
-
-class MeasuringLauncher(Protocol):
-    """A :class:`Launcher` that can be told a launch is a measured first load
-    (the engine is taking the backend's memory profile): it then drives the
-    backend to its worst-case footprint before reporting it ready (the real
-    supervisor fills a llama-server slot's context). Start backends through
-    :func:`launch_backend`, which passes ``measure`` only to launchers that
-    take it, so every plain :class:`Launcher` keeps working."""
-
-    async def launch(
-        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
-    ) -> BackendProcess:
-        """As :meth:`Launcher.launch`; ``measure``: this load's memory is
-        being measured for the backend's profile."""
-        ...
-
-
-def takes_measure(launcher: Launcher | MeasuringLauncher) -> bool:
-    """Whether ``launcher.launch`` accepts the ``measure`` keyword."""
-    try:
-        parameters = inspect.signature(launcher.launch).parameters
-    except (TypeError, ValueError):
-        return False
-    return "measure" in parameters or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-    )
-
-
-async def launch_backend(
-    launcher: Launcher | MeasuringLauncher,
-    backend: str,
-    gpus: tuple[str, ...],
-    *,
-    measure: bool = False,
-) -> BackendProcess:
-    """Start ``backend`` on ``gpus`` through ``launcher``, telling it whether
-    this load is measured when it can take that (:class:`MeasuringLauncher`);
-    any other launcher is called as ``launch(backend, gpus)``."""
-    if measure and takes_measure(launcher):
-        return await cast(MeasuringLauncher, launcher).launch(backend, gpus, measure=True)
-    return await launcher.launch(backend, gpus)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

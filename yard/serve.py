@@ -57,14 +57,7 @@ from yard.engine import Engine, LoggedDecision
 from yard.http.app import create_app, serve_app
 from yard.http.runtime import Runtime
 from yard.http.server import open_listeners
-from yard.ports import (
-    BackendProcess,
-    BackendStartError,
-    ExitStatus,
-    Launcher,
-    MeasuringLauncher,
-    launch_backend,
-)
+from yard.ports import BackendProcess, BackendStartError, ExitStatus, Launcher
 from yard.supervisor import Supervisor
 
 log = logging.getLogger("yard.serve")
@@ -256,15 +249,15 @@ class LoggingLauncher:
     output shows what yard does. The core's start and stop decisions, with
     their reasons, are logged by :func:`log_decisions`."""
 
-    def __init__(self, launcher: Launcher | MeasuringLauncher) -> None:
+    def __init__(self, launcher: Launcher) -> None:
         self._launcher = launcher
 
     async def launch(
         self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
     ) -> BackendProcess:
-        """Launch through the wrapped launcher (``measure`` passed on when it takes it)."""
+        """Launch through the wrapped launcher, ``measure`` passed on."""
         try:
-            process = await launch_backend(self._launcher, backend, gpus, measure=measure)
+            process = await self._launcher.launch(backend, gpus, measure=measure)
         except BackendStartError as exc:
             log.warning("%s could not be started: %s", backend, exc.detail)
             raise

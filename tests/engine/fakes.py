@@ -162,12 +162,17 @@ class FakeLauncher:
         self.launched: list[tuple[float, str, tuple[str, ...]]] = []
         self.processes: list[FakeProcess] = []
         self.refuse: set[str] = set()
+        # The ``measure`` flag of each launch, in order.
+        self.measured: list[bool] = []
 
-    async def launch(self, backend: str, gpus: tuple[str, ...]) -> FakeProcess:
+    async def launch(
+        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+    ) -> FakeProcess:
         await trio.lowlevel.checkpoint()
         if backend in self.refuse:
             raise BackendStartError(f"{backend}: no such executable")
         self.launched.append((trio.current_time(), backend, gpus))
+        self.measured.append(measure)
         process = FakeProcess(
             backend, gpus, self.scripts.get(backend, Script()), pid=1000 + len(self.processes)
         )

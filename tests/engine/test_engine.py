@@ -425,6 +425,8 @@ async def test_a_measured_first_load_reports_its_peak_and_stores_it(
     ) as h:
         h.engine.submit(backend="llm", priority=1, request_id="a")
         await trio.sleep(10)
+        # The launcher is told that this load is measured (it may fill a context).
+        assert h.launcher.measured == [True]
         measured = [(t, e) for t, e in h.policy.seen if isinstance(e, ProfileMeasured)]
         assert measured == [
             (
@@ -625,7 +627,9 @@ async def test_a_launcher_that_raises_fails_the_start_not_the_engine(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     class BrokenLauncher(FakeLauncher):
-        async def launch(self, backend: str, gpus: tuple[str, ...]) -> FakeProcess:
+        async def launch(
+            self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+        ) -> FakeProcess:
             await trio.lowlevel.checkpoint()
             raise OSError(24, "Too many open files")
 

@@ -63,7 +63,9 @@ class Recorder:
     supervisor: Supervisor
     process: BackendProcess | None = None
 
-    async def launch(self, backend: str, gpus: tuple[str, ...]) -> BackendProcess:
+    async def launch(
+        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+    ) -> BackendProcess:
         self.process = await self.supervisor.launch(backend, gpus)
         return self.process
 

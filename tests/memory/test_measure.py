@@ -59,7 +59,9 @@ class FakeLauncher:
     process: FakeProcess
     launched: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
 
-    async def launch(self, backend: str, gpus: tuple[str, ...]) -> FakeProcess:
+    async def launch(
+        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+    ) -> FakeProcess:
         self.launched.append((backend, gpus))
         return self.process
 

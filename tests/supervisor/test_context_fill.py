@@ -16,7 +16,7 @@ import trio
 from yard.config import BackendConfig, FillContext, load_config
 from yard.demo.llama_server import find_llama_server
 from yard.demo.tinymodel import write_sized_llama
-from yard.ports import BackendProcess, BackendStartError, launch_backend, takes_measure
+from yard.ports import BackendStartError
 from yard.supervisor import Supervisor, fills_context
 
 MIB = 1 << 20
@@ -136,7 +136,7 @@ async def test_a_measured_llama_load_is_ready_only_after_a_full_context_prompt(
 ) -> None:
     with trio.fail_after(30):
         async with supervising(tmp_path, llama_toml(tmp_path, "llm")) as supervisor:
-            process = await launch_backend(supervisor, "llm", (), measure=True)
+            process = await supervisor.launch("llm", (), measure=True)
             await process.wait_ready()
             assert "[yard] context filled" in supervisor.log_lines("llm")
             # The configured warm-up first, then n_ctx (64) less 8 tokens.
@@ -147,7 +147,7 @@ async def test_a_measured_llama_load_is_ready_only_after_a_full_context_prompt(
             ]
             await process.stop()
             # A load that is not measured (the profile is known) skips it.
-            again = await launch_backend(supervisor, "llm", (), measure=False)
+            again = await supervisor.launch("llm", (), measure=False)
             await again.wait_ready()
             await eventually(lambda: len(requests_seen(supervisor, "llm")) == 3)
             await trio.sleep(0.2)
@@ -197,31 +197,6 @@ async def test_running_out_of_memory_under_the_fill_fails_the_start_as_oom(
             with pytest.raises(BackendStartError, match="exited before it was ready") as info:
                 await process.wait_ready()
             assert info.value.oom
-
-
-class PlainLauncher:
-    """A launcher written before ``measure`` existed."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[str, ...]]] = []
-
-    async def launch(self, backend: str, gpus: tuple[str, ...]) -> BackendProcess:
-        self.calls.append((backend, gpus))
-        raise BackendStartError("recorded")
-
-
-async def test_launchers_without_the_measure_keyword_are_still_called_plainly() -> None:
-    plain = PlainLauncher()
-    assert not takes_measure(plain)
-    with pytest.raises(BackendStartError):
-        await launch_backend(plain, "llm", ("gpu0",), measure=True)
-    assert plain.calls == [("llm", ("gpu0",))]
-
-
-def test_the_supervisor_takes_the_measure_keyword(tmp_path: Path) -> None:
-    path = tmp_path / "yard.toml"
-    path.write_text("")
-    assert takes_measure(Supervisor(load_config(path, env={})))
 
 
 @pytest.mark.slow
