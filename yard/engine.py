@@ -407,7 +407,10 @@ class Engine:
         self._subscriber_buffer = subscriber_buffer
         self._send, self._receive = trio.open_memory_channel[Event](math.inf)
         self._log: deque[LoggedDecision] = deque(maxlen=log_size)
-        self._subscribers: list[trio.MemorySendChannel[LoggedDecision]] = []
+        # Each live feed with the decision types it takes (None: all).
+        self._subscribers: list[
+            tuple[trio.MemorySendChannel[LoggedDecision], tuple[type[Decision], ...] | None]
+        ] = []
         self._admissions: dict[str, Admission] = {}
         self._backends: dict[str, _Backend] = {}
         self._raised: dict[str, tuple[int, int]] = {}
@@ -507,12 +510,16 @@ class Engine:
         """The most recent decisions (up to ``log_size``), oldest first."""
         return list(self._log)
 
-    def subscribe(self) -> trio.MemoryReceiveChannel[LoggedDecision]:
-        """A live feed of decisions from now on. A subscriber that falls more than
-        ``subscriber_buffer`` decisions behind is dropped (its channel ends); the
-        engine never waits for anybody."""
+    def subscribe(
+        self, kinds: tuple[type[Decision], ...] | None = None
+    ) -> trio.MemoryReceiveChannel[LoggedDecision]:
+        """A live feed of decisions from now on: those that are instances of one
+        of ``kinds`` (None: all of them), so that a subscriber that wants a few
+        kinds is not sent, say, a dispatch for every request. A subscriber that
+        falls more than ``subscriber_buffer`` decisions behind is dropped (its
+        channel ends); the engine never waits for anybody."""
         send, receive = trio.open_memory_channel[LoggedDecision](self._subscriber_buffer)
-        self._subscribers.append(send)
+        self._subscribers.append((send, kinds))
         return receive
 
     def statistics(self) -> EngineStatistics:
@@ -643,11 +650,14 @@ class Engine:
         logged = LoggedDecision(at=now, decision=decision)
         self._log.append(logged)
         if self._subscribers:
-            for subscriber in list(self._subscribers):
+            for entry in list(self._subscribers):
+                subscriber, kinds = entry
+                if kinds is not None and not isinstance(decision, kinds):
+                    continue
                 try:
                     subscriber.send_nowait(logged)
                 except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-                    self._subscribers.remove(subscriber)
+                    self._subscribers.remove(entry)
                     subscriber.close()
 
     def _send_event(self, event: Event) -> None:
@@ -1022,7 +1032,7 @@ class Engine:
         self._admissions.clear()
         self._queued = 0
         self._inflight = 0
-        for subscriber in self._subscribers:
+        for subscriber, _ in self._subscribers:
             subscriber.close()
         self._subscribers.clear()
         self._send.close()

@@ -202,7 +202,7 @@ async def _serve(
             start_timeout_s=start_timeout,
             shutdown_grace_s=max(30.0, 2 * config.server.stop_grace_s),
         )
-        nursery.start_soon(log_decisions, engine, engine.subscribe(), stop)
+        nursery.start_soon(log_decisions, engine, engine.subscribe(logged_kinds()), stop)
         await nursery.start(engine.run)
 
         runtime = Runtime(config=config, engine=engine, launcher=supervisor, started_at=time.time())
@@ -336,13 +336,21 @@ LOG_PAUSE_S = 0.05
 """How long the decision log rests after each batch (see :func:`log_decisions`)."""
 
 
+def logged_kinds() -> tuple[type[Decision], ...]:
+    """The decision types :func:`log_decisions` takes from the engine: those it
+    logs at INFO, and dispatches too only while DEBUG is on (one per request,
+    which would otherwise enter its feed for nothing)."""
+    kinds: tuple[type[Decision], ...] = (StartBackend, StopBackend, Reject, Requeue)
+    return (*kinds, Dispatch) if log.isEnabledFor(logging.DEBUG) else kinds
+
+
 async def log_decisions(
     engine: Engine, feed: trio.MemoryReceiveChannel[LoggedDecision], stop: trio.Event
 ) -> None:
     """Log the core's decisions as the engine makes them (see
     :func:`describe_decision`) until cancelled, or until the engine closes
-    its feeds after ``stop``. ``feed`` is ``engine.subscribe()``, taken before
-    the engine runs so that its first decisions are seen too.
+    its feeds after ``stop``. ``feed`` is ``engine.subscribe(logged_kinds())``,
+    taken before the engine runs so that its first decisions are seen too.
 
     A decision is logged at once when the log is idle; after each batch the
     task rests :data:`LOG_PAUSE_S` and then takes everything that came in
@@ -368,7 +376,7 @@ async def log_decisions(
         # The engine drops a subscriber that falls behind (it never waits):
         # say so and follow again.
         log.warning("the decision log fell behind; some decisions were not logged")
-        feed = engine.subscribe()
+        feed = engine.subscribe(logged_kinds())
 
 
 def _log_decision(logged: LoggedDecision) -> None:

@@ -45,7 +45,7 @@ from yard.core.events import (
     Tick,
 )
 from yard.core.spec import HOST, Profile
-from yard.engine import Engine, Rejected
+from yard.engine import Engine, LoggedDecision, Rejected
 from yard.ports import DeviceReading
 
 GiB = 1 << 30
@@ -508,6 +508,36 @@ async def test_a_slow_subscriber_is_dropped_and_the_log_keeps_the_latest(
         assert [d.decision.reason for d in h.engine.decisions()] == ["flag 2", "flag 3", "flag 4"]
         received = [d.decision.reason async for d in feed]
         assert received == ["flag 0", "flag 1", "flag 2", "flag 3"]
+
+
+async def test_a_subscriber_gets_only_the_decision_kinds_it_asked_for(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    def react(event: Event, now: float) -> list[Decision]:
+        if isinstance(event, RequestArrived):
+            return [
+                StartBackend(reason="go", backend="llm"),
+                Dispatch(reason="go", request_id=event.request_id, backend="llm"),
+                Flag(reason="look"),
+            ]
+        return []
+
+    async with running(react) as h:
+        starts = h.engine.subscribe((StartBackend, Flag))
+        everything = h.engine.subscribe()
+        h.engine.submit(backend="llm", priority=1, request_id="a")
+        await trio.testing.wait_all_tasks_blocked()
+        assert [type(d.decision) for d in _drain(starts)] == [StartBackend, Flag]
+        assert [type(d.decision) for d in _drain(everything)] == [StartBackend, Dispatch, Flag]
+
+
+def _drain(feed: trio.MemoryReceiveChannel[LoggedDecision]) -> list[LoggedDecision]:
+    received: list[LoggedDecision] = []
+    while True:
+        try:
+            received.append(feed.receive_nowait())
+        except trio.WouldBlock:
+            return received
 
 
 async def test_shutdown_stops_every_backend_and_ends_waiting_requests(

@@ -10,10 +10,24 @@ from typing import cast
 import pytest
 import trio
 
-from yard.core.decisions import Dispatch, Flag, Reject, Requeue, StartBackend, StopBackend
+from yard.core.decisions import (
+    Decision,
+    Dispatch,
+    Flag,
+    Reject,
+    Requeue,
+    StartBackend,
+    StopBackend,
+)
 from yard.engine import Engine, LoggedDecision
 from yard.ports import BackendStartError, ExitStatus
-from yard.serve import LOG_PAUSE_S, LoggingLauncher, describe_decision, log_decisions
+from yard.serve import (
+    LOG_PAUSE_S,
+    LoggingLauncher,
+    describe_decision,
+    log_decisions,
+    logged_kinds,
+)
 
 
 def test_decisions_are_logged_with_the_cores_reason_naming_their_subject_once() -> None:
@@ -138,10 +152,14 @@ class _Feeds:
 
     def __init__(self) -> None:
         self.senders: list[trio.MemorySendChannel[LoggedDecision]] = []
+        self.kinds: list[tuple[type[Decision], ...] | None] = []
 
-    def subscribe(self) -> trio.MemoryReceiveChannel[LoggedDecision]:
+    def subscribe(
+        self, kinds: tuple[type[Decision], ...] | None = None
+    ) -> trio.MemoryReceiveChannel[LoggedDecision]:
         send, receive = trio.open_memory_channel[LoggedDecision](10)
         self.senders.append(send)
+        self.kinds.append(kinds)
         return receive
 
 
@@ -176,6 +194,17 @@ async def test_decision_log_follows_again_when_dropped_and_ends_after_stop(
         ("INFO", "starting a: again"),
     ]
     assert len(feeds.senders) == 2
+    # It follows again without dispatches, which it does not log at INFO.
+    assert feeds.kinds[1] == (StartBackend, StopBackend, Reject, Requeue)
+
+
+def test_the_decision_log_asks_for_dispatches_only_while_debug_is_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="yard.serve"):
+        assert Dispatch not in logged_kinds()
+    with caplog.at_level(logging.DEBUG, logger="yard.serve"):
+        assert logged_kinds() == (StartBackend, StopBackend, Reject, Requeue, Dispatch)
 
 
 async def test_decision_log_takes_a_burst_in_one_go_after_a_short_rest(
