@@ -405,7 +405,8 @@ class Engine:
         self._profile_interval_s = profile_interval_s
         self._shutdown_grace_s = shutdown_grace_s
         self._subscriber_buffer = subscriber_buffer
-        self._send, self._receive = trio.open_memory_channel[Event](math.inf)
+        # None is no event: it wakes the loop to work out its next wake-up again.
+        self._send, self._receive = trio.open_memory_channel[Event | None](math.inf)
         self._log: deque[LoggedDecision] = deque(maxlen=log_size)
         # Each live feed with the decision types it takes (None: all).
         self._subscribers: list[
@@ -418,6 +419,8 @@ class Engine:
         self._started = False
         self._closed = False
         self._last_tick = -math.inf
+        # While the loop waits for an event: until when (None: no wake-up due).
+        self._waiting_until: float | None = None
         # Counters and gauges for statistics().
         self._queued = 0
         self._inflight = 0
@@ -480,18 +483,34 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in use")
         self._admissions[request_id] = admission
         self._queued += 1
-        self._send.send_nowait(
-            RequestArrived(
-                request_id=request_id,
-                backend=backend,
-                priority=priority,
-                app=app,
-                arrived_at=arrived_at,
-                start_by=start_by,
-                allow_late=allow_late,
-                requeued=requeued,
-            )
+        event = RequestArrived(
+            request_id=request_id,
+            backend=backend,
+            priority=priority,
+            app=app,
+            arrived_at=arrived_at,
+            start_by=start_by,
+            allow_late=allow_late,
+            requeued=requeued,
         )
+        waiting_until = self._waiting_until
+        if self._receive.statistics().tasks_waiting_receive and (
+            waiting_until is None or now < waiting_until
+        ):
+            # The loop is idle: no event is queued or on its way to it (a send
+            # takes it off the waiters, and so does its wake-up or cancellation),
+            # so handling the request here keeps the order of events and saves
+            # a task switch per request.
+            self._handle(event)
+            wake = self._scheduler.next_wakeup()
+            if wake is not None and (
+                waiting_until is None
+                or max(wake, self._last_tick + _MIN_TICK_GAP_S) < waiting_until
+            ):
+                # It needs a Tick sooner than the loop is waiting for.
+                self._send.send_nowait(None)
+        else:
+            self._send.send_nowait(event)
         return admission
 
     def send(self, event: Event) -> None:
@@ -602,12 +621,14 @@ class Engine:
                 event = receive.receive_nowait()
             except trio.WouldBlock:
                 unyielded = 0
+                self._waiting_until = wake
                 if wake is None:
                     event = await receive.receive()
                 else:
                     with trio.move_on_at(wake):
                         event = await receive.receive()
-                        self._handle(event)
+                        if event is not None:
+                            self._handle(event)
                         continue
                     self._tick()
                     continue
@@ -616,7 +637,8 @@ class Engine:
                 if unyielded >= _YIELD_EVERY:
                     unyielded = 0
                     await trio.lowlevel.checkpoint()
-            self._handle(event)
+            if event is not None:
+                self._handle(event)
 
     def _tick(self) -> None:
         self._last_tick = trio.current_time()

@@ -3,6 +3,7 @@ assertion on time is exact."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -508,6 +509,45 @@ async def test_a_slow_subscriber_is_dropped_and_the_log_keeps_the_latest(
         assert [d.decision.reason for d in h.engine.decisions()] == ["flag 2", "flag 3", "flag 4"]
         received = [d.decision.reason async for d in feed]
         assert received == ["flag 0", "flag 1", "flag 2", "flag 3"]
+
+
+async def test_an_idle_engine_takes_a_request_in_at_once_and_wakes_for_an_earlier_tick(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    def react(event: Event, now: float) -> list[Decision]:
+        if isinstance(event, RequestArrived):
+            # "a" needs a wake-up at 3, "b" an earlier one, at 2.
+            wake = now + (2.0 if event.request_id == "a" else 0.5)
+            h.policy.wakeup = min(wake, h.policy.wakeup or math.inf)
+        elif isinstance(event, Tick):
+            h.policy.wakeup = None
+        return []
+
+    async with running(react) as h:
+        await trio.sleep(1)
+        h.engine.submit(backend="llm", priority=1, request_id="a")
+        # Handled in submit itself: no task switch to the loop.
+        assert [(t, type(e)) for t, e in h.policy.seen] == [(1.0, RequestArrived)]
+        await trio.sleep(0.5)
+        h.engine.submit(backend="llm", priority=1, request_id="b")
+        await trio.sleep(5)
+        assert [(t, type(e)) for t, e in h.policy.seen] == [
+            (1.0, RequestArrived),
+            (1.5, RequestArrived),
+            (2.0, Tick),
+        ]
+
+
+async def test_a_request_submitted_behind_a_pending_event_is_handled_after_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(None) as h:
+        await trio.sleep(1)
+        h.engine.send(BackendStopped(backend="llm"))
+        h.engine.submit(backend="llm", priority=1, request_id="a")
+        assert h.policy.seen == []
+        await trio.testing.wait_all_tasks_blocked()
+        assert [type(e) for _, e in h.policy.seen] == [BackendStopped, RequestArrived]
 
 
 async def test_a_subscriber_gets_only_the_decision_kinds_it_asked_for(
