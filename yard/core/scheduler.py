@@ -1458,7 +1458,10 @@ class Scheduler:
         if not chosen:
             if not still_stopping and all(need[d] <= free_now[d] for d in devs):
                 fig = ", ".join(
-                    f"{d}: needs {_gib(need[d])}, {_gib(free_now[d])} free" for d in devs
+                    f"{d}: needs {_gib(need[d])}, {_gib(free_now[d])} free"
+                    if b.profile is not None
+                    else f"{d}: {_gib(free_now[d])} free, no profile yet"
+                    for d in devs
                 )
                 return _Plan(b, gpus, _START, f"placed on {where} ({fig})", need=need, slack=slack)
             stopping = [
@@ -1507,9 +1510,12 @@ class Scheduler:
                     f"stopping idle {o.name} (cheapest to reload, {_secs(self._load_s(o))})"
                 )
         short = max(devs, key=lambda d: (need[d] - free_now[d], d))
-        plan.room = (
-            f"{short}: {b.name} needs {_gib(need[short])}, {_gib(max(0, free_now[short]))} free"
-        )
+        if b.profile is None:
+            plan.room = f"{short}: {b.name} has no profile yet and loads alone to be measured"
+        else:
+            plan.room = (
+                f"{short}: {b.name} needs {_gib(need[short])}, {_gib(max(0, free_now[short]))} free"
+            )
         plan.reason = f"waiting for {plan.room}; " + "; ".join(parts)
         return plan
 
