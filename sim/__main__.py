@@ -54,6 +54,9 @@ def _report(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, dict[str, float]]] = {}
     for scenario in chosen:
         rows = {p: found[(scenario.name, p)] for p in policies if (scenario.name, p) in found}
+        if not rows:
+            # None of the chosen policies runs this scenario (the first day is yard's alone).
+            continue
         results[scenario.name] = rows
         if not args.json:
             print(render_table(scenario.name, scenario.title, rows))

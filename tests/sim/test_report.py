@@ -46,3 +46,13 @@ def test_report_table_names_the_scenario_and_each_policy(
     out = capsys.readouterr().out
     assert out.startswith("### ten-jobs: ten jobs, three models, one deadline")
     assert "| yard | 3 | 3 | 1.00 | 0 | 1 | 0 | 0 |" in out
+
+
+def test_report_skips_a_scenario_that_none_of_the_chosen_policies_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The first day is yard's alone: asking for a baseline there prints nothing for
+    # it, instead of failing on an empty table.
+    argv = ["report", "--scenario", "radio-day-1gpu-first-day", "--policy", "lru", "--jobs", "1"]
+    assert main(argv) == 0
+    assert "radio-day-1gpu-first-day" not in capsys.readouterr().out
