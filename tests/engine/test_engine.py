@@ -366,7 +366,9 @@ async def test_an_upstream_lost_report_waits_for_the_cores_verdict(
         admission = h.engine.submit(backend="llm", priority=1, request_id="a")
         await admission.wait_dispatched()
         admission.report("upstream_lost", "connection reset")
-        assert h.engine.statistics().queue_length == 1
+        # The engine was idle: the core heard the report at once, so its
+        # verdict is already there (no task switch in between).
+        assert admission.state == "rejected"
         with pytest.raises(Rejected) as caught:
             await admission.wait_dispatched()
         assert (caught.value.status, caught.value.code) == (502, "backend_failed")
@@ -541,13 +543,19 @@ async def test_an_idle_engine_takes_a_request_in_at_once_and_wakes_for_an_earlie
 async def test_a_request_submitted_behind_a_pending_event_is_handled_after_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(None) as h:
+    def react(event: Event, now: float) -> list[Decision]:
+        if isinstance(event, Tick):
+            # Stopping a backend that is not running queues a BackendStopped.
+            return [StopBackend(reason="test", backend="llm")]
+        return []
+
+    async with running(react) as h:
         await trio.sleep(1)
-        h.engine.send(BackendStopped(backend="llm"))
+        h.engine.send(Tick())
         h.engine.submit(backend="llm", priority=1, request_id="a")
-        assert h.policy.seen == []
+        assert [type(e) for _, e in h.policy.seen] == [Tick]
         await trio.testing.wait_all_tasks_blocked()
-        assert [type(e) for _, e in h.policy.seen] == [BackendStopped, RequestArrived]
+        assert [type(e) for _, e in h.policy.seen] == [Tick, BackendStopped, RequestArrived]
 
 
 async def test_a_subscriber_gets_only_the_decision_kinds_it_asked_for(
@@ -737,3 +745,49 @@ async def test_a_meter_that_fails_to_read_is_skipped_and_the_engine_goes_on(
         readings = [t for t, e in h.policy.seen if isinstance(e, MemoryMeasured)]
         # Reads at 0, 1, 2, 3, 4, 5: every other one failed.
         assert readings == [1.0, 3.0, 5.0]
+
+
+async def test_a_request_to_a_ready_backend_is_dispatched_inside_submit(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(start_then_dispatch()) as h:
+        first = h.engine.submit(backend="llm", priority=1, request_id="a")
+        assert first.assignment is None  # the backend is still loading
+        await first.wait_dispatched()
+        second = h.engine.submit(backend="llm", priority=1, request_id="b")
+        # No task switch needed: the caller can go to the backend at once.
+        assert second.assignment is not None
+        assert second.assignment.backend == "llm"
+        assert await second.wait_dispatched() == second.assignment
+
+
+async def test_an_idle_engine_hears_a_request_end_in_the_reporting_task(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(start_then_dispatch()) as h:
+        admission = h.engine.submit(backend="llm", priority=1, request_id="a")
+        await admission.wait_dispatched()
+        admission.report("ok")
+        # Before any checkpoint: the core has the event already.
+        assert type(h.policy.seen[-1][1]) is RequestFinished
+        assert h.engine.statistics().inflight == 0
+
+
+async def test_an_event_raised_while_a_decision_is_applied_waits_for_the_loop(
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def react(event: Event, now: float) -> list[Decision]:
+        if isinstance(event, Tick):
+            # Stopping a backend that is not running makes the engine send
+            # BackendStopped while it applies this decision.
+            return [StopBackend(reason="test", backend="llm"), Flag(reason="after the stop")]
+        return []
+
+    async with running(react) as h:
+        h.engine.send(Tick())
+        await trio.testing.wait_all_tasks_blocked()
+        kinds = [type(e) for _, e in h.policy.seen]
+        # Handled after the whole Tick (both decisions applied), not inside it.
+        assert kinds == [Tick, BackendStopped]
+        assert [type(d.decision) for d in h.engine.decisions()] == [StopBackend, Flag]

@@ -27,6 +27,8 @@ class FakeAdmission:
     reports: list[tuple[str, str]] = field(default_factory=list)
     cancelled: bool = False
     dispatches: int = 0
+    # Never dispatched inside submit: the gateway always waits.
+    assignment: Assignment | None = None
 
     async def wait_dispatched(self) -> Assignment:
         await trio.lowlevel.checkpoint()

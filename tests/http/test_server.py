@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import socket
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import pytest
 import trio
+import trio.testing
 
 from yard.http.server import ASGIApp, serve
 
@@ -138,3 +140,52 @@ async def test_a_client_hanging_up_cancels_the_scope_the_app_watches(port: int) 
         await stream.aclose()
         await HANG_UP.wait()
     assert HANG_UPS == ["/wait-for-hang-up"]
+
+
+async def test_a_request_that_arrives_while_the_hang_up_watch_reads_is_never_lost() -> None:
+    # The next request reaches the socket while the app still works on this
+    # one, so the reader that watches for a hang-up takes it (and holds it
+    # across Trio's post-read checkpoint) while the app answers and the
+    # connection's task turns to reading the next request itself. Which of
+    # the two runs first is up to Trio's shuffled batches; over 40 requests
+    # both orders happen, and not one request may be lost.
+    request = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+    rounds = 40
+    served = 0
+    all_served = trio.Event()
+    client: socket.socket | None = None
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        nonlocal served
+        if scope["type"] == "lifespan":
+            await _app(scope, receive, send)
+            return
+        await receive()  # the body is in: the watch starts
+        assert client is not None
+        if served < rounds:
+            client.sendall(request)  # the next one, sent by a blocking client
+        await trio.lowlevel.checkpoint()  # the watch reads it
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-length", b"2")],
+                "yard.hold": True,
+            }
+        )
+        await send({"type": "http.response.body", "body": b"ok"})
+        served += 1
+        if served > rounds:
+            all_served.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(
+                functools.partial(serve, cast(ASGIApp, app), "127.0.0.1", 0)
+            )
+            client = socket.create_connection(("127.0.0.1", int(binds[0].rsplit(":", 1)[1])))
+            with client:
+                client.sendall(request)
+                await all_served.wait()
+            nursery.cancel_scope.cancel()
+    assert served == rounds + 1

@@ -361,7 +361,9 @@ class Gateway:
         try:
             while True:
                 try:
-                    assignment = await admission.wait_dispatched()
+                    # Dispatched at once (inside submit) on an idle engine:
+                    # go straight to the backend, without a checkpoint.
+                    assignment = admission.assignment or await admission.wait_dispatched()
                 except Rejected as exc:
                     outcome = exc.code
                     return await _send_error(

@@ -28,6 +28,8 @@ from urllib.parse import urlsplit
 
 import trio
 
+from yard.http import sockio
+
 if TYPE_CHECKING:
     from yard.config import AppConfig
 
@@ -153,15 +155,15 @@ class _Connection:
         # One write for small requests (each write wakes the backend); large
         # bodies go as they are rather than being copied into one buffer.
         if sum(map(len, data)) <= _JOIN_LIMIT:
-            await self.stream.send_all(b"".join(data))
+            await sockio.send_all(self.stream, b"".join(data))
             return
         for piece in data:
             if piece:
-                await self.stream.send_all(piece)
+                await sockio.send_all(self.stream, piece)
 
     async def fill(self) -> None:
         """Read more bytes into the buffer; sets ``eof`` when the peer closed."""
-        data = await self.stream.receive_some(_READ_SIZE)
+        data = await sockio.receive_some(self.stream, _READ_SIZE)
         if data:
             self.buffer += data
         else:

@@ -40,6 +40,8 @@ from urllib.parse import unquote
 import h11
 import trio
 
+from yard.http import sockio
+
 log = logging.getLogger("yard.http.server")
 
 Scope = MutableMapping[str, Any]
@@ -100,6 +102,10 @@ class _Connection:
         self._read_scope: trio.CancelScope | None = None
         self._pipelined = 0
         self._watched: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
+        self._reader_started = False
+        self._reading = False
+        self._parked: trio.Event | None = None
 
     # -- the yard.disconnect extension ---------------------------------------
 
@@ -118,24 +124,47 @@ class _Connection:
         stream = self.stream
         while True:
             await self._may_read.wait()
-            with trio.CancelScope() as scope:
-                self._read_scope = scope
-                try:
-                    data = await stream.receive_some(_READ)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    data = b""
-            self._read_scope = None
-            if scope.cancelled_caught:
-                continue  # stop_watching: the connection's task reads again
-            if not data:
-                self._hang_up()
-                return
-            # Bytes after the body (a pipelined request) wait in h11's
-            # buffer; past a limit stop reading (and watching).
-            self.h11.receive_data(data)
-            self._pipelined += len(data)
-            if self._pipelined > _PIPELINE_LIMIT:
-                self._may_read = trio.Event()
+            if not self._may_read.is_set():
+                # Stopped again before this task ran (the app answered
+                # without a checkpoint): the connection's task reads now.
+                continue
+            self._reading = True
+            try:
+                with trio.CancelScope() as scope:
+                    self._read_scope = scope
+                    try:
+                        data = await stream.receive_some(_READ)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        data = b""
+                self._read_scope = None
+                if scope.cancelled_caught:
+                    continue  # stop_watching: the connection's task reads again
+                if not data:
+                    self._hang_up()
+                    return
+                # Bytes after the body (a pipelined request, or the next one
+                # sent the moment the response arrived) wait in h11's buffer;
+                # past a limit stop reading (and watching).
+                self.h11.receive_data(data)
+                self._pipelined += len(data)
+                if self._pipelined > _PIPELINE_LIMIT:
+                    self._may_read = trio.Event()
+            finally:
+                self._reading = False
+                parked = self._parked
+                if parked is not None:
+                    self._parked = None
+                    parked.set()
+
+    async def _wait_reader_parked(self) -> None:
+        """After :meth:`stop_watching`: wait until the reader is out of its
+        read. A cancel cannot take back a read whose bytes were already
+        there when the reader was woken: those bytes (the client's next
+        request) must reach h11 before the connection's task reads again,
+        or it would wait for bytes that were already taken."""
+        if self._reading:
+            self._parked = trio.Event()
+            await self._parked.wait()
 
     def _hang_up(self) -> None:
         self.gone = True
@@ -147,6 +176,12 @@ class _Connection:
         """The request's body is in: keep reading, to see a hang-up at once."""
         self._pipelined = 0
         self._may_read.set()
+        if not self._reader_started and self._nursery is not None:
+            # Started at the first request's end, not when the connection
+            # opens: its first steps then run while the app waits on its
+            # backend, not before the request is even parsed.
+            self._reader_started = True
+            self._nursery.start_soon(self._reader)
 
     def stop_watching(self) -> None:
         self._watched = None
@@ -163,7 +198,7 @@ class _Connection:
             if event is h11.NEED_DATA:
                 if not self.gone:
                     try:
-                        data = await self.stream.receive_some(_READ)
+                        data = await sockio.receive_some(self.stream, _READ)
                     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                         data = b""
                     if data:
@@ -180,7 +215,7 @@ class _Connection:
         if not data or self.gone:
             return
         try:
-            await self.stream.send_all(data)
+            await sockio.send_all(self.stream, data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._hang_up()
 
@@ -188,7 +223,7 @@ class _Connection:
         server = self.server
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._reader)
+                self._nursery = nursery
                 try:
                     await self._serve_requests()
                 finally:
@@ -216,6 +251,7 @@ class _Connection:
                 await self._request(event)
             finally:
                 self.stop_watching()
+            await self._wait_reader_parked()
             if self.gone or self.h11.our_state is not h11.DONE or not await self._drain_request():
                 return
             self.h11.start_next_cycle()
