@@ -1,4 +1,4 @@
-"""A lean HTTP/1.1 server for yard's ASGI app, on Trio and h11.
+"""A lean HTTP/1.1 server for yard's ASGI app, on Trio.
 
 Why not hypercorn: the proxy's budget is a fraction of a millisecond per
 request, and hypercorn alone spent about 300 µs of CPU per request here (a
@@ -7,8 +7,9 @@ app inline in the connection's task and writes a response's head together
 with its first body chunk, so a small proxied answer costs one read and one
 write on the client side.
 
-What it supports, and nothing more: HTTP/1.1 and 1.0 with keep-alive (h11
-does the parsing and framing), ASGI 3 ``http`` and ``lifespan`` scopes,
+What it supports, and nothing more: HTTP/1.1 and 1.0 with keep-alive
+(:mod:`yard.http.wire` does the parsing and framing: h11 did, at four to
+seven times the cost), ASGI 3 ``http`` and ``lifespan`` scopes,
 ``Expect: 100-continue``, ``http.disconnect`` when the client goes away (also
 while the response streams), and graceful shutdown. No TLS, HTTP/2 or
 websockets: yard listens on loopback or behind a reverse proxy.
@@ -28,19 +29,16 @@ Extensions (in ``scope["extensions"]``):
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping
 from functools import partial
-from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote
 
-import h11
 import trio
 
-from yard.http import sockio
+from yard.http import sockio, wire
 
 log = logging.getLogger("yard.http.server")
 
@@ -57,23 +55,6 @@ _DRAIN_LIMIT = 16 * 2**20
 _PIPELINE_LIMIT = 1 * 2**20
 _DEFER_ACCEPT_S = 5
 _ERROR_HEAD = [(b"content-type", b"text/plain"), (b"connection", b"close")]
-
-
-def header_pairs(headers: h11._headers.Headers) -> list[tuple[bytes, bytes]]:
-    """(lower-case name, value) pairs of parsed h11 headers, without going
-    through ``Sequence.__iter__`` item by item (a hot spot of the proxy)."""
-    full = getattr(headers, "_full_items", None)
-    if full is None:
-        return list(headers)
-    return [(name, value) for _, name, value in full]
-
-
-@functools.cache
-def _reason(status: int) -> bytes:
-    try:
-        return HTTPStatus(status).phrase.encode()
-    except ValueError:
-        return b""
 
 
 class _Connection:
@@ -94,7 +75,7 @@ class _Connection:
         self.server = server
         self.stream = stream
         self.client = client
-        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
+        self.wire = wire.ServerConnection(max_head=_MAX_HEAD)
         self.gone = False
         self.gone_event = trio.Event()
         self.idle_since: float | None = None
@@ -143,9 +124,9 @@ class _Connection:
                     self._hang_up()
                     return
                 # Bytes after the body (a pipelined request, or the next one
-                # sent the moment the response arrived) wait in h11's buffer;
+                # sent the moment the response arrived) wait in the parser's buffer;
                 # past a limit stop reading (and watching).
-                self.h11.receive_data(data)
+                self.wire.receive_data(data)
                 self._pipelined += len(data)
                 if self._pipelined > _PIPELINE_LIMIT:
                     self._may_read = trio.Event()
@@ -160,7 +141,7 @@ class _Connection:
         """After :meth:`stop_watching`: wait until the reader is out of its
         read. A cancel cannot take back a read whose bytes were already
         there when the reader was woken: those bytes (the client's next
-        request) must reach h11 before the connection's task reads again,
+        request) must reach the parser before the connection's task reads again,
         or it would wait for bytes that were already taken."""
         if self._reading:
             self._parked = trio.Event()
@@ -192,22 +173,22 @@ class _Connection:
             # free for the connection's task when this returns.
             self._read_scope.cancel()
 
-    async def next_event(self) -> h11.Event | type[h11.PAUSED]:
+    async def next_event(self) -> wire.Event | wire.Signal:
         while True:
-            event = self.h11.next_event()
-            if event is h11.NEED_DATA:
+            event = self.wire.next_event()
+            if event is wire.NEED_DATA:
                 if not self.gone:
                     try:
                         data = await sockio.receive_some(self.stream, _READ)
                     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                         data = b""
                     if data:
-                        self.h11.receive_data(data)
+                        self.wire.receive_data(data)
                         continue
                     self._hang_up()
-                self.h11.receive_data(b"")
+                self.wire.receive_data(b"")
                 continue
-            return event  # type: ignore[return-value]
+            return event
 
     async def write(self, data: bytes) -> None:
         # A client that went away makes writes no-ops (as in hypercorn); the
@@ -241,60 +222,55 @@ class _Connection:
             self.idle_since = trio.current_time()
             try:
                 event = await self.next_event()
-            except h11.RemoteProtocolError as exc:
-                await self._simple_error(exc.error_status_hint, str(exc))
+            except wire.ProtocolError as exc:
+                await self._simple_error(exc.status_hint, str(exc))
                 return
             self.idle_since = None
-            if not isinstance(event, h11.Request):
+            if not isinstance(event, wire.Request):
                 return  # ConnectionClosed, or the client sent garbage
             try:
                 await self._request(event)
             finally:
                 self.stop_watching()
             await self._wait_reader_parked()
-            if self.gone or self.h11.our_state is not h11.DONE or not await self._drain_request():
+            if self.gone or self.wire.our_state is not wire.DONE or not await self._drain_request():
                 return
-            self.h11.start_next_cycle()
+            self.wire.start_next_cycle()
 
     async def _drain_request(self) -> bool:
         """Read what the app left of the request body, so the connection can
         be reused (or give up and close it when there is too much)."""
         drained = 0
-        while self.h11.their_state is h11.SEND_BODY:
+        while self.wire.their_state is wire.SEND_BODY:
             try:
                 with trio.move_on_after(1.0) as late:
                     event = await self.next_event()
-            except h11.RemoteProtocolError:
+            except wire.ProtocolError:
                 return False
             if late.cancelled_caught:
                 return False
-            if isinstance(event, h11.Data):
+            if isinstance(event, wire.Data):
                 drained += len(event.data)
                 if drained > _DRAIN_LIMIT:
                     return False
-            elif not isinstance(event, h11.EndOfMessage):
+            elif not isinstance(event, wire.EndOfMessage):
                 return False
-        return self.h11.their_state is h11.DONE
+        return self.wire.their_state is wire.DONE
 
     async def _simple_error(self, status: int, text: str) -> None:
-        if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+        if self.wire.our_state not in (wire.IDLE, wire.SEND_RESPONSE):
             return
         body = text.encode("utf-8", "replace")
         try:
-            head = self.h11.send(
-                h11.Response(
-                    status_code=status,
-                    headers=[*_ERROR_HEAD, (b"content-length", b"%d" % len(body))],
-                    reason=_reason(status),
-                )
+            data = self.wire.response_head(
+                status, [*_ERROR_HEAD, (b"content-length", b"%d" % len(body))]
             )
-            data = (head or b"") + (self.h11.send(h11.Data(data=body)) or b"")
-            data += self.h11.send(h11.EndOfMessage()) or b""
-        except h11.LocalProtocolError:
+            data += self.wire.body(body) + self.wire.end()
+        except wire.LocalProtocolError:
             return
         await self.write(data)
 
-    async def _request(self, request: h11.Request) -> None:
+    async def _request(self, request: wire.Request) -> None:
         raw_path, _, query = request.target.partition(b"?")
         scope: Scope = {
             "type": "http",
@@ -306,7 +282,7 @@ class _Connection:
             "raw_path": raw_path,
             "query_string": query,
             "root_path": "",
-            "headers": header_pairs(request.headers),
+            "headers": request.headers,
             "client": self.client,
             "server": self.server.address,
             "state": dict(self.server.lifespan_state),
@@ -341,19 +317,17 @@ class _Exchange:
     async def receive(self) -> Message:
         conn = self.conn
         if not self.body_done:
-            if conn.h11.they_are_waiting_for_100_continue:
-                await conn.write(
-                    conn.h11.send(h11.InformationalResponse(status_code=100, headers=[])) or b""
-                )
+            if conn.wire.they_are_waiting_for_100_continue:
+                await conn.write(conn.wire.informational_100())
             try:
                 event = await conn.next_event()
-            except h11.RemoteProtocolError:
+            except wire.ProtocolError:
                 self.body_done = True
                 return {"type": "http.disconnect"}
-            if isinstance(event, h11.Data):
-                return {"type": "http.request", "body": bytes(event.data), "more_body": True}
+            if isinstance(event, wire.Data):
+                return {"type": "http.request", "body": event.data, "more_body": True}
             self.body_done = True
-            if isinstance(event, h11.EndOfMessage):
+            if isinstance(event, wire.EndOfMessage):
                 conn.start_watching()
                 return {"type": "http.request", "body": b"", "more_body": False}
             conn._hang_up()
@@ -371,21 +345,11 @@ class _Exchange:
             if self.started:
                 raise RuntimeError("http.response.start sent twice")
             self.started = True
-            # _parsed: the app's headers are trusted (yard's own, or a
-            # backend's that h11 already parsed); h11 still lower-cases them
-            # and checks the framing headers.
-            head = conn.h11.send(
-                h11.Response(
-                    status_code=message["status"],
-                    headers=list(message.get("headers", ())),
-                    reason=_reason(message["status"]),
-                    _parsed=True,
-                )
-            )
+            head = conn.wire.response_head(message["status"], list(message.get("headers", ())))
             if message.get("yard.hold"):
                 self.held = head
             else:
-                await conn.write(head or b"")
+                await conn.write(head)
         elif kind == "http.response.body":
             if not self.started:
                 raise RuntimeError("http.response.body before http.response.start")
@@ -393,9 +357,9 @@ class _Exchange:
             out = self.held or b""
             self.held = None
             if body and not self.head_only:
-                out += conn.h11.send(h11.Data(data=body)) or b""
+                out += conn.wire.body(body)
             if not message.get("more_body", False):
-                out += conn.h11.send(h11.EndOfMessage()) or b""
+                out += conn.wire.end()
             await conn.write(out)
         else:
             raise RuntimeError(f"unsupported ASGI message {kind!r}")
