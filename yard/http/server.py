@@ -85,8 +85,6 @@ class _Connection:
         self._watched: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._reader_started = False
-        self._reading = False
-        self._parked: trio.Event | None = None
 
     # -- the yard.disconnect extension ---------------------------------------
 
@@ -105,47 +103,41 @@ class _Connection:
         stream = self.stream
         while True:
             await self._may_read.wait()
-            if not self._may_read.is_set():
+            watching = self._may_read
+            if not watching.is_set():
                 # Stopped again before this task ran (the app answered
                 # without a checkpoint): the connection's task reads now.
                 continue
-            self._reading = True
+            # Wait, then read in the same step as the check that watching is
+            # still on: this task never holds bytes across a checkpoint, so
+            # once stop_watching returns nothing more is taken from the
+            # socket and the connection's task can read at once (bytes taken
+            # while holding them across Trio's post-read checkpoint were a
+            # lost request: the next one, sent the moment the answer arrived).
+            with trio.CancelScope() as scope:
+                self._read_scope = scope
+                # (Closed by the reaper: the read below says so.)
+                with contextlib.suppress(trio.ClosedResourceError, OSError):
+                    await trio.lowlevel.wait_readable(stream.socket)
+            self._read_scope = None
+            if scope.cancel_called or self._may_read is not watching:
+                continue
             try:
-                with trio.CancelScope() as scope:
-                    self._read_scope = scope
-                    try:
-                        data = await stream.receive_some(_READ)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                        data = b""
-                self._read_scope = None
-                if scope.cancelled_caught:
-                    continue  # stop_watching: the connection's task reads again
-                if not data:
-                    self._hang_up()
-                    return
-                # Bytes after the body (a pipelined request, or the next one
-                # sent the moment the response arrived) wait in the parser's buffer;
-                # past a limit stop reading (and watching).
-                self.wire.receive_data(data)
-                self._pipelined += len(data)
-                if self._pipelined > _PIPELINE_LIMIT:
-                    self._may_read = trio.Event()
-            finally:
-                self._reading = False
-                parked = self._parked
-                if parked is not None:
-                    self._parked = None
-                    parked.set()
-
-    async def _wait_reader_parked(self) -> None:
-        """After :meth:`stop_watching`: wait until the reader is out of its
-        read. A cancel cannot take back a read whose bytes were already
-        there when the reader was woken: those bytes (the client's next
-        request) must reach the parser before the connection's task reads again,
-        or it would wait for bytes that were already taken."""
-        if self._reading:
-            self._parked = trio.Event()
-            await self._parked.wait()
+                data = sockio.read_now(stream, _READ)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if data is None:
+                continue  # a spurious wake-up
+            if not data:
+                self._hang_up()
+                return
+            # Bytes after the body (a pipelined request, or the next one sent
+            # the moment the response arrived) wait in the parser's buffer;
+            # past a limit stop reading (and watching).
+            self.wire.receive_data(data)
+            self._pipelined += len(data)
+            if self._pipelined > _PIPELINE_LIMIT:
+                self._may_read = trio.Event()
 
     def _hang_up(self) -> None:
         self.gone = True
@@ -211,7 +203,9 @@ class _Connection:
                     nursery.cancel_scope.cancel()
         finally:
             server.connections.discard(self)
-            await trio.aclose_forcefully(self.stream)
+            # (Not aclose: its checkpoint would be one more trip through the
+            # run loop, often while the client's next connection waits.)
+            self.stream.socket.close()
 
     async def _serve_requests(self) -> None:
         server = self.server
@@ -232,7 +226,6 @@ class _Connection:
                 await self._request(event)
             finally:
                 self.stop_watching()
-            await self._wait_reader_parked()
             if self.gone or self.wire.our_state is not wire.DONE or not await self._drain_request():
                 return
             self.wire.start_next_cycle()

@@ -50,6 +50,20 @@ async def receive_some(stream: trio.SocketStream, max_bytes: int) -> bytes:
     return await stream.receive_some(max_bytes)
 
 
+def read_now(stream: trio.SocketStream, max_bytes: int) -> bytes | None:
+    """The bytes waiting on the socket now (``b""``: the peer closed), or
+    None when there are none; never waits, never checkpoints."""
+    fd = stream.socket.fileno()
+    if fd < 0:
+        raise trio.ClosedResourceError("the socket was closed")
+    try:
+        return os.read(fd, max_bytes)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        raise trio.BrokenResourceError(str(exc)) from exc
+
+
 async def send_all(stream: trio.SocketStream, data: bytes) -> None:
     """Like ``stream.send_all(data)``."""
     global _fast_ops
