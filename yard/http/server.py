@@ -83,7 +83,7 @@ class _Connection:
         self._read_scope: trio.CancelScope | None = None
         self._pipelined = 0
         self._watched: trio.CancelScope | None = None
-        self._nursery: trio.Nursery | None = None
+        self._reader_scope = trio.CancelScope()
         self._reader_started = False
 
     # -- the yard.disconnect extension ---------------------------------------
@@ -98,6 +98,16 @@ class _Connection:
         self._watched = None
 
     # -- reading ---------------------------------------------------------------
+
+    async def _run_reader(self) -> None:
+        with self._reader_scope:
+            try:
+                await self._reader()
+            except Exception:
+                # In the server's nursery: a failure here must not end the
+                # server. The connection's task sees the client as gone.
+                log.exception("watching the connection from %s failed", self.client)
+                self._hang_up()
 
     async def _reader(self) -> None:
         stream = self.stream
@@ -149,12 +159,12 @@ class _Connection:
         """The request's body is in: keep reading, to see a hang-up at once."""
         self._pipelined = 0
         self._may_read.set()
-        if not self._reader_started and self._nursery is not None:
+        if not self._reader_started and self.server.nursery is not None:
             # Started at the first request's end, not when the connection
             # opens: its first steps then run while the app waits on its
             # backend, not before the request is even parsed.
             self._reader_started = True
-            self._nursery.start_soon(self._reader)
+            self.server.nursery.start_soon(self._run_reader)
 
     def stop_watching(self) -> None:
         self._watched = None
@@ -193,18 +203,17 @@ class _Connection:
             self._hang_up()
 
     async def serve(self) -> None:
-        server = self.server
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                try:
-                    await self._serve_requests()
-                finally:
-                    nursery.cancel_scope.cancel()
+            await self._serve_requests()
         finally:
-            server.connections.discard(self)
-            # (Not aclose: its checkpoint would be one more trip through the
-            # run loop, often while the client's next connection waits.)
+            # The reader lives in the server's nursery, not in one of this
+            # connection's own: leaving a nursery costs a trip through the run
+            # loop (two with a child to wait for), typically while the same
+            # client's next connection waits to be accepted. It is cancelled
+            # here and unwinds on its own. (Not aclose either, for the same
+            # reason: its checkpoint.)
+            self._reader_scope.cancel()
+            self.server.connections.discard(self)
             self.stream.socket.close()
 
     async def _serve_requests(self) -> None:
@@ -368,6 +377,8 @@ class Server:
         self.address: tuple[str, int] | None = None
         self.lifespan_state: dict[str, Any] = {}
         self.connections: set[_Connection] = set()
+        self.nursery: trio.Nursery | None = None
+        """Where each connection's hang-up reader runs (set by :func:`serve`)."""
 
     async def reap_idle(self) -> None:
         """Close keep-alive connections idle for longer than ``keep_alive_s``."""
@@ -492,6 +503,7 @@ async def serve(
             server.address = (str(sockname[0]), int(sockname[1]))
             shown = f"[{sockname[0]}]" if ":" in str(sockname[0]) else str(sockname[0])
             async with trio.open_nursery() as connections:
+                server.nursery = connections
                 async with trio.open_nursery() as accepting:
                     accepting.start_soon(server.reap_idle)
                     accepting.start_soon(
