@@ -29,10 +29,10 @@ Extensions (in ``scope["extensions"]``):
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping
-from functools import partial
 from typing import Any
 from urllib.parse import unquote
 
@@ -55,6 +55,9 @@ _DRAIN_LIMIT = 16 * 2**20
 _PIPELINE_LIMIT = 1 * 2**20
 _DEFER_ACCEPT_S = 5
 _ERROR_HEAD = [(b"content-type", b"text/plain"), (b"connection", b"close")]
+# accept() errors that mean "no capacity now, try again" (as trio.serve_listeners).
+_ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+_ACCEPT_RETRY_S = 0.1
 
 
 class _Connection:
@@ -378,7 +381,9 @@ class Server:
         self.lifespan_state: dict[str, Any] = {}
         self.connections: set[_Connection] = set()
         self.nursery: trio.Nursery | None = None
-        """Where each connection's hang-up reader runs (set by :func:`serve`)."""
+        """Where connections and their hang-up readers run (set by :func:`serve`)."""
+        self.accepting = True
+        self._accept_scopes: set[trio.CancelScope] = set()
 
     async def reap_idle(self) -> None:
         """Close keep-alive connections idle for longer than ``keep_alive_s``."""
@@ -408,6 +413,51 @@ class Server:
         except Exception:
             # One broken connection must never take the server down with it.
             log.exception("connection from %s failed", client)
+        finally:
+            stream.socket.close()
+
+    async def accept_and_serve(self, listener: trio.SocketListener) -> None:
+        """Accept one connection, hand the listener to a new task, serve it.
+
+        Leader and followers instead of one accepting task that starts a task
+        per connection: the task that was woken by the connection serves it
+        straight away, and the next acceptor starts while this one waits on
+        a backend. A task started per connection would only run after one
+        more trip through the run loop, between the accept and the request.
+        """
+        while True:
+            if not self.accepting:
+                return
+            scope = trio.CancelScope()
+            self._accept_scopes.add(scope)
+            try:
+                with scope:
+                    stream = await listener.accept()
+            except trio.ClosedResourceError:
+                return  # shutting down
+            except OSError as exc:
+                if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                # Out of file descriptors or memory: as trio.serve_listeners.
+                log.error("accept failed (%s); retrying in %.1f s", exc, _ACCEPT_RETRY_S)
+                await trio.sleep(_ACCEPT_RETRY_S)
+                continue
+            finally:
+                self._accept_scopes.discard(scope)
+            if scope.cancelled_caught:
+                return
+            break
+        assert self.nursery is not None
+        self.nursery.start_soon(self.accept_and_serve, listener)
+        await self.handle(stream)
+
+    def stop_accepting(self, listeners: list[trio.SocketListener]) -> None:
+        """No new connections: stop the waiting acceptors, close the listeners."""
+        self.accepting = False
+        for scope in list(self._accept_scopes):
+            scope.cancel()
+        for listener in listeners:
+            listener.socket.close()
 
 
 async def _lifespan(
@@ -504,22 +554,19 @@ async def serve(
             shown = f"[{sockname[0]}]" if ":" in str(sockname[0]) else str(sockname[0])
             async with trio.open_nursery() as connections:
                 server.nursery = connections
-                async with trio.open_nursery() as accepting:
-                    accepting.start_soon(server.reap_idle)
-                    accepting.start_soon(
-                        partial(
-                            trio.serve_listeners,
-                            server.handle,
-                            listeners,
-                            handler_nursery=connections,
-                        )
-                    )
+                async with trio.open_nursery() as reaping:
+                    reaping.start_soon(server.reap_idle)
+                    for listener in listeners:
+                        connections.start_soon(server.accept_and_serve, listener)
                     task_status.started([f"http://{shown}:{sockname[1]}"])
-                    if shutdown_trigger is not None:
-                        await shutdown_trigger()
-                    else:
-                        await trio.sleep_forever()
-                    accepting.cancel_scope.cancel()
+                    try:
+                        if shutdown_trigger is not None:
+                            await shutdown_trigger()
+                        else:
+                            await trio.sleep_forever()
+                    finally:
+                        server.stop_accepting(listeners)
+                    reaping.cancel_scope.cancel()
                 # Graceful: keep-alive connections close after their current
                 # request; whatever still runs at the deadline is cancelled.
                 server.closing = True
