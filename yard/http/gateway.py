@@ -358,6 +358,7 @@ class Gateway:
         # (a client that leaves cancels us: "cancelled").
         outcome = "cancelled"
         dispatched_at: float | None = None
+        observed = False
         try:
             while True:
                 try:
@@ -402,11 +403,9 @@ class Gateway:
                             await send(
                                 {"type": "http.response.body", "body": chunk, "more_body": True}
                             )
-                        # The backend's work is done: free its slot before the
-                        # last (empty) write to the client.
+                        # The backend's work is done: free its slot.
                         admission.report("ok")
                         outcome = "ok"
-                        await send({"type": "http.response.body", "body": b"", "more_body": False})
                 except UpstreamError as exc:
                     if not started:
                         # Nothing reached the client: the core decides whether
@@ -418,22 +417,41 @@ class Gateway:
                     # closes without the final chunk) and nothing can be done.
                     admission.report("error", exc.detail)
                     outcome = "error"
+                    return None
+                # The backend's connection is back in its pool and the request
+                # is counted before the last (for a stream, the terminating)
+                # write, so that this bookkeeping is done by the time the same
+                # client's next request arrives, not what it waits behind.
+                observed = True
+                self._count(request, admission, outcome, dispatched_at)
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return None
         finally:
-            if self._observe is not None:
-                self._observe(
-                    model=request.model or "",
-                    backend=request.backend,
-                    outcome=outcome,
-                    # Only a dispatched request has a queue wait, and only a
-                    # proxied one (ok or error) a latency.
-                    queued_s=admission.queued_s if dispatched_at is not None else None,
-                    latency_s=(
-                        trio.current_time() - dispatched_at
-                        if dispatched_at is not None and outcome in ("ok", "error")
-                        else None
-                    ),
-                )
+            if not observed:
+                self._count(request, admission, outcome, dispatched_at)
+
+    def _count(
+        self,
+        request: ProxyRequest,
+        admission: Admission,
+        outcome: str,
+        dispatched_at: float | None,
+    ) -> None:
+        """Tell the metrics hook how the request ended."""
+        if self._observe is not None:
+            self._observe(
+                model=request.model or "",
+                backend=request.backend,
+                outcome=outcome,
+                # Only a dispatched request has a queue wait, and only a
+                # proxied one (ok or error) a latency.
+                queued_s=admission.queued_s if dispatched_at is not None else None,
+                latency_s=(
+                    trio.current_time() - dispatched_at
+                    if dispatched_at is not None and outcome in ("ok", "error")
+                    else None
+                ),
+            )
 
     async def _submit_job(self, request: ProxyRequest, rerun_safe: bool, send: Send) -> None:
         jobs = self.runtime.jobs

@@ -365,6 +365,10 @@ class _Exchange:
                 out += conn.wire.body(body)
             if not message.get("more_body", False):
                 out += conn.wire.end()
+                # Nothing is left to cancel: stop watching for a hang-up
+                # before the last write rather than after it, when the
+                # client may already be sending its next request.
+                conn.stop_watching()
             await conn.write(out)
         else:
             raise RuntimeError(f"unsupported ASGI message {kind!r}")
