@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 yard_proc.kill()
         direct_proc.kill()
         direct_proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
 
     def ms(us: float) -> str:
         return f"{us / 1000.0:.3f} ms"
