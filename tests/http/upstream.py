@@ -166,7 +166,11 @@ async def _stream_events(
     await _send(
         stream,
         conn,
-        h11.Response(status_code=200, headers=[("content-type", "text/event-stream")]),
+        # (llama-server, too, asks proxies not to buffer its streams.)
+        h11.Response(
+            status_code=200,
+            headers=[("content-type", "text/event-stream"), ("x-accel-buffering", "no")],
+        ),
     )
     state.open_streams += 1
     try:

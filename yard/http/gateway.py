@@ -96,7 +96,8 @@ LOCAL_APP = "local"
 
 # Request headers yard consumes and never passes on.
 _DROPPED = HOP_BY_HOP | {b"host", b"content-length", b"prefer"}
-_RESPONSE_DROPPED = HOP_BY_HOP
+# (x-accel-buffering: yard adds its own "no"; a backend's would be a second.)
+_RESPONSE_DROPPED = HOP_BY_HOP | {b"x-accel-buffering"}
 _ACCEL = (b"x-accel-buffering", b"no")
 _JSON_CT = b"application/json"
 _DISPOSITION_NAME = re.compile(rb'(?:^|;)\s*name="([^"]*)"', re.IGNORECASE)
