@@ -35,15 +35,9 @@ _fast_ops = 0
 async def receive_some(stream: trio.SocketStream, max_bytes: int) -> bytes:
     """Like ``stream.receive_some(max_bytes)``; ``b""`` when the peer closed."""
     global _fast_ops
-    fd = stream.socket.fileno()
-    if _fast_ops < _YIELD_EVERY and fd >= 0:
-        try:
-            data = os.read(fd, max_bytes)
-        except BlockingIOError:
-            pass
-        except OSError as exc:
-            raise trio.BrokenResourceError(str(exc)) from exc
-        else:
+    if _fast_ops < _YIELD_EVERY and stream.socket.fileno() >= 0:
+        data = read_now(stream, max_bytes)
+        if data is not None:
             _fast_ops += 1
             return data
     _fast_ops = 0
