@@ -55,8 +55,11 @@ async def test_a_reader_that_always_finds_bytes_still_lets_other_tasks_run() -> 
             for _ in range(40):
                 assert await sockio.receive_some(left, 1) == b"x"
                 reads += 1
-        # The other task ran at the first yield: after at most 16 fast reads.
-        assert ran_at and ran_at[0] <= 17
+        # A yield comes after at most 16 fast reads. Trio may run this task
+        # first in the batch after that yield (it shuffles batches), so the
+        # other task runs by the second yield at the latest; with no yields
+        # it would only run once all 40 reads were done.
+        assert ran_at and ran_at[0] <= 33
 
 
 async def test_a_write_larger_than_the_socket_buffer_arrives_whole_and_in_order() -> None:
