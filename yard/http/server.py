@@ -65,11 +65,13 @@ class _Connection:
 
     The connection's task reads the requests. While the app works on a
     request whose body is in, a reader task (one per connection, not per
-    request) keeps reading, so that a client hanging up is seen at once
+    request; started with the first request's body, in the server's nursery)
+    watches the socket, so that a client hanging up is seen at once
     (``http.disconnect``, and the cancel scope the app asked to have
-    cancelled through the ``yard.disconnect`` extension); when the app is
-    done the reader is pulled out of its read (a cancel, which trio delivers
-    at once) and the connection's task reads the next request itself.
+    cancelled through the ``yard.disconnect`` extension); when the response
+    is complete its wait is cancelled (trio delivers that at once, and the
+    reader holds no bytes across it) and the connection's task reads the
+    next request itself.
     """
 
     def __init__(

@@ -35,8 +35,8 @@ _fast_ops = 0
 async def receive_some(stream: trio.SocketStream, max_bytes: int) -> bytes:
     """Like ``stream.receive_some(max_bytes)``; ``b""`` when the peer closed."""
     global _fast_ops
-    if _fast_ops < _YIELD_EVERY and stream.socket.fileno() >= 0:
-        data = read_now(stream, max_bytes)
+    if _fast_ops < _YIELD_EVERY:
+        data = read_now(stream, max_bytes)  # (a closed socket raises, as trio's)
         if data is not None:
             _fast_ops += 1
             return data
