@@ -1,4 +1,19 @@
-"""The host-RAM meter: process trees from ``/proc``, the machine from psutil."""
+"""The host-RAM meter: process trees from ``/proc``, the machine from psutil.
+
+What a backend holds depends on where it computes:
+
+- A GPU backend holds ``RssAnon + RssShmem``; its file-backed resident pages
+  (``RssFile``: the mmap'd model it copied to the GPU, shared libraries) are
+  reported apart as reclaimable, since the kernel may drop them without harm.
+- A CPU backend (yard placed it on no GPU: ``YARD_GPUS`` is empty in its
+  environment, see :mod:`yard.memory.gpus`) computes on its mmap'd weights:
+  those file-backed pages are its working set. Dropping them under pressure
+  means reading the model from disk again on every token (page-cache
+  thrashing), so they count as held: ``RssAnon + RssShmem + RssFile``, the
+  tree's whole resident set. Measured before this rule: a CPU llama-server
+  with a 500 MB model held 368 MB by the old rule while 515 MB of its weights
+  sat in file-backed pages outside its reservation.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +25,7 @@ import trio
 
 from yard.core.spec import HOST
 from yard.memory import procfs
+from yard.memory.gpus import placed_on_cpu
 from yard.memory.pids import PidSpace
 from yard.memory.readings import BackendUsage, DeviceDetail
 from yard.ports import DeviceReading
@@ -18,8 +34,9 @@ from yard.ports import DeviceReading
 class HostMeter:
     """Reads host memory: the ``"host"`` device and each backend's process tree.
 
-    Per backend: ``RssAnon + RssShmem`` summed over the tree is what it holds;
-    ``RssFile`` is reported apart as reclaimable. The device: ``total`` is
+    Per backend: ``RssAnon + RssShmem`` summed over the tree is what a GPU
+    backend holds, with ``RssFile`` reported apart as reclaimable; a CPU
+    backend holds all three (see the module docstring). The device: ``total`` is
     physical RAM, ``used`` is total minus available (so page cache the kernel
     can drop does not count as used, consistently with the per-backend
     figures).
@@ -59,10 +76,12 @@ class HostMeter:
         usage: dict[str, BackendUsage] = {}
         for backend, tree in found.items():
             memory = procfs.tree_memory(tree, proc=self._proc)
+            on_cpu = bool(tree) and placed_on_cpu(procfs.read_environ(tree[0], proc=self._proc))
             usage[backend] = BackendUsage(
-                held_bytes=memory.held_bytes,
-                reclaimable_bytes=memory.reclaimable_bytes,
+                held_bytes=memory.held_bytes + (memory.file_bytes if on_cpu else 0),
+                reclaimable_bytes=0 if on_cpu else memory.reclaimable_bytes,
                 pids=memory.pids,
+                file_backed_held=on_cpu,
             )
         vm = psutil.virtual_memory()
         return [

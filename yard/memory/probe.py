@@ -462,6 +462,10 @@ def _print_table(console: Console, report: Mapping[str, object]) -> None:
         console.print(
             f"plus {format_bytes(reclaimable)} of file-backed pages (mmap'd model), reclaimable"
         )
+    elif not gpus:
+        console.print(
+            "host figures include its file-backed pages: a CPU backend computes on its mmap'd model"
+        )
     fit_table = Table(title="where it fits", title_justify="left")
     for column in ("device", "fits", "needs", "available", "next to"):
         fit_table.add_column(

@@ -33,15 +33,19 @@ Attribution = Literal["process-tree", "per-process", "device-delta", "none"]
 class BackendUsage:
     """One backend's memory on one device.
 
-    held_bytes: what it holds (host: anon + shmem resident; GPU: device memory).
-    reclaimable_bytes: host only: file-backed resident pages (an mmap'd model),
-        which the kernel can drop; not part of ``held_bytes``.
+    held_bytes: what it holds (host: anon + shmem resident, plus file-backed
+        resident pages for a CPU backend; GPU: device memory).
+    reclaimable_bytes: host only: file-backed resident pages (an mmap'd model)
+        of a GPU backend, which the kernel can drop; not part of ``held_bytes``.
     pids: the processes of its tree that were found holding memory here.
+    file_backed_held: host only: its file-backed pages are in ``held_bytes``
+        (a CPU backend, whose mmap'd weights are its working set).
     """
 
     held_bytes: int
     reclaimable_bytes: int = 0
     pids: tuple[int, ...] = ()
+    file_backed_held: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
