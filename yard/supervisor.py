@@ -53,6 +53,7 @@ import psutil
 import trio
 
 from yard.config import BackendConfig, Config
+from yard.memory.gpus import visible_devices_env
 from yard.memory.warmup import fill_llama_context, looks_like_llama_server
 from yard.ports import BackendStartError, ExitStatus
 
@@ -689,8 +690,10 @@ class Supervisor:
         # backend's own env says otherwise.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env.update({k: v.format_map(values) for k, v in config.env.items()})
-        # Placement decides which GPUs it sees; a host-only backend sees none.
-        env["CUDA_VISIBLE_DEVICES"] = values["gpus"]
+        # Placement decides which GPUs it sees, for every vendor's runtime
+        # (CUDA, ROCm, Level Zero); a host-only backend sees none. YARD_GPUS
+        # tells the host meter a CPU backend's mmap'd weights are held.
+        env.update(visible_devices_env(gpus))
         env["PYTHONUNBUFFERED"] = env.get("PYTHONUNBUFFERED", "1")
         cwd = config.cwd or self.config.config_dir
         ring = self._rings.setdefault(backend, collections.deque(maxlen=self._ring_size))
