@@ -21,7 +21,8 @@ from tests.jobs.fakes import (
 from yard.config import JobsSettings
 from yard.engine import Rejected
 from yard.http.proxy import UpstreamError
-from yard.jobs.service import JobFinished, JobNotFound, JobsConfig, rfc3339
+from yard.jobs.service import JobFinished, JobNotFound, JobsConfig
+from yard.jobs.views import rfc3339
 
 
 async def test_a_job_is_on_disk_before_it_enters_the_queue(

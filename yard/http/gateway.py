@@ -183,6 +183,7 @@ def parse_start_by(
                 "X-Yard-Start-Within must be a number of seconds >= 0, "
                 f"got {start_within.decode('latin-1')!r}",
             )
+        _check_deadline_range((time.time() if wall is None else wall) + seconds, "Start-Within")
         return now + seconds
     if start_by is not None:
         text = start_by.decode("latin-1").strip()
@@ -197,9 +198,22 @@ def parse_start_by(
                 "X-Yard-Start-By must be an RFC 3339 time with a zone, like "
                 f"2026-05-01T13:58:00Z; got {text!r}",
             )
+        _check_deadline_range(moment.timestamp(), "Start-By")
         current = time.time() if wall is None else wall
         return now + (moment.timestamp() - current)
     return None
+
+
+def _check_deadline_range(epoch: float, header: str) -> None:
+    """Refuse a deadline that no RFC 3339 UTC time can name (past year 9999 or
+    before year 1): it could never be shown back in a job's JSON."""
+    if not -62135596800.0 < epoch < 253402214400.0:  # 0001-01-01 to 9999-12-31 UTC
+        raise ApiError(
+            400,
+            "invalid_deadline",
+            f"X-Yard-{header} is out of range: the deadline must fall between the years "
+            "0001 and 9999 (UTC)",
+        )
 
 
 def multipart_field(body: bytes, content_type: bytes, name: bytes) -> bytes | None:

@@ -16,6 +16,7 @@ not exist (404). The admin key sees every job.
 from __future__ import annotations
 
 import math
+import re
 
 import trio
 from quart import Blueprint, Response, request
@@ -32,6 +33,7 @@ blueprint = Blueprint("jobs", __name__)
 """Mounted by the gateway with ``url_prefix="/v1/jobs"``."""
 
 _MAX_LIMIT = 100
+_LIMIT = re.compile(r"[0-9]{1,4}")
 # Set again by Quart or meaningless for a stored answer.
 _RESULT_DROPPED = HOP_BY_HOP | {b"content-length", b"date", b"server"}
 
@@ -64,8 +66,16 @@ def _wait_arg(jobs: Jobs) -> float:
     except ValueError:
         wait = math.nan
     if not math.isfinite(wait) or wait < 0:
-        raise ApiError(400, "invalid_wait", f"wait must be a number of seconds >= 0, got {text!r}")
+        raise ApiError(
+            400, "invalid_wait", f"wait must be a number of seconds >= 0, got {_short(text)}"
+        )
     return min(wait, jobs.config.max_wait_s)
+
+
+def _short(text: str) -> str:
+    """``text`` quoted for an error message, cut to a readable length."""
+    quoted = repr(text)
+    return quoted if len(quoted) <= 80 else quoted[:77] + "..."
 
 
 async def _job_after_wait(jobs: Jobs, job_id: str, app: str | None) -> JobRecord:
@@ -93,7 +103,7 @@ async def _api_error(error: ApiError) -> Response:
 @blueprint.errorhandler(JobNotFound)
 async def _not_found(error: JobNotFound) -> Response:
     return await _api_error(
-        ApiError(404, "job_not_found", f"no job {error.args[0]!r} for this API key")
+        ApiError(404, "job_not_found", f"no job {_short(error.args[0])} for this API key")
     )
 
 
@@ -115,11 +125,13 @@ async def list_jobs() -> dict[str, object]:
                 raise ApiError(
                     400,
                     "invalid_status",
-                    f"status {word!r} is not one of {', '.join(STATUSES)}",
+                    f"status {_short(word)} is not one of {', '.join(STATUSES)}",
                 )
             statuses.append(word)
     limit_text = request.args.get("limit", "20")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= _MAX_LIMIT:
+    # ASCII digits only, and few: int() refuses 4,300 digits and str.isdigit
+    # accepts a superscript two.
+    if not _LIMIT.fullmatch(limit_text) or not 1 <= int(limit_text) <= _MAX_LIMIT:
         raise ApiError(400, "invalid_limit", f"limit must be a whole number from 1 to {_MAX_LIMIT}")
     after = request.args.get("after") or None
     try:
@@ -127,7 +139,9 @@ async def list_jobs() -> dict[str, object]:
             app=app, statuses=statuses, limit=int(limit_text), after=after
         )
     except JobNotFound:
-        raise ApiError(400, "invalid_cursor", f"after={after!r} names no job of yours") from None
+        raise ApiError(
+            400, "invalid_cursor", f"after={_short(after or '')} names no job of yours"
+        ) from None
     data = [jobs.describe(job) for job in page]
     return {
         "object": "list",
@@ -169,7 +183,8 @@ async def job_result(job_id: str) -> Response:
         error = job.error
         if error is None or job.status == "cancelled":
             raise ApiError(409, "cancelled", f"job {job.id} was cancelled; it has no result")
-        raise ApiError(error.status if error.status >= 400 else 500, error.code, error.message)
+        status = error.status if error.status is not None and error.status >= 400 else 500
+        raise ApiError(status, error.code, error.message)
     headers = [
         (n.decode("latin-1"), v.decode("latin-1"))
         for n, v in result.headers

@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Protocol
 
 import trio
@@ -50,6 +48,7 @@ from yard.jobs.store import (
     StoredRequest,
     StoredResult,
 )
+from yard.jobs.views import job_json, rfc3339
 
 log = logging.getLogger("yard.jobs")
 
@@ -296,6 +295,13 @@ class Jobs:
         start_by = None
         if request.start_by is not None:
             start_by = now_wall + (request.start_by - self.engine.now())
+            if rfc3339(start_by) is None:
+                raise Rejected(
+                    status=400,
+                    code="invalid_deadline",
+                    message="the deadline is out of range: it must fall between the years "
+                    "0001 and 9999 (UTC)",
+                )
         job = await self.store.insert(
             job_id=job_id,
             app=request.app.name,
@@ -357,6 +363,8 @@ class Jobs:
 
     async def get(self, job_id: str, *, app: str | None) -> JobRecord:
         """The job, if it exists and belongs to ``app`` (None: any app)."""
+        if not job_id.isascii():  # yard's ids are; SQLite refuses lone surrogates
+            raise JobNotFound(job_id)
         job = await self.store.get(job_id)
         if job is None or (app is not None and job.app != app):
             raise JobNotFound(job_id)
@@ -429,63 +437,14 @@ class Jobs:
         if status == "running" and running is not None and running.admission.state == "queued":
             status = "queued"  # requeued after a self-caused OOM, waiting for its turn again
         view = self.engine.explain(job.id) if status == "queued" else None
-        now_wall, now_engine = self._wall(), self.engine.now()
-        data: dict[str, object] = {
-            "id": job.id,
-            "object": "job",
-            "app": job.app,
-            "model": job.model,
-            "backend": job.backend,
-            "status": status,
-            "created_at": rfc3339(job.created_at),
-            "started_at": rfc3339(job.started_at),
-            "finished_at": rfc3339(job.finished_at),
-            "expires_at": (
-                rfc3339(job.finished_at + self.config.result_ttl_s)
-                if job.finished_at is not None and job.status != "expired"
-                else None
-            ),
-            "priority": job.priority,
-            "effective_priority": None if view is None else view.effective_priority,
-            "deadline": rfc3339(job.start_by),
-            "allow_late": job.allow_late,
-            "rerun_safe": job.rerun_safe,
-            "requeued": job.requeued,
-            "position": None if view is None else view.position,
-            "reason": (
-                view.reason
-                if view is not None
-                else "just handed in: the scheduler is placing it"
-                if status == "queued"
-                else None
-            ),
-            "estimated_start": (
-                None
-                if view is None or view.estimated_start is None
-                else rfc3339(now_wall + (view.estimated_start - now_engine))
-            ),
-            "queued_ms": None if job.queued_s is None else round(job.queued_s * 1000),
-            "error": (
-                None
-                if job.error is None
-                else {
-                    "code": job.error.code,
-                    "message": job.error.message,
-                    "status": job.error.status,
-                }
-            ),
-            "result": (
-                None
-                if job.result_status is None or job.status == "expired"
-                else {
-                    "status": job.result_status,
-                    "content_type": job.result_type,
-                    "bytes": job.result_bytes,
-                    "url": f"/v1/jobs/{job.id}/result",
-                }
-            ),
-        }
-        return data
+        return job_json(
+            job,
+            status=status,
+            view=view,
+            now_wall=self._wall(),
+            now_engine=self.engine.now(),
+            result_ttl_s=self.config.result_ttl_s,
+        )
 
     # -- runners -------------------------------------------------------------
 
@@ -675,15 +634,6 @@ def _forward(
     request: ProxyRequest, base_url: str, *, pool: UpstreamPool | None
 ) -> AbstractAsyncContextManager[UpstreamResponseLike]:
     return forward(request, base_url, pool=pool)
-
-
-def rfc3339(epoch: float | None) -> str | None:
-    """``1767225600.5`` -> ``"2026-01-01T00:00:00.500Z"`` (None stays None)."""
-    if epoch is None or not math.isfinite(epoch):
-        return None
-    return (
-        datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    )
 
 
 def _app_config(job: JobRecord) -> AppConfig:

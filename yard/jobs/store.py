@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 from yard.db import Database, Migration
 
@@ -29,6 +29,7 @@ Status = Literal["queued", "running", "succeeded", "failed", "cancelled", "expir
 STATUSES: tuple[Status, ...] = ("queued", "running", "succeeded", "failed", "cancelled", "expired")
 UNFINISHED: tuple[Status, ...] = ("queued", "running")
 Headers = tuple[tuple[bytes, bytes], ...]
+T = TypeVar("T")
 
 MIGRATIONS: tuple[Migration, ...] = (
     (
@@ -92,7 +93,7 @@ class JobError:
 
     code: str
     message: str
-    status: int
+    status: int | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +130,7 @@ class JobRecord:
     seq: arrival order across all apps. Times are epochs (seconds).
     start_by: latest start (epoch) or None. queued_s: time from arrival to
     the (latest) dispatch. result_*: what the backend answered, once it has.
+    notes: stored fields that could not be read (each is None here instead).
     """
 
     seq: int
@@ -143,7 +145,7 @@ class JobRecord:
     rerun_used: bool
     requeued: bool
     status: Status
-    created_at: float
+    created_at: float | None
     started_at: float | None
     finished_at: float | None
     queued_s: float | None
@@ -151,6 +153,7 @@ class JobRecord:
     result_status: int | None
     result_bytes: int | None
     result_type: str | None
+    notes: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -425,8 +428,29 @@ def _load_headers(text: str) -> Headers:
     return tuple((str(n).encode("latin-1"), str(v).encode("latin-1")) for n, v in json.loads(text))
 
 
-def _opt_float(value: object) -> float | None:
-    return None if value is None else float(cast(float, value))
+class _Fields:
+    """Reads one stored row field by field: a value that does not convert
+    becomes None (or the given fallback) with a note, so that one bad field
+    (an older yard's, a damaged disk's) never makes the whole job unreadable."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def get(self, name: str, value: object, convert: Callable[[Any], T]) -> T | None:
+        if value is None:
+            return None
+        try:
+            return convert(value)
+        except (TypeError, ValueError, OverflowError):
+            self.notes.append(
+                f"{name}: the stored value {_short(value)} is unreadable; shown as null"
+            )
+            return None
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _record(row: tuple[object, ...]) -> JobRecord:
@@ -454,34 +478,39 @@ def _record(row: tuple[object, ...]) -> JobRecord:
         result_bytes,
         result_type,
     ) = row
+    f = _Fields()
     error = (
         None
         if error_code is None
         else JobError(
             code=str(error_code),
             message=str(error_message or ""),
-            status=int(cast(int, error_status or 500)),
+            status=f.get("error_status", error_status, int),
         )
     )
+    base_priority = f.get("priority", priority, float)
+    if base_priority is None:
+        f.notes.append("priority: none stored; the job runs at priority 0")
     return JobRecord(
         seq=int(cast(int, seq)),
         id=str(job_id),
         app=str(app),
         model=str(model),
         backend=str(backend),
-        priority=float(cast(float, priority)),
-        start_by=_opt_float(start_by),
+        priority=base_priority or 0.0,
+        start_by=f.get("start_by", start_by, float),
         allow_late=bool(allow_late),
         rerun_safe=bool(rerun_safe),
         rerun_used=bool(rerun_used),
         requeued=bool(requeued),
         status=cast(Status, str(status)),
-        created_at=float(cast(float, created_at)),
-        started_at=_opt_float(started_at),
-        finished_at=_opt_float(finished_at),
-        queued_s=_opt_float(queued_s),
+        created_at=f.get("created_at", created_at, float),
+        started_at=f.get("started_at", started_at, float),
+        finished_at=f.get("finished_at", finished_at, float),
+        queued_s=f.get("queued_s", queued_s, float),
         error=error,
-        result_status=None if result_status is None else int(cast(int, result_status)),
-        result_bytes=None if result_bytes is None else int(cast(int, result_bytes)),
+        result_status=f.get("result_status", result_status, int),
+        result_bytes=f.get("result_bytes", result_bytes, int),
         result_type=None if result_type is None else str(result_type),
+        notes=tuple(f.notes),
     )
