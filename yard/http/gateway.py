@@ -8,7 +8,8 @@ metrics) goes on to the Quart control plane behind it.
 
 One request, in order:
 
-1. read: API key -> app, scheduling headers, body (413 above the limit);
+1. read: API key -> app, scheduling headers, body (413 above the limit),
+   with the helpers of :mod:`yard.http.intake`;
 2. route: ``model`` (JSON body or multipart form field) -> backend, or the
    backend named in ``/backends/NAME/...``;
 3. ``Prefer: respond-async`` -> hand it to the job service (202), else
@@ -31,22 +32,25 @@ Rules it keeps:
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
-import re
-import secrets
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import parse_qs
 
 import trio
 
-from yard.config import AppConfig, Config
 from yard.engine import Rejected
 from yard.http.errors import ApiError, error_body, error_headers
+from yard.http.intake import (
+    authenticate,
+    clamp_priority,
+    flag,
+    local_app,
+    model_of,
+    new_request_id,
+    parse_start_by,
+    too_large,
+    without_connection_options,
+)
 from yard.http.proxy import HOP_BY_HOP, Headers, ProxyRequest, UpstreamError
 from yard.http.runtime import Runtime
 
@@ -81,200 +85,16 @@ class RequestHook(Protocol):
     ) -> None: ...
 
 
-_ID_PREFIX = secrets.token_hex(6)
-_ID_COUNTER = itertools.count(1)
-
-
-def new_request_id() -> str:
-    """A request id unique to this run of yard (random prefix, then a counter:
-    uuid4 cost a system call per request)."""
-    return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
-
-
-LOCAL_APP = "local"
-"""The app every request belongs to when no app keys are configured."""
-
 # Request headers yard consumes and never passes on.
 _DROPPED = HOP_BY_HOP | {b"host", b"content-length", b"prefer"}
 # (x-accel-buffering: yard adds its own "no"; a backend's would be a second.)
 _RESPONSE_DROPPED = HOP_BY_HOP | {b"x-accel-buffering"}
 _ACCEL = (b"x-accel-buffering", b"no")
 _JSON_CT = b"application/json"
-_DISPOSITION_NAME = re.compile(rb'(?:^|;)\s*name="([^"]*)"', re.IGNORECASE)
 
 
 class _ClientGone(Exception):
     """The client disconnected while its body was being read."""
-
-
-def authenticate(config: Config, authorization: bytes | None) -> tuple[AppConfig, bool]:
-    """The app a request belongs to, from its ``Authorization`` header.
-
-    Returns ``(app, consumed)``: ``consumed`` is True when the key was yard's
-    (so it is not passed on to the backend). With no app keys configured every
-    request belongs to the ``local`` app (server default priority, full
-    range). Raises :class:`ApiError` 401 without a key, 403 for an unknown one.
-    """
-    if not config.apps:
-        return local_app(config), False
-    if not authorization:
-        raise ApiError(
-            401,
-            "missing_api_key",
-            "no API key: send 'Authorization: Bearer KEY' with the key of your app",
-        )
-    scheme, _, key = authorization.decode("latin-1").partition(" ")
-    app = config.app_for_key(key.strip()) if scheme.lower() == "bearer" else None
-    if app is None:
-        raise ApiError(403, "invalid_api_key", "this API key belongs to no app configured in yard")
-    return app, True
-
-
-def local_app(config: Config) -> AppConfig:
-    """The app of every request when no app keys are configured."""
-    return AppConfig(
-        name=LOCAL_APP,
-        key="",
-        default_priority=config.server.default_priority,
-        max_priority=config.scheduler.max_priority,
-    )
-
-
-def clamp_priority(config: Config, app: AppConfig, value: bytes | None) -> float:
-    """The request's base priority: ``X-Yard-Priority`` clamped to the app's
-    range, or the app's default. Raises :class:`ApiError` 400 if not a number."""
-    low = config.scheduler.min_priority
-    if value is None:
-        return max(low, min(app.default_priority, app.max_priority))
-    try:
-        wanted = float(value)
-    except ValueError:
-        wanted = math.nan
-    if not math.isfinite(wanted):
-        raise ApiError(
-            400,
-            "invalid_priority",
-            f"X-Yard-Priority must be a number, got {value.decode('latin-1')!r}",
-        )
-    return max(low, min(wanted, app.max_priority))
-
-
-def parse_start_by(
-    now: float, start_by: bytes | None, start_within: bytes | None, *, wall: float | None = None
-) -> float | None:
-    """The request's latest start on the engine clock (``now``), from
-    ``X-Yard-Start-By`` (RFC 3339) or ``X-Yard-Start-Within`` (seconds).
-    Raises :class:`ApiError` 400 when a header is malformed or both are sent."""
-    if start_by is not None and start_within is not None:
-        raise ApiError(
-            400,
-            "invalid_deadline",
-            "send either X-Yard-Start-By or X-Yard-Start-Within, not both",
-        )
-    if start_within is not None:
-        try:
-            seconds = float(start_within)
-        except ValueError:
-            seconds = math.nan
-        if not math.isfinite(seconds) or seconds < 0:
-            raise ApiError(
-                400,
-                "invalid_deadline",
-                "X-Yard-Start-Within must be a number of seconds >= 0, "
-                f"got {start_within.decode('latin-1')!r}",
-            )
-        _check_deadline_range((time.time() if wall is None else wall) + seconds, "Start-Within")
-        return now + seconds
-    if start_by is not None:
-        text = start_by.decode("latin-1").strip()
-        try:
-            moment = datetime.fromisoformat(text)
-        except ValueError:
-            moment = None
-        if moment is None or moment.tzinfo is None:
-            raise ApiError(
-                400,
-                "invalid_deadline",
-                "X-Yard-Start-By must be an RFC 3339 time with a zone, like "
-                f"2026-05-01T13:58:00Z; got {text!r}",
-            )
-        _check_deadline_range(moment.timestamp(), "Start-By")
-        current = time.time() if wall is None else wall
-        return now + (moment.timestamp() - current)
-    return None
-
-
-def _check_deadline_range(epoch: float, header: str) -> None:
-    """Refuse a deadline that no RFC 3339 UTC time can name (past year 9999 or
-    before year 1): it could never be shown back in a job's JSON."""
-    if not -62135596800.0 < epoch < 253402214400.0:  # 0001-01-01 to 9999-12-31 UTC
-        raise ApiError(
-            400,
-            "invalid_deadline",
-            f"X-Yard-{header} is out of range: the deadline must fall between the years "
-            "0001 and 9999 (UTC)",
-        )
-
-
-def multipart_field(body: bytes, content_type: bytes, name: bytes) -> bytes | None:
-    """The value of form field ``name`` in a ``multipart/form-data`` body,
-    without copying the rest of it. None if absent or the body is malformed."""
-    match = re.search(rb'boundary=(?:"([^"]+)"|([^;\s]+))', content_type, re.IGNORECASE)
-    if match is None:
-        return None
-    delimiter = b"--" + (match.group(1) or match.group(2))
-    pos = body.find(delimiter)
-    while pos != -1:
-        start = pos + len(delimiter)
-        if body[start : start + 2] == b"--":
-            return None
-        head_end = body.find(b"\r\n\r\n", start)
-        if head_end == -1:
-            return None
-        end = body.find(b"\r\n" + delimiter, head_end + 4)
-        if end == -1:
-            return None
-        for line in body[start:head_end].split(b"\r\n"):
-            field, _, value = line.partition(b":")
-            if field.strip().lower() == b"content-disposition":
-                found = _DISPOSITION_NAME.search(value)
-                if found is not None and found.group(1) == name:
-                    return body[head_end + 4 : end]
-        pos = end + 2
-    return None
-
-
-def model_of(method: str, content_type: bytes | None, body: bytes) -> str:
-    """The ``model`` a ``/v1`` request names (JSON body, multipart or
-    url-encoded form field). Raises :class:`ApiError` 400 when there is none."""
-    ctype = (content_type or b"").lower()
-    if ctype.startswith(b"multipart/form-data"):
-        raw = multipart_field(body, content_type or b"", b"model")
-        if raw is None:
-            raise ApiError(400, "model_required", "the form has no 'model' field")
-        return raw.decode("utf-8", "replace").strip()
-    if ctype.startswith(b"application/x-www-form-urlencoded") and not body.lstrip().startswith(
-        b"{"
-    ):
-        # (A JSON body under the form type is what `curl -d '{...}'` sends.)
-        values = parse_qs(body.decode("utf-8", "replace")).get("model")
-        if not values:
-            raise ApiError(400, "model_required", "the form has no 'model' field")
-        return values[0]
-    if not body:
-        raise ApiError(
-            400,
-            "model_required",
-            f"{method} without a body: yard routes /v1 requests by their 'model' field",
-        )
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
-    model = data.get("model") if isinstance(data, dict) else None
-    if not isinstance(model, str) or not model:
-        raise ApiError(400, "model_required", "the JSON body has no 'model' string")
-    return model
 
 
 class Gateway:
@@ -541,7 +361,7 @@ class Gateway:
         if consumed:
             forwarded = [h for h in forwarded if h[0] != b"authorization"]
         if connection is not None:
-            forwarded = _without_connection_options(forwarded, connection)
+            forwarded = without_connection_options(forwarded, connection)
         # The backend sees yard's id, so its logs can be matched with yard's.
         forwarded.append((b"x-yard-request-id", request_id.encode()))
         if (
@@ -549,7 +369,7 @@ class Gateway:
             and content_length.isdigit()
             and int(content_length) > self._max_body
         ):
-            raise _too_large(self._max_body)
+            raise too_large(self._max_body)
         body = await self._read_body(receive)
 
         path: str = scope["path"]
@@ -591,7 +411,7 @@ class Gateway:
             app=app,
             priority=clamp_priority(config, app, priority),
             start_by=parse_start_by(engine.now(), start_by, start_within),
-            allow_late=_flag(allow_late, "X-Yard-Allow-Late"),
+            allow_late=flag(allow_late, "X-Yard-Allow-Late"),
             request_id=request_id,
             model=model,
         )
@@ -611,7 +431,7 @@ class Gateway:
         body: bytes = message.get("body", b"")
         if not message.get("more_body", False):
             if len(body) > self._max_body:
-                raise _too_large(self._max_body)
+                raise too_large(self._max_body)
             return body
         parts = [body]
         size = len(body)
@@ -622,7 +442,7 @@ class Gateway:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self._max_body:
-                raise _too_large(self._max_body)
+                raise too_large(self._max_body)
             parts.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(parts)
@@ -678,38 +498,13 @@ class Gateway:
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def _without_connection_options(headers: Headers, connection: bytes) -> Headers:
-    """Drop the headers a ``Connection`` header names: they are hop-by-hop too."""
-    named = {token.strip().lower() for token in connection.split(b",")}
-    return [h for h in headers if h[0] not in named]
-
-
 def _response_headers(headers: Headers) -> Headers:
     """A backend's response headers as they go to the client."""
     kept = [h for h in headers if h[0] not in _RESPONSE_DROPPED]
     for name, value in headers:
         if name == b"connection":
-            kept = _without_connection_options(kept, value)
+            kept = without_connection_options(kept, value)
     return kept
-
-
-def _flag(value: bytes | None, header: str) -> bool:
-    if value is None:
-        return False
-    text = value.strip().lower()
-    if text in (b"true", b"1", b"yes"):
-        return True
-    if text in (b"false", b"0", b"no"):
-        return False
-    raise ApiError(400, "invalid_header", f"{header} must be true or false")
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(
-        413,
-        "body_too_large",
-        f"the request body is larger than this yard accepts ({limit} bytes, server.max_body_bytes)",
-    )
 
 
 async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:

@@ -1,0 +1,238 @@
+"""Reading a data-plane request: who sent it, what it asks for, when it must
+start.
+
+The gateway calls these once per request, before it is scheduled:
+:func:`authenticate` (API key -> app), :func:`clamp_priority`,
+:func:`parse_start_by`, :func:`model_of` (the ``model`` a ``/v1`` body
+names). Each raises :class:`~yard.http.errors.ApiError` with a stable code
+and a message that says what to do; none of them does I/O.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+import secrets
+import time
+from datetime import datetime
+from urllib.parse import parse_qs
+
+from yard.config import AppConfig, Config
+from yard.http.errors import ApiError
+from yard.http.proxy import Headers
+
+_DISPOSITION_NAME = re.compile(rb'(?:^|;)\s*name="([^"]*)"', re.IGNORECASE)
+
+
+_ID_PREFIX = secrets.token_hex(6)
+_ID_COUNTER = itertools.count(1)
+
+
+def new_request_id() -> str:
+    """A request id unique to this run of yard (random prefix, then a counter:
+    uuid4 cost a system call per request)."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
+
+
+LOCAL_APP = "local"
+"""The app every request belongs to when no app keys are configured."""
+
+
+def authenticate(config: Config, authorization: bytes | None) -> tuple[AppConfig, bool]:
+    """The app a request belongs to, from its ``Authorization`` header.
+
+    Returns ``(app, consumed)``: ``consumed`` is True when the key was yard's
+    (so it is not passed on to the backend). With no app keys configured every
+    request belongs to the ``local`` app (server default priority, full
+    range). Raises :class:`ApiError` 401 without a key, 403 for an unknown one.
+    """
+    if not config.apps:
+        return local_app(config), False
+    if not authorization:
+        raise ApiError(
+            401,
+            "missing_api_key",
+            "no API key: send 'Authorization: Bearer KEY' with the key of your app",
+        )
+    scheme, _, key = authorization.decode("latin-1").partition(" ")
+    app = config.app_for_key(key.strip()) if scheme.lower() == "bearer" else None
+    if app is None:
+        raise ApiError(403, "invalid_api_key", "this API key belongs to no app configured in yard")
+    return app, True
+
+
+def local_app(config: Config) -> AppConfig:
+    """The app of every request when no app keys are configured."""
+    return AppConfig(
+        name=LOCAL_APP,
+        key="",
+        default_priority=config.server.default_priority,
+        max_priority=config.scheduler.max_priority,
+    )
+
+
+def clamp_priority(config: Config, app: AppConfig, value: bytes | None) -> float:
+    """The request's base priority: ``X-Yard-Priority`` clamped to the app's
+    range, or the app's default. Raises :class:`ApiError` 400 if not a number."""
+    low = config.scheduler.min_priority
+    if value is None:
+        return max(low, min(app.default_priority, app.max_priority))
+    try:
+        wanted = float(value)
+    except ValueError:
+        wanted = math.nan
+    if not math.isfinite(wanted):
+        raise ApiError(
+            400,
+            "invalid_priority",
+            f"X-Yard-Priority must be a number, got {value.decode('latin-1')!r}",
+        )
+    return max(low, min(wanted, app.max_priority))
+
+
+def parse_start_by(
+    now: float, start_by: bytes | None, start_within: bytes | None, *, wall: float | None = None
+) -> float | None:
+    """The request's latest start on the engine clock (``now``), from
+    ``X-Yard-Start-By`` (RFC 3339) or ``X-Yard-Start-Within`` (seconds).
+    Raises :class:`ApiError` 400 when a header is malformed or both are sent."""
+    if start_by is not None and start_within is not None:
+        raise ApiError(
+            400,
+            "invalid_deadline",
+            "send either X-Yard-Start-By or X-Yard-Start-Within, not both",
+        )
+    if start_within is not None:
+        try:
+            seconds = float(start_within)
+        except ValueError:
+            seconds = math.nan
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ApiError(
+                400,
+                "invalid_deadline",
+                "X-Yard-Start-Within must be a number of seconds >= 0, "
+                f"got {start_within.decode('latin-1')!r}",
+            )
+        _check_deadline_range((time.time() if wall is None else wall) + seconds, "Start-Within")
+        return now + seconds
+    if start_by is not None:
+        text = start_by.decode("latin-1").strip()
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            moment = None
+        if moment is None or moment.tzinfo is None:
+            raise ApiError(
+                400,
+                "invalid_deadline",
+                "X-Yard-Start-By must be an RFC 3339 time with a zone, like "
+                f"2026-05-01T13:58:00Z; got {text!r}",
+            )
+        _check_deadline_range(moment.timestamp(), "Start-By")
+        current = time.time() if wall is None else wall
+        return now + (moment.timestamp() - current)
+    return None
+
+
+def _check_deadline_range(epoch: float, header: str) -> None:
+    """Refuse a deadline that no RFC 3339 UTC time can name (past year 9999 or
+    before year 1): it could never be shown back in a job's JSON."""
+    if not -62135596800.0 < epoch < 253402214400.0:  # 0001-01-01 to 9999-12-31 UTC
+        raise ApiError(
+            400,
+            "invalid_deadline",
+            f"X-Yard-{header} is out of range: the deadline must fall between the years "
+            "0001 and 9999 (UTC)",
+        )
+
+
+def multipart_field(body: bytes, content_type: bytes, name: bytes) -> bytes | None:
+    """The value of form field ``name`` in a ``multipart/form-data`` body,
+    without copying the rest of it. None if absent or the body is malformed."""
+    match = re.search(rb'boundary=(?:"([^"]+)"|([^;\s]+))', content_type, re.IGNORECASE)
+    if match is None:
+        return None
+    delimiter = b"--" + (match.group(1) or match.group(2))
+    pos = body.find(delimiter)
+    while pos != -1:
+        start = pos + len(delimiter)
+        if body[start : start + 2] == b"--":
+            return None
+        head_end = body.find(b"\r\n\r\n", start)
+        if head_end == -1:
+            return None
+        end = body.find(b"\r\n" + delimiter, head_end + 4)
+        if end == -1:
+            return None
+        for line in body[start:head_end].split(b"\r\n"):
+            field, _, value = line.partition(b":")
+            if field.strip().lower() == b"content-disposition":
+                found = _DISPOSITION_NAME.search(value)
+                if found is not None and found.group(1) == name:
+                    return body[head_end + 4 : end]
+        pos = end + 2
+    return None
+
+
+def model_of(method: str, content_type: bytes | None, body: bytes) -> str:
+    """The ``model`` a ``/v1`` request names (JSON body, multipart or
+    url-encoded form field). Raises :class:`ApiError` 400 when there is none."""
+    ctype = (content_type or b"").lower()
+    if ctype.startswith(b"multipart/form-data"):
+        raw = multipart_field(body, content_type or b"", b"model")
+        if raw is None:
+            raise ApiError(400, "model_required", "the form has no 'model' field")
+        return raw.decode("utf-8", "replace").strip()
+    if ctype.startswith(b"application/x-www-form-urlencoded") and not body.lstrip().startswith(
+        b"{"
+    ):
+        # (A JSON body under the form type is what `curl -d '{...}'` sends.)
+        values = parse_qs(body.decode("utf-8", "replace")).get("model")
+        if not values:
+            raise ApiError(400, "model_required", "the form has no 'model' field")
+        return values[0]
+    if not body:
+        raise ApiError(
+            400,
+            "model_required",
+            f"{method} without a body: yard routes /v1 requests by their 'model' field",
+        )
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
+    model = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "model_required", "the JSON body has no 'model' string")
+    return model
+
+
+def without_connection_options(headers: Headers, connection: bytes) -> Headers:
+    """Drop the headers a ``Connection`` header names: they are hop-by-hop too."""
+    named = {token.strip().lower() for token in connection.split(b",")}
+    return [h for h in headers if h[0] not in named]
+
+
+def flag(value: bytes | None, header: str) -> bool:
+    """A true/false header (``true``/``1``/``yes``, ``false``/``0``/``no``);
+    False when absent. Raises :class:`ApiError` 400 for anything else."""
+    if value is None:
+        return False
+    text = value.strip().lower()
+    if text in (b"true", b"1", b"yes"):
+        return True
+    if text in (b"false", b"0", b"no"):
+        return False
+    raise ApiError(400, "invalid_header", f"{header} must be true or false")
+
+
+def too_large(limit: int) -> ApiError:
+    """The 413 for a body over ``server.max_body_bytes``."""
+    return ApiError(
+        413,
+        "body_too_large",
+        f"the request body is larger than this yard accepts ({limit} bytes, server.max_body_bytes)",
+    )
