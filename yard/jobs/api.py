@@ -23,7 +23,7 @@ from quart import Blueprint, Response, request
 from werkzeug.datastructures import Headers
 
 from yard.http.errors import ApiError, error_body, error_headers
-from yard.http.gateway import authenticate
+from yard.http.intake import authenticate
 from yard.http.proxy import HOP_BY_HOP
 from yard.http.runtime import current_runtime
 from yard.jobs.service import JobFinished, JobNotFound, Jobs
