@@ -190,6 +190,10 @@ class JobsSettings:
         server's ``max_body_bytes`` applies).
     reap_interval_s: how often expired results are deleted.
     max_wait_s: the longest ``?wait=`` long-poll allowed.
+    max_jobs_per_app: jobs one app may keep (queued, running, ended and not
+        yet expired).
+    max_stored_bytes_per_app: bytes of requests and results one app's jobs
+        may keep.
     """
 
     result_ttl_s: float = 24 * 3600.0
@@ -198,6 +202,8 @@ class JobsSettings:
     max_request_bytes: int | None = None
     reap_interval_s: float = 60.0
     max_wait_s: float = 300.0
+    max_jobs_per_app: int = 1000
+    max_stored_bytes_per_app: int = 2 * 2**30
 
     def to_jobs_config(self) -> JobsConfig:
         """The same settings as the job service's own record."""
@@ -737,6 +743,10 @@ def _jobs(r: _Reader, data: dict[str, Any], server: ServerConfig) -> JobsSetting
                 "raise server.max_body_bytes, or leave it out",
             )
             max_request = None
+    stored = r.size(data, "jobs", "max_stored_bytes_per_app", defaults.max_stored_bytes_per_app)
+    if stored == 0:
+        r.error("jobs.max_stored_bytes_per_app", "must be greater than 0")
+        stored = defaults.max_stored_bytes_per_app
     return JobsSettings(
         result_ttl_s=r.get(data, "jobs", "result_ttl_s", float, defaults.result_ttl_s, _positive),
         record_ttl_s=r.get(
@@ -748,6 +758,10 @@ def _jobs(r: _Reader, data: dict[str, Any], server: ServerConfig) -> JobsSetting
             data, "jobs", "reap_interval_s", float, defaults.reap_interval_s, _positive
         ),
         max_wait_s=r.get(data, "jobs", "max_wait_s", float, defaults.max_wait_s, _non_negative),
+        max_jobs_per_app=r.get(
+            data, "jobs", "max_jobs_per_app", int, defaults.max_jobs_per_app, _positive
+        ),
+        max_stored_bytes_per_app=stored,
     )
 
 

@@ -6,6 +6,7 @@ It talks to yard's HTTP API (``/v1/jobs``) like any client:
     yard jobs show ID [--wait SECONDS] [--json]
     yard jobs result ID [--output FILE] [--wait SECONDS]
     yard jobs cancel ID
+    yard jobs delete-result ID
 
 ``--url`` (default ``$YARD_URL`` or http://127.0.0.1:8080) says where yard
 listens; ``--key`` (default ``$YARD_API_KEY``, then ``$YARD_ADMIN_KEY``) is an
@@ -53,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     result.add_argument("--wait", type=float, default=0.0, help="wait up to SECONDS for its end")
     cancel = sub.add_parser("cancel", help="cancel a queued or running job")
     cancel.add_argument("id")
+    forget = sub.add_parser(
+        "delete-result", help="delete an ended job's result (frees room in the app's job quota)"
+    )
+    forget.add_argument("id")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,6 +115,12 @@ def _run(client: httpx.Client, args: argparse.Namespace, wait: float) -> int:
             sys.stdout.buffer.write(response.content)
             sys.stdout.flush()
         return 0 if response.status_code < 400 else 1
+    if args.action == "delete-result":
+        response = client.delete(f"/v1/jobs/{args.id}/result")
+        if response.status_code != 200:
+            return _fail(response)
+        print(f"{args.id}: result deleted ({response.json()['status']})")
+        return 0
     response = client.delete(f"/v1/jobs/{args.id}")
     if response.status_code != 200:
         return _fail(response)

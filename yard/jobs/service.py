@@ -44,6 +44,8 @@ from yard.jobs.store import (
     JobError,
     JobRecord,
     JobStore,
+    Quota,
+    QuotaExceeded,
     Status,
     StoredRequest,
     StoredResult,
@@ -68,6 +70,10 @@ class JobsConfig:
         server's ``max_body_bytes`` already limits it).
     reap_interval_s: how often expired results are deleted.
     max_wait_s: the longest ``?wait=`` long-poll allowed.
+    max_jobs_per_app: how many jobs one app may keep (queued, running, or
+        ended and not yet expired); one more is refused with 429.
+    max_stored_bytes_per_app: how many bytes one app's jobs may keep (request
+        bodies until they end, then result bodies); past it, 507.
     """
 
     result_ttl_s: float = 24 * 3600.0
@@ -76,6 +82,8 @@ class JobsConfig:
     max_request_bytes: int | None = None
     reap_interval_s: float = 60.0
     max_wait_s: float = 300.0
+    max_jobs_per_app: int = 1000
+    max_stored_bytes_per_app: int = 2 * 2**30
 
 
 class AdmissionLike(Protocol):
@@ -143,6 +151,14 @@ class JobFinished(Exception):
 
     def __init__(self, job: JobRecord) -> None:
         super().__init__(f"job {job.id} has already ended ({job.status})")
+        self.job = job
+
+
+class JobNotFinished(Exception):
+    """The job has not ended yet; it has no result to delete."""
+
+    def __init__(self, job: JobRecord) -> None:
+        super().__init__(f"job {job.id} is {job.status}; it has no result yet")
         self.job = job
 
 
@@ -302,7 +318,36 @@ class Jobs:
                     message="the deadline is out of range: it must fall between the years "
                     "0001 and 9999 (UTC)",
                 )
-        job = await self.store.insert(
+        quota = Quota(
+            max_jobs=self.config.max_jobs_per_app,
+            max_bytes=self.config.max_stored_bytes_per_app,
+        )
+        try:
+            job = await self._insert(job_id, request, start_by, rerun_safe, now_wall, quota)
+        except QuotaExceeded as exc:
+            raise self._over_quota(request.app.name, exc, now_wall) from None
+        # On disk first, then into the queue: a crash in between leaves a
+        # queued job that the next start enqueues. So does a stop that began
+        # while it was being written: it is accepted, and waits for the restart.
+        if self._nursery is not None:
+            try:
+                self.enqueue(job)
+            except Rejected:
+                await self.store.delete(job_id)
+                raise
+        self._counts["submitted"] += 1
+        return self.describe(job)
+
+    async def _insert(
+        self,
+        job_id: str,
+        request: ProxyRequest,
+        start_by: float | None,
+        rerun_safe: bool,
+        now_wall: float,
+        quota: Quota,
+    ) -> JobRecord:
+        return await self.store.insert(
             job_id=job_id,
             app=request.app.name,
             model=request.model or request.backend,
@@ -319,18 +364,36 @@ class Jobs:
                 headers=tuple(request.headers),
                 body=request.body,
             ),
+            quota=quota,
         )
-        # On disk first, then into the queue: a crash in between leaves a
-        # queued job that the next start enqueues. So does a stop that began
-        # while it was being written: it is accepted, and waits for the restart.
-        if self._nursery is not None:
-            try:
-                self.enqueue(job)
-            except Rejected:
-                await self.store.delete(job_id)
-                raise
-        self._counts["submitted"] += 1
-        return self.describe(job)
+
+    def _over_quota(self, app: str, exc: QuotaExceeded, now_wall: float) -> Rejected:
+        usage, quota = exc.usage, exc.quota
+        free = (
+            "Fetch the results you need and delete them (DELETE /v1/jobs/ID/result), cancel "
+            "queued jobs you no longer need (DELETE /v1/jobs/ID), or wait until results "
+            f"expire ([jobs] result_ttl_s = {self.config.result_ttl_s:g} s after each ends)"
+        )
+        retry = None
+        if usage.oldest_finished_at is not None:
+            retry = max(1.0, usage.oldest_finished_at + self.config.result_ttl_s - now_wall)
+        if usage.jobs >= quota.max_jobs:
+            return Rejected(
+                status=429,
+                code="too_many_jobs",
+                message=f"app {app!r} keeps {usage.jobs} jobs (queued, running, or ended with "
+                f"a result not yet expired), the most [jobs] max_jobs_per_app = "
+                f"{quota.max_jobs} allows. {free}.",
+                retry_after_s=retry,
+            )
+        return Rejected(
+            status=507,
+            code="job_storage_full",
+            message=f"app {app!r} keeps {usage.bytes} bytes of job requests and results; "
+            f"this request's {exc.size} bytes would go past [jobs] max_stored_bytes_per_app "
+            f"= {quota.max_bytes}. {free}.",
+            retry_after_s=retry,
+        )
 
     def enqueue(self, job: JobRecord, *, arrived_at_wall: float | None = None) -> None:
         """Put a stored queued job into the engine and start its runner.
@@ -401,6 +464,15 @@ class Jobs:
             running.admission.cancel()
             running.scope.cancel()
         self._notify(job_id)
+        return await self.get(job_id, app=app)
+
+    async def delete_result(self, job_id: str, *, app: str | None) -> JobRecord:
+        """Delete an ended job's result now (it becomes ``expired``), which
+        frees its place in the app's quota. Raises :class:`JobNotFound`, or
+        :class:`JobNotFinished` if it has not ended."""
+        job = await self.get(job_id, app=app)
+        if not await self.store.forget_result(job_id):
+            raise JobNotFinished(job)
         return await self.get(job_id, app=app)
 
     async def list_jobs(

@@ -77,6 +77,14 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    (
+        "jobs/2 request bytes kept on the job, for the per-app quota",
+        """
+        ALTER TABLE jobs ADD COLUMN request_bytes INTEGER NOT NULL DEFAULT 0;
+        UPDATE jobs SET request_bytes =
+            COALESCE((SELECT length(body) FROM job_requests WHERE job_id = jobs.id), 0);
+        """,
+    ),
 )
 
 _COLUMNS = (
@@ -84,6 +92,39 @@ _COLUMNS = (
     "requeued, status, created_at, started_at, finished_at, queued_s, error_code, "
     "error_message, error_status, result_status, result_bytes, result_type"
 )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Quota:
+    """What one app may keep stored: jobs that count are queued, running, or
+    ended and not yet expired; their bytes are the request body while the
+    job has not ended, then the result body."""
+
+    max_jobs: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Usage:
+    """What one app keeps stored now (see :class:`Quota`).
+
+    oldest_finished_at: when the first of its ended jobs ended (it expires
+    first, a result TTL later), or None if none has ended.
+    """
+
+    jobs: int
+    bytes: int
+    oldest_finished_at: float | None
+
+
+class QuotaExceeded(Exception):
+    """A new job would take its app past its :class:`Quota`."""
+
+    def __init__(self, usage: Usage, quota: Quota, size: int) -> None:
+        super().__init__(f"quota exceeded: {usage} with {size} more bytes, {quota}")
+        self.usage = usage
+        self.quota = quota
+        self.size = size
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,14 +235,26 @@ class JobStore:
         rerun_safe: bool,
         created_at: float,
         request: StoredRequest,
+        quota: Quota | None = None,
     ) -> JobRecord:
         """Record a new queued job and its request, durably (on disk, synced,
-        when this returns)."""
+        when this returns).
+
+        quota: the app's; raises :class:`QuotaExceeded` (and stores nothing)
+        if the job would take the app past it. Checked in the same
+        transaction as the insert, so two jobs at once cannot both squeeze in.
+        """
+        size = len(request.body)
 
         def _insert(conn: sqlite3.Connection) -> None:
+            if quota is not None:
+                usage = _usage(conn, app)
+                if usage.jobs >= quota.max_jobs or usage.bytes + size > quota.max_bytes:
+                    raise QuotaExceeded(usage, quota, size)
             conn.execute(
                 "INSERT INTO jobs (id, app, model, backend, priority, start_by, allow_late, "
-                "rerun_safe, status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?)",
+                "rerun_safe, status, created_at, request_bytes) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?)",
                 (
                     job_id,
                     app,
@@ -212,6 +265,7 @@ class JobStore:
                     int(allow_late),
                     int(rerun_safe),
                     created_at,
+                    size,
                 ),
             )
             conn.execute(
@@ -338,6 +392,26 @@ class JobStore:
 
         return await self._db.transaction(_expire)
 
+    async def forget_result(self, job_id: str) -> bool:
+        """An ended job becomes ``expired`` now and its result is deleted (the
+        client has what it needs, or does not want it). False if the job has
+        not ended (or does not exist)."""
+
+        def _forget(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                "UPDATE jobs SET status = 'expired' WHERE id = ? AND status IN "
+                "('succeeded', 'failed', 'cancelled', 'expired')",
+                (job_id,),
+            )
+            conn.execute("DELETE FROM job_results WHERE job_id = ?", (job_id,))
+            return cursor.rowcount == 1
+
+        return await self._db.transaction(_forget, durable=True)
+
+    async def usage(self, app: str) -> Usage:
+        """What ``app`` keeps stored now (see :class:`Quota`)."""
+        return await self._db.transaction(lambda conn: _usage(conn, app))
+
     async def purge(self, *, finished_before: float) -> int:
         """Forget expired jobs that ended before ``finished_before``."""
         return await self._db.execute(
@@ -418,6 +492,25 @@ class JobStore:
         rows = await self._db.fetchall("SELECT status, count(*) FROM jobs GROUP BY status")
         found = {str(status): int(cast(int, n)) for status, n in rows}
         return {status: found.get(status, 0) for status in STATUSES}
+
+
+def _usage(conn: sqlite3.Connection, app: str) -> Usage:
+    jobs, size, oldest = conn.execute(
+        "SELECT count(*), "
+        "COALESCE(SUM(CASE WHEN status IN ('queued', 'running') THEN request_bytes "
+        "ELSE COALESCE(result_bytes, 0) END), 0), "
+        "MIN(CASE WHEN status NOT IN ('queued', 'running') THEN finished_at END) "
+        "FROM jobs WHERE app = ? AND status != 'expired'",
+        (app,),
+    ).fetchone()
+    return Usage(jobs=int(jobs), bytes=int(size), oldest_finished_at=_float_or_none(oldest))
+
+
+def _float_or_none(value: object) -> float | None:
+    try:
+        return None if value is None else float(cast(float, value))
+    except (TypeError, ValueError):
+        return None
 
 
 def _dump_headers(headers: Headers) -> str:
