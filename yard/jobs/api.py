@@ -6,6 +6,8 @@
   it was sent (status, headers, bytes). A job that failed before the backend
   answered gets the error a synchronous request would have got.
 - ``DELETE /v1/jobs/ID``: cancel (leave the queue, or cancel the upstream call).
+- ``DELETE /v1/jobs/ID/result``: delete an ended job's result now (the job
+  becomes ``expired``), freeing its place in the app's quota.
 - ``GET /v1/jobs?status=queued,running&limit=20&after=ID``: the caller's
   jobs, newest first.
 
@@ -26,7 +28,7 @@ from yard.http.errors import ApiError, error_body, error_headers
 from yard.http.intake import authenticate
 from yard.http.proxy import HOP_BY_HOP
 from yard.http.runtime import current_runtime
-from yard.jobs.service import JobFinished, JobNotFound, Jobs
+from yard.jobs.service import JobFinished, JobNotFinished, JobNotFound, Jobs
 from yard.jobs.store import STATUSES, JobRecord, Status
 
 blueprint = Blueprint("jobs", __name__)
@@ -107,6 +109,19 @@ async def _not_found(error: JobNotFound) -> Response:
     )
 
 
+@blueprint.errorhandler(JobNotFinished)
+async def _not_finished(error: JobNotFinished) -> Response:
+    job = error.job
+    return await _api_error(
+        ApiError(
+            409,
+            "job_not_finished",
+            f"job {job.id} is {job.status}; it has no result to delete yet "
+            f"(DELETE /v1/jobs/{job.id} cancels it)",
+        )
+    )
+
+
 @blueprint.errorhandler(JobFinished)
 async def _finished(error: JobFinished) -> Response:
     return await _api_error(ApiError(409, "job_finished", str(error)))
@@ -162,6 +177,12 @@ async def get_job(job_id: str) -> dict[str, object]:
 async def cancel_job(job_id: str) -> dict[str, object]:
     jobs, app = _caller()
     return jobs.describe(await jobs.cancel(job_id, app=app))
+
+
+@blueprint.delete("/<job_id>/result")
+async def delete_result(job_id: str) -> dict[str, object]:
+    jobs, app = _caller()
+    return jobs.describe(await jobs.delete_result(job_id, app=app))
 
 
 @blueprint.get("/<job_id>/result")
