@@ -25,7 +25,9 @@ sentence: which GPUs it reads, or why host-only).
 SIGINT or SIGTERM starts a graceful shutdown: the HTTP server stops
 accepting and gives in-flight requests ``server.stop_grace_s``; then the job
 service, the engine and the supervisor stop every backend (SIGTERM to its
-group, SIGKILL after its grace). A second signal cuts the grace short.
+group, SIGKILL after its grace). A second signal cuts both graces short
+(SIGKILL at once). Either way yard exits only once every backend's process
+group is gone: the signals stay caught until then (:class:`Shutdown`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -155,23 +157,33 @@ async def serve(
     Raises :class:`ConfigError` when the configuration does not match this
     machine (a GPU it names is not there).
     """
-    # Claim the port before anything else: a second yard started by mistake
-    # must fail here, before it touches backends or data.
-    host, port = config.server.listen_host, config.server.listen_port
-    try:
-        listeners = await open_listeners(host, port)
-    except OSError as exc:
-        raise CannotListen(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    try:
-        await _serve(config, listeners, freeze_heap=freeze_heap, task_status=task_status)
-    finally:
-        for listener in listeners:
-            listener.socket.close()
+    # SIGINT and SIGTERM stay caught until serve returns: a signal's default
+    # action would end yard with its backends still running (orphans).
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        # Claim the port before anything else: a second yard started by
+        # mistake must fail here, before it touches backends or data.
+        host, port = config.server.listen_host, config.server.listen_port
+        try:
+            listeners = await open_listeners(host, port)
+        except OSError as exc:
+            raise CannotListen(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        try:
+            await _serve(
+                config,
+                listeners,
+                signals,
+                freeze_heap=freeze_heap,
+                task_status=task_status,
+            )
+        finally:
+            for listener in listeners:
+                listener.socket.close()
 
 
 async def _serve(
     config: Config,
     listeners: list[trio.SocketListener],
+    signals: AsyncIterator[int],
     *,
     freeze_heap: bool,
     task_status: trio.TaskStatus[Runtime],
@@ -186,15 +198,20 @@ async def _serve(
         profile = scheduler.profile(backend)
         return config.backends[backend].startup_timeout(profile.load_s if profile else None)
 
-    stop = trio.Event()
+    shutdown = Shutdown()
+    stop = shutdown.requested
     async with AsyncExitStack() as stack:
         if meter is not None and hasattr(meter, "close"):
             stack.callback(meter.close)
         nursery = await stack.enter_async_context(trio.open_nursery())
-        nursery.start_soon(_watch_signals, stop, nursery.cancel_scope)
-
         supervisor = Supervisor(config)
-        await nursery.start(supervisor.run)
+        shutdown.attach(nursery.cancel_scope, supervisor)
+        watcher: trio.CancelScope = await nursery.start(_watch_signals, signals, shutdown)
+        try:
+            await nursery.start(_supervise, supervisor, watcher)
+        except BaseException:
+            watcher.cancel()
+            raise
 
         profiles = None
         profiles_module = _optional("yard.memory.profiles")
@@ -246,6 +263,7 @@ async def _serve(
         if freeze_heap:
             gc.collect()
             gc.freeze()
+        shutdown.serving()
         task_status.started(runtime)
         # The HTTP server returns once stop is set and its grace is over;
         # then everything else winds down (backends stopped, shielded).
@@ -436,14 +454,81 @@ async def _shielded_close(resource: Any) -> None:
         await resource.aclose()
 
 
-async def _watch_signals(stop: trio.Event, everything: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+class Shutdown:
+    """What SIGINT and SIGTERM do to ``yard serve``, from its start until
+    every backend is gone.
+
+    The first signal asks for a graceful stop: :attr:`requested` is set, the
+    HTTP server stops accepting and gives in-flight requests
+    ``server.stop_grace_s``, then every backend is stopped (SIGTERM to its
+    group, SIGKILL after its ``stop_grace_s``). Before yard serves there is
+    nothing to be graceful about: start-up is cancelled at once and what was
+    started is stopped. Every later signal hurries: in-flight requests are
+    cut and every backend group gets SIGKILL now
+    (:meth:`yard.supervisor.Supervisor.hurry`). No signal ends yard before
+    its backends are gone.
+    """
+
+    def __init__(self) -> None:
+        self.requested = trio.Event()
+        self.signals = 0
+        self._scope: trio.CancelScope | None = None
+        self._supervisor: Supervisor | None = None
+        self._serving = False
+
+    def attach(self, everything: trio.CancelScope, supervisor: Supervisor) -> None:
+        """The scope that holds every part of yard, and its supervisor."""
+        self._scope = everything
+        self._supervisor = supervisor
+
+    def serving(self) -> None:
+        """Yard serves: from now on the first signal is a graceful stop."""
+        self._serving = True
+
+    def signal(self, name: str) -> None:
+        """React to the signal called ``name`` (``"SIGTERM"``)."""
+        self.signals += 1
+        if self.signals == 1:
+            log.info("%s: shutting down gracefully", name)
+            self.requested.set()
+            if not self._serving and self._scope is not None:
+                self._scope.cancel()
+            return
+        log.warning(
+            "%s again: stopping now (requests cut, SIGKILL to every backend); "
+            "yard exits once every backend process is gone",
+            name,
+        )
+        if self._scope is not None:
+            self._scope.cancel()
+        if self._supervisor is not None:
+            self._supervisor.hurry()
+
+
+async def _watch_signals(
+    signals: AsyncIterator[int],
+    shutdown: Shutdown,
+    *,
+    task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    # Shielded: a second signal must still hurry the backends' stop after
+    # everything else was cancelled. It ends when the supervisor is done
+    # (see _supervise), which reports the scope to cancel.
+    with trio.CancelScope(shield=True) as scope:
+        task_status.started(scope)
         async for signum in signals:
-            if not stop.is_set():
-                log.info("%s: shutting down gracefully", signal.Signals(signum).name)
-                stop.set()
-            else:
-                # No more grace for requests; backends are still stopped
-                # (that cleanup is shielded and has its own deadline).
-                log.warning("second signal: stopping now")
-                everything.cancel()
+            shutdown.signal(signal.Signals(signum).name)
+
+
+async def _supervise(
+    supervisor: Supervisor,
+    watcher: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the supervisor; once it returns, every backend is gone and the
+    signal watcher may end."""
+    try:
+        await supervisor.run(task_status=task_status)
+    finally:
+        watcher.cancel()

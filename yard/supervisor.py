@@ -443,7 +443,8 @@ class ManagedProcess:
 
     async def stop(self) -> ExitStatus:
         """SIGTERM to the process group, SIGKILL after the backend's
-        ``stop_grace_s``; return once every process of the group is gone."""
+        ``stop_grace_s`` (at once after :meth:`Supervisor.hurry`); return once
+        every process of the group is gone."""
         self._stop_requested = True
         pgid = self._process.pid
         if self._process.poll() is None:
@@ -452,9 +453,13 @@ class ManagedProcess:
             strays = [p for p in _descendants(pgid) if (_proc_stat(p) or ("", pgid))[1] != pgid]
             _signal_group(pgid, signal.SIGTERM)
             _signal_pids(strays, signal.SIGTERM)
-            with trio.move_on_after(self.config.stop_grace_s):
-                await self._process.wait()
-                await _wait_group_gone(pgid, strays)
+            with trio.move_on_after(self._supervisor.grace_for(self)) as grace:
+                self._supervisor._graces.add(grace)
+                try:
+                    await self._process.wait()
+                    await _wait_group_gone(pgid, strays)
+                finally:
+                    self._supervisor._graces.discard(grace)
             if self._process.poll() is None or group_members(pgid):
                 self._sent_sigkill = True
                 self._supervisor._log_line(
@@ -600,13 +605,23 @@ class Supervisor:
         self._exits = 0
         self._oom_exits = 0
         self._orphans_reaped = 0
+        # Shutting down: no new launch, and (hurried) no more grace.
+        self._closing = False
+        self._hurried = False
+        self._graces: set[trio.CancelScope] = set()
+        # Launches whose process is being spawned (stop_all waits for them).
+        self._spawning = 0
+        self._spawned = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Reap orphans of an earlier yard (unless constructed with
         ``reap_orphans=False``), then serve launches until cancelled; on the
         way out, stop every backend still running."""
         if self._reap_at_start:
-            await self.reap_orphans()
+            # Shielded: a yard stopped while it starts still kills what an
+            # earlier one left behind (that is quick: SIGKILL, no grace).
+            with trio.CancelScope(shield=True):
+                await self.reap_orphans()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -614,15 +629,33 @@ class Supervisor:
                 await trio.sleep_forever()
         finally:
             self._nursery = None
+            self._closing = True
             with trio.CancelScope(shield=True):
                 await self.stop_all()
 
     async def stop_all(self) -> None:
-        """Stop every running backend, concurrently."""
+        """Stop every running backend, concurrently, and return once every
+        process group is gone: also those of launches still spawning (a
+        launch that ends after :meth:`run` did kills its own process)."""
+        while self._spawning:
+            await self._spawned.wait()
         async with trio.open_nursery() as nursery:
             for process in list(self._processes.values()):
                 if process.exit_status is None:
                     nursery.start_soon(process.stop)
+
+    def hurry(self) -> None:
+        """Skip the grace period: every stop in progress, and every later
+        one, sends SIGKILL to its group now (a second Ctrl-C or SIGTERM to
+        ``yard serve``). Stops still return only once the group is gone."""
+        self._hurried = True
+        for grace in list(self._graces):
+            grace.cancel()
+
+    def grace_for(self, process: ManagedProcess) -> float:
+        """How long a stop of ``process`` waits after SIGTERM: its
+        ``stop_grace_s``, or nothing once hurried."""
+        return 0.0 if self._hurried else process.config.stop_grace_s
 
     def running(self) -> dict[str, ManagedProcess]:
         """The backends whose process has not exited, by name."""
@@ -673,6 +706,8 @@ class Supervisor:
         Raises :class:`BackendStartError` if it is unknown, still running, or
         cannot be spawned (command not found, not executable, bad cwd).
         """
+        if self._closing:
+            raise BackendStartError(f"{backend}: not started, yard is shutting down")
         if self._nursery is None:
             raise RuntimeError("Supervisor.run() must be started before launch()")
         config = self.config.backends.get(backend)
@@ -702,6 +737,7 @@ class Supervisor:
         log.write((header + "\n").encode())
         log.flush()
         ring.append(header)
+        self._spawning += 1
         try:
             process = await trio.lowlevel.open_process(
                 argv,
@@ -713,11 +749,25 @@ class Supervisor:
                 cwd=str(cwd),
             )
         except OSError as exc:
+            self._spawn_done()
             message = f"cannot start {backend}: {argv[0]}: {exc.strerror or exc}"
             log.write(f"[yard] {message}\n".encode())
             log.close()
             ring.append(f"[yard] {message}")
             raise BackendStartError(message) from exc
+        if self._nursery is None:
+            # The supervisor stopped while the process was being spawned (the
+            # spawn cannot be cancelled): nobody would ever stop this one.
+            with trio.CancelScope(shield=True):
+                _signal_group(process.pid, signal.SIGKILL)
+                await process.wait()
+                with trio.move_on_after(5.0):
+                    await _wait_group_gone(process.pid)
+            self._spawn_done()
+            log.write(b"[yard] killed at once: yard is shutting down\n")
+            log.close()
+            raise BackendStartError(f"{backend}: not started, yard is shutting down")
+        self._spawn_done()
         self._run_dir.mkdir(parents=True, exist_ok=True)
         pid_file = self._run_dir / f"{backend}.pid"
         _write_pid_file(pid_file, backend, process.pid, argv)
@@ -739,6 +789,12 @@ class Supervisor:
         self._nursery.start_soon(managed._read_stream, process.stderr)
         self._nursery.start_soon(managed._watch)
         return managed
+
+    def _spawn_done(self) -> None:
+        self._spawning -= 1
+        if not self._spawning:
+            self._spawned.set()
+            self._spawned = trio.Event()
 
     async def reap_orphans(self) -> list[Orphan]:
         """Kill the backend process groups an earlier yard left running (found
