@@ -19,7 +19,7 @@ import trio
 from quart import Quart
 from quart_trio import QuartTrio
 
-from yard.http import server
+from yard.http import openapi, server
 from yard.http.errors import error_body
 from yard.http.gateway import ASGIApp, Gateway
 from yard.http.runtime import RUNTIME_KEY, Runtime
@@ -66,6 +66,7 @@ def create_control_app(runtime: Runtime) -> Quart:
         body = error_body(405, "method_not_allowed", "this method is not allowed here")
         return body, 405, {"content-type": "application/json"}
 
+    openapi.register(app)  # GET /openapi.json: this API, as an OpenAPI 3.1 document
     blueprint = _optional(*JOBS_BLUEPRINT)
     if blueprint is not None:
         app.register_blueprint(blueprint, url_prefix="/v1/jobs")

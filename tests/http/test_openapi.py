@@ -1,0 +1,213 @@
+"""The OpenAPI document (:mod:`yard.http.openapi`) stays true.
+
+- Every route the control plane (Quart) and the gateway serve is in the
+  document, and every path of the document is served, by the part it says.
+- A running yard's answers (real backends, every route, happy paths and
+  errors) validate against the document.
+- A schemathesis run over the document against a running yard gets no 500.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import pytest
+import trio
+
+from tests.gateway.conftest import backend_toml, running_yard
+from tests.http.conftest import make_config
+from tests.http.fakes import FakeEngine
+from yard.engine import Engine
+from yard.http.app import create_control_app
+from yard.http.gateway import Gateway, Message, Scope
+from yard.http.openapi import OPENAI_ROUTES, PROXY_METHODS, document
+from yard.http.runtime import Runtime
+
+DOC = document()
+_IGNORED_METHODS = {"HEAD", "OPTIONS"}
+# Paths the gateway answers itself, before Quart.
+_DATA_PLANE = {"/v1/models", "/v1/models/{model}", *OPENAI_ROUTES, "/backends/{backend}/{path}"}
+
+
+def _runtime() -> Runtime:
+    return Runtime(
+        config=make_config(),
+        engine=cast(Engine, FakeEngine(base_urls={})),
+        started_at=1_700_000_000.0,
+    )
+
+
+def _control_routes() -> set[tuple[str, str]]:
+    app = create_control_app(_runtime())
+    routes = set()
+    for rule in app.url_map.iter_rules():
+        path = re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule)
+        for method in set(rule.methods or ()) - _IGNORED_METHODS:
+            routes.add((path, method.lower()))
+    return routes
+
+
+def _documented() -> set[tuple[str, str]]:
+    methods = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
+    return {
+        (path, method)
+        for path, item in DOC["paths"].items()
+        for method in item
+        if method in methods
+    }
+
+
+def test_every_control_plane_route_is_documented_and_every_documented_one_is_served() -> None:
+    control = _control_routes()
+    documented = _documented()
+    data_plane = {(p, m) for p, m in documented if p in _DATA_PLANE}
+    assert control - documented == set(), "routes missing from the document"
+    assert documented - data_plane - control == set(), "documented but not served"
+
+
+def test_the_openai_routes_models_and_backends_are_documented_as_the_data_plane() -> None:
+    paths = DOC["paths"]
+    for route in OPENAI_ROUTES:
+        assert set(paths[route]) == {"post"}
+        assert "202" in paths[route]["post"]["responses"]
+    assert set(paths["/backends/{backend}/{path}"]) == {"parameters", *PROXY_METHODS}
+    assert set(paths["/v1/models"]) == {"get"}
+
+
+async def _routed_to_control(path: str, method: str) -> bool:
+    """Whether the gateway hands ``method path`` to the control plane."""
+    reached: list[str] = []
+
+    async def control(scope: Scope, receive: Any, send: Any) -> None:
+        reached.append(scope["path"])
+
+    async def receive() -> Message:
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        return None
+
+    scope: Scope = {
+        "type": "http",
+        "method": method.upper(),
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [],
+    }
+    await Gateway(_runtime(), control)(scope, receive, send)
+    return bool(reached)
+
+
+async def test_each_documented_path_is_served_by_the_part_the_document_says() -> None:
+    for path, method in sorted(_documented()):
+        concrete = re.sub(r"\{[^}]+\}", "x", path)
+        to_control = await _routed_to_control(concrete, method)
+        assert to_control == (path not in _DATA_PLANE), (method, path)
+
+
+def test_every_reference_in_the_document_resolves() -> None:
+    text = json.dumps(DOC)
+    names = set(re.findall(r'"#/components/schemas/([^"]+)"', text))
+    assert names <= set(DOC["components"]["schemas"])
+    assert DOC["openapi"].startswith("3.1")
+
+
+# -- a running yard's answers validate against the document ---------------------
+
+
+def _template(path: str) -> str:
+    """The document's path template that ``path`` matches (literal first)."""
+    templates: list[str] = list(DOC["paths"])
+    candidates = sorted(templates, key=lambda t: (t.count("{"), -len(t)))
+    for template in candidates:
+        pattern = re.escape(template)
+        pattern = pattern.replace(r"\{path\}", ".+")
+        pattern = re.sub(r"\\\{[^}]+\\\}", "[^/]+", pattern)
+        if re.fullmatch(pattern, path):
+            return template
+    raise AssertionError(f"{path} matches no path of the document")
+
+
+def check_answer(method: str, response: httpx.Response) -> None:
+    """Assert ``response`` is what the document says ``method`` on its path answers."""
+    import jsonschema  # type: ignore[import-untyped, import-not-found, unused-ignore]
+
+    template = _template(response.request.url.path)
+    operation = DOC["paths"][template][method.lower()]
+    responses = operation["responses"]
+    described = responses.get(str(response.status_code), responses.get("default"))
+    assert described is not None, f"{method} {template}: {response.status_code} is undocumented"
+    content = described.get("content")
+    if not content:
+        return
+    media = response.headers.get("content-type", "").split(";")[0].strip()
+    assert media in content, f"{method} {template}: {media!r} is not one of {list(content)}"
+    schema = content[media].get("schema")
+    if media == "application/json" and schema is not None:
+        jsonschema.validate(
+            response.json(),
+            {**schema, "components": DOC["components"]},
+            cls=jsonschema.Draft202012Validator,
+        )
+
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.slow
+async def test_a_running_yards_answers_validate_against_the_document(tmp_path: Path) -> None:
+    pytest.importorskip("jsonschema")
+    body = backend_toml("llm", models=("tiny",))
+    with trio.fail_after(60):
+        async with running_yard(tmp_path, body) as runtime:
+            client = httpx.AsyncClient(base_url=runtime.urls[0], timeout=30)
+            async with client:
+                checked = 0
+
+                async def call(method: str, path: str, **kwargs: Any) -> httpx.Response:
+                    nonlocal checked
+                    response = await client.request(method, path, **kwargs)
+                    check_answer(method, response)
+                    checked += 1
+                    return response
+
+                assert (await call("GET", "/healthz")).status_code == 200
+                assert (await call("GET", "/openapi.json")).json() == DOC
+                assert (await call("GET", "/metrics")).status_code == 200
+                assert (await call("POST", "/v1/chat/completions", json=CHAT)).status_code == 200
+                assert (await call("GET", "/v1/models")).status_code == 200
+                assert (await call("GET", "/v1/models/tiny")).status_code == 200
+                assert (await call("GET", "/v1/models/nope")).status_code == 404
+                nope = {**CHAT, "model": "nope"}
+                assert (await call("POST", "/v1/chat/completions", json=nope)).status_code == 404
+                bad = await call("POST", "/v1/embeddings", content=b"{")
+                assert bad.status_code == 400
+                job = await call(
+                    "POST", "/v1/chat/completions", json=CHAT, headers={"prefer": "respond-async"}
+                )
+                assert job.status_code == 202
+                location = job.headers["location"]
+                assert (await call("GET", location, params={"wait": "30"})).status_code == 200
+                result = await call("GET", location + "/result", params={"wait": "30"})
+                assert result.status_code == 200
+                assert (await call("DELETE", location)).status_code == 409
+                listed = await call("GET", "/v1/jobs", params={"status": "succeeded"})
+                assert listed.json()["data"]
+                assert (await call("GET", "/v1/jobs", params={"limit": "0"})).status_code == 400
+                assert (await call("GET", "/v1/jobs/nope")).status_code == 404
+                assert (await call("GET", "/admin/status")).status_code == 200
+                assert (await call("POST", "/admin/backends/llm/pin")).status_code == 202
+                assert (await call("POST", "/admin/backends/llm/bogus")).status_code == 404
+                assert (await call("POST", "/admin/backends/nope/load")).status_code == 404
+                assert (await call("DELETE", "/admin/profiles/nope")).status_code == 404
+                assert (await call("GET", "/backends/llm/anything")).status_code == 200
+                assert (await call("GET", "/backends/nope/x")).status_code == 404
+                assert (await call("GET", "/dashboard")).status_code == 200
+                static = await call("GET", "/dashboard/static/dashboard.js")
+                assert static.status_code == 200
+    assert checked >= 25
