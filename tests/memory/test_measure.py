@@ -13,8 +13,9 @@ import trio.testing
 from tests.memory.fake_proc import FakeProc
 from tests.memory.fake_pynvml import NVML_ERROR_NOT_SUPPORTED, FakeGpu, FakePynvml
 from yard.core.spec import Profile
-from yard.memory import FakeMeter, SystemMeter, default_meter
+from yard.memory import FakeMeter, default_meter
 from yard.memory.measure import Measurement, measure_profile
+from yard.memory.meter import MachineMeter
 from yard.memory.probe import fit_report
 from yard.memory.readings import DeviceDetail
 from yard.ports import BackendStartError, ExitStatus
@@ -237,7 +238,7 @@ class InlineMeter:
     Sampling inline takes no virtual time, so each sample lands when it is due.
     """
 
-    meter: SystemMeter
+    meter: MachineMeter
 
     async def read_details(self, pids: Mapping[str, int]) -> list[DeviceDetail]:
         return self.meter.sample(pids)

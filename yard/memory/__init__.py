@@ -4,9 +4,13 @@ Layout:
 
 - ``procfs``, ``pids``: reading process trees and their memory from ``/proc``,
   across pid namespaces.
-- ``host``, ``nvml``, ``meter``: the meters behind :class:`yard.ports.Meter`
-  (host RAM, NVIDIA GPUs, both together) and a fake; :func:`default_meter` is
-  what ``yard serve`` uses.
+- ``host``, ``nvml``, ``drm``, ``apple``, ``meter``: the meters behind
+  :class:`yard.ports.Meter` (host RAM; NVIDIA GPUs through NVML; AMD, Intel
+  and other GPUs through the kernel's DRM fdinfo and sysfs; Apple silicon's
+  unified memory; all of a machine's together) and a fake;
+  :func:`default_meter` picks what the machine has, for ``yard serve``.
+- ``gpus``: yard's GPU names across vendors, and the visible-devices
+  environment of each vendor's runtime for a placement.
 - ``readings``: what a meter sees, richer than the engine's reading.
 - ``profiles``: the profile key and the SQLite profile store
   (:class:`yard.ports.ProfileStore`).
@@ -14,19 +18,27 @@ Layout:
 - ``probe``: the ``yard probe`` command.
 """
 
+from yard.memory.apple import AppleMeter, AppleUnavailable
+from yard.memory.drm import DrmMeter
+from yard.memory.gpus import visible_devices_env
 from yard.memory.host import HostMeter
-from yard.memory.meter import FakeMeter, SystemMeter, default_meter
+from yard.memory.meter import FakeMeter, MachineMeter, SystemMeter, default_meter
 from yard.memory.nvml import NvmlMeter, NvmlUnavailable, open_nvml
 from yard.memory.readings import BackendUsage, DeviceDetail
 
 __all__ = [
+    "AppleMeter",
+    "AppleUnavailable",
     "BackendUsage",
     "DeviceDetail",
+    "DrmMeter",
     "FakeMeter",
     "HostMeter",
+    "MachineMeter",
     "NvmlMeter",
     "NvmlUnavailable",
     "SystemMeter",
     "default_meter",
     "open_nvml",
+    "visible_devices_env",
 ]

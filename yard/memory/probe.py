@@ -33,7 +33,7 @@ from rich.table import Table
 from yard.config import BackendConfig, Config, ConfigError, load_config
 from yard.core.spec import HOST, Profile
 from yard.memory.measure import Measurement, Phase, measure_profile
-from yard.memory.meter import SystemMeter, default_meter
+from yard.memory.meter import MachineMeter, default_meter
 from yard.memory.profiles import open_profile_store
 from yard.memory.readings import DeviceDetail, format_bytes
 from yard.memory.warmup import fill_llama_context
@@ -238,7 +238,7 @@ async def _probe(
     config: Config,
     backend: BackendConfig,
     args: argparse.Namespace,
-    meter: SystemMeter,
+    meter: MachineMeter,
     err: Console,
 ) -> int:
     from yard.supervisor import Supervisor  # the real launcher, only when probing
@@ -385,7 +385,7 @@ def _report(
     m: Measurement,
     fits: list[Fit],
     margin: float,
-    meter: SystemMeter,
+    meter: MachineMeter,
     key: str,
     unmeasured_pinned: list[str],
     *,
