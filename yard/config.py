@@ -10,7 +10,9 @@ Rules this module keeps:
 - Secrets may come from the environment (``key_env``, ``admin_key_env``); a
   variable that is named but not set is an error that names it.
 - With no app keys and no admin key, yard listens on loopback only: anybody on
-  the network could otherwise use the GPU.
+  the network could otherwise use the GPU. With an admin key but no app keys
+  too, unless ``server.allow_anonymous = true`` says the open data plane is
+  meant (:func:`exposure` says who may use what).
 - Paths in the file are relative to the file's own directory.
 
 The loaded :class:`Config` is plain frozen data; :meth:`Config.backend_specs`
@@ -130,6 +132,9 @@ class ServerConfig:
     stop_grace_s: default time between SIGTERM and SIGKILL for backends, and
         the grace given to in-flight requests at shutdown.
     log_level: yard's own log level.
+    allow_anonymous: off loopback, let the data plane take requests without
+        an app key (only when no app has one; the admin API still needs the
+        admin key). False: such a configuration is refused.
     """
 
     listen_host: str = "127.0.0.1"
@@ -140,6 +145,7 @@ class ServerConfig:
     default_priority: float = 50.0
     stop_grace_s: float = 10.0
     log_level: str = "info"
+    allow_anonymous: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -458,12 +464,43 @@ def is_loopback(host: str) -> bool:
 def _check_exposure(
     server: ServerConfig, apps: Mapping[str, AppConfig], errors: list[str], where: str
 ) -> None:
-    if server.admin_key is None and not apps and not is_loopback(server.listen_host):
+    if apps or is_loopback(server.listen_host):
+        return
+    if server.admin_key is None:
         errors.append(
             f"{where}: {server.listen_host} is reachable from the network but no keys are "
             "configured; listen on 127.0.0.1, or set server.admin_key(_env) or give the apps "
             "keys under [apps.NAME]"
         )
+    elif not server.allow_anonymous:
+        errors.append(
+            f"{where}: {server.listen_host} is reachable from the network and no app has a "
+            "key, so anybody who can reach it may use every model (the admin key guards only "
+            "the admin API); give the apps keys under [apps.NAME], listen on 127.0.0.1, or "
+            "set server.allow_anonymous = true to serve without keys on purpose"
+        )
+
+
+def exposure(config: Config) -> list[str]:
+    """Who may use yard with this configuration, one line per plane: what
+    ``yard check`` prints and ``yard serve`` logs at start."""
+    server = config.server
+    where = f"{server.listen_host}:{server.listen_port}"
+    local = is_loopback(server.listen_host)
+    if config.apps:
+        data = f"an app key required ({len(config.apps)} app(s))"
+    elif local:
+        data = f"no key needed, from this machine only ({where})"
+    else:
+        data = (
+            f"NO KEY NEEDED: anybody who can reach {where} may use every model "
+            "(server.allow_anonymous = true)"
+        )
+    if server.admin_key is not None:
+        admin = "the admin key required"
+    else:
+        admin = "no key, from this machine only"
+    return [f"data plane: {data}", f"admin API: {admin}"]
 
 
 # -- the loader ---------------------------------------------------------------
@@ -645,6 +682,7 @@ SERVER_KEYS = (
     "default_priority",
     "stop_grace_s",
     "log_level",
+    "allow_anonymous",
 )
 DEVICE_KEYS = ("reserve", "exclusive")
 APP_KEYS = ("key", "key_env", "default_priority", "max_priority")
@@ -820,6 +858,7 @@ def _server(r: _Reader, data: dict[str, Any], scheduler: SchedulerConfig) -> Ser
             data, "server", "stop_grace_s", float, defaults.stop_grace_s, _non_negative
         ),
         log_level=level,
+        allow_anonymous=r.get(data, "server", "allow_anonymous", bool, False),
     )
 
 
@@ -1142,6 +1181,11 @@ def warnings(config: Config) -> list[str]:
     on PATH, a model file or working directory that does not exist (yet).
     ``yard check`` prints them; they do not make the file invalid."""
     found = []
+    if config.server.allow_anonymous and config.apps:
+        found.append(
+            f"{config.path}: server.allow_anonymous: warning: has no effect while apps have "
+            "keys (every data-plane request needs one)"
+        )
     for b in config.backends.values():
         key = f"{config.path}: backends.{b.name}"
         program = b.command[0].replace("{python}", sys.executable)
@@ -1174,5 +1218,6 @@ def summary(config: Config) -> str:
         f"  models:   {len(models)} ({', '.join(m for m, _ in models) or 'none'})",
         f"  apps:     {len(config.apps)} ({', '.join(config.apps) or 'none'})",
         f"  devices:  {', '.join(devices)}",
+        *(f"  access:   {line}" for line in exposure(config)),
     ]
     return "\n".join(lines)

@@ -47,7 +47,7 @@ from typing import Any
 
 import trio
 
-from yard.config import Config, ConfigError, load_config
+from yard.config import Config, ConfigError, exposure, is_loopback, load_config
 from yard.core import Scheduler
 from yard.core.decisions import (
     Decision,
@@ -260,6 +260,9 @@ async def _serve(
         binds = await nursery.start(_serve_http, runtime, listeners, stop)
         runtime.urls = binds
         log.info("yard is serving on %s (data in %s)", ", ".join(binds), config.server.data_dir)
+        open_to_all = not config.apps and not is_loopback(config.server.listen_host)
+        for line in exposure(config):
+            log.log(logging.WARNING if open_to_all else logging.INFO, "access: %s", line)
         if freeze_heap:
             gc.collect()
             gc.freeze()

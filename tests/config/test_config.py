@@ -393,14 +393,66 @@ def test_a_network_address_without_any_key_is_refused(tmp_path: Path) -> None:
     errors = errors_of(tmp_path, "[server]\nlisten = '0.0.0.0:8080'\n")
     assert len(errors) == 1
     assert "server.listen: 0.0.0.0 is reachable from the network but no keys" in errors[0]
-    # Loopback needs no key; a key of either kind opens the network.
+    # Loopback needs no key; app keys open the network, and so does an admin
+    # key with the keyless data plane asked for explicitly.
     for text in (
         "[server]\nlisten = '[::1]:8080'\n",
         "[server]\nlisten = 'localhost:8080'\n",
-        "[server]\nlisten = '0.0.0.0:8080'\nadmin_key = 'a'\n",
+        "[server]\nlisten = '0.0.0.0:8080'\nadmin_key = 'a'\nallow_anonymous = true\n",
         "[server]\nlisten = '0.0.0.0:8080'\n[apps.a]\nkey = 'k'\n",
     ):
         load(tmp_path, text)
+
+
+def test_off_loopback_a_data_plane_without_app_keys_is_refused_unless_asked_for(
+    tmp_path: Path,
+) -> None:
+    errors = errors_of(tmp_path, "[server]\nlisten = '0.0.0.0:8080'\nadmin_key = 'a'\n")
+    assert errors == [
+        f"{tmp_path / 'yard.toml'}: server.listen: 0.0.0.0 is reachable from the network and "
+        "no app has a key, so anybody who can reach it may use every model (the admin key "
+        "guards only the admin API); give the apps keys under [apps.NAME], listen on "
+        "127.0.0.1, or set server.allow_anonymous = true to serve without keys on purpose"
+    ]
+    # allow_anonymous does not lift the rule for a yard without any key at all.
+    bare = errors_of(tmp_path, "[server]\nlisten = '0.0.0.0:8080'\nallow_anonymous = true\n")
+    assert "no keys are configured" in bare[0]
+    wrong = errors_of(tmp_path, "[server]\nallow_anonymous = 'yes'\n")
+    assert wrong == [
+        f"{tmp_path / 'yard.toml'}: server.allow_anonymous: must be true or false, "
+        "got a string ('yes')"
+    ]
+    config = load(tmp_path, "[server]\nadmin_key = 'a'\n")
+    with pytest.raises(ConfigError) as info:
+        config.with_overrides(listen="0.0.0.0:8080")
+    assert info.value.errors[0].startswith("--listen: 0.0.0.0 is reachable from the network and")
+
+
+def test_check_says_who_may_use_the_data_plane_and_the_admin_api(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = {
+        "[server]\nlisten = '0.0.0.0:8080'\nadmin_key = 'a'\nallow_anonymous = true\n": (
+            "data plane: NO KEY NEEDED: anybody who can reach 0.0.0.0:8080 may use every model "
+            "(server.allow_anonymous = true)",
+            "admin API: the admin key required",
+        ),
+        "[server]\nlisten = '127.0.0.1:8080'\n": (
+            "data plane: no key needed, from this machine only (127.0.0.1:8080)",
+            "admin API: no key, from this machine only",
+        ),
+        "[server]\nlisten = '0.0.0.0:8080'\n[apps.a]\nkey = 'k'\n": (
+            "data plane: an app key required (1 app(s))",
+            "admin API: no key, from this machine only",
+        ),
+    }
+    for text, (data, admin) in cases.items():
+        assert cli.main(["check", str(write(tmp_path, text))]) == 0
+        out = capsys.readouterr().out
+        assert f"  access:   {data}\n  access:   {admin}" in out
+    refused = write(tmp_path, "[server]\nlisten = '0.0.0.0:8080'\nadmin_key = 'a'\n")
+    assert cli.main(["check", str(refused)]) == 1
+    assert "server.allow_anonymous = true" in capsys.readouterr().err
 
 
 def test_listen_override_keeps_the_loopback_rule(tmp_path: Path) -> None:
@@ -577,7 +629,7 @@ def test_yard_check_prints_every_error_and_exits_1(
     assert err == [
         f"{path}: server.lisen: unknown key; did you mean 'listen'? (known here: "
         "listen, data_dir, admin_key, admin_key_env, max_body_bytes, default_priority, "
-        "stop_grace_s, log_level)",
+        "stop_grace_s, log_level, allow_anonymous)",
         f'{path}: backends.b.command: is missing: the argv to start it, e.g. ["llama-server", ...]',
         "2 errors",
     ]

@@ -67,7 +67,7 @@ def test_status_finds_yard_and_its_admin_key_in_the_configuration(
     monkeypatch.delenv("YARD_ADMIN_KEY", raising=False)
     config = tmp_path / "yard.toml"
     config.write_text(
-        f'[server]\nlisten = "0.0.0.0:9123"\nadmin_key = "from-config"\n'
+        f'[server]\nlisten = "0.0.0.0:9123"\nadmin_key = "from-config"\nallow_anonymous = true\n'
         f'data_dir = "{tmp_path / "data"}"\n'
     )
     parsed = argparse.Namespace(url=None, key=None, config=config)
