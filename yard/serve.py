@@ -19,8 +19,10 @@ of each backend process: ready, stopped, exited on its own, failed to start
 
 The runtime's extras carry ``stopping`` (the shutdown event: open dashboard
 streams and log tails end once it is set), ``profiles`` (the profile store,
-for ``DELETE /admin/profiles/NAME``) and ``meter_mode`` (the meter's
-sentence: which GPUs it reads, or why host-only).
+for ``DELETE /admin/profiles/NAME``), ``meter_mode`` (the meter's
+sentence: which GPUs it reads, or why host-only) and ``meter`` (its mode:
+``nvml``, ``drm``, ``nvml+drm``, ``apple``, ``host-only``), which ``yard
+status`` and ``/metrics`` show.
 
 SIGINT or SIGTERM starts a graceful shutdown: the HTTP server stops
 accepting and gives in-flight requests ``server.stop_grace_s``; then the job
@@ -242,6 +244,7 @@ async def _serve(
             # The meter logged host-only mode once; this is the same sentence
             # for the parts that show it (status).
             runtime.extras["meter_mode"] = getattr(meter, "mode_detail", None)
+            runtime.extras["meter"] = getattr(meter, "mode", None)
         jobs_module = _optional("yard.jobs")
         if jobs_module is not None and hasattr(jobs_module, "open_jobs"):
             jobs = await stack.enter_async_context(

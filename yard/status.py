@@ -122,6 +122,9 @@ def _summary(status: Json) -> Text:
         text.append(f"  {inflight} in flight")
     if status.get("host_only"):
         text.append("  host-only mode (no GPU found)", style="bold yellow")
+    meter = status.get("meter")
+    if isinstance(meter, dict) and meter.get("detail"):
+        text.append(f"\nmemory meter ({meter.get('mode') or '?'}): {meter['detail']}")
     return text
 
 

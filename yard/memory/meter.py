@@ -205,7 +205,7 @@ def default_meter(
     if meters:
         log.info("memory meter: %s", meter.mode_detail)
     else:
-        log.warning("no GPU meter, running in host-only mode: %s", meter.mode_detail)
+        log.warning("no GPU meter, running in %s", meter.mode_detail)
     record_layout(layout if meters else GpuLayout())
     return meter
 

@@ -33,12 +33,15 @@ The series:
   ``yard_backend_reservation_bytes{backend,kind}``.
 - the engine loop: ``yard_decisions_total{kind,backend}``, ``yard_engine_events_total``,
   ``yard_engine_decisions_total``.
+- the meter: ``yard_meter_info{mode,detail}`` (always 1): which memory meter
+  yard uses (``nvml``, ``drm``, ``nvml+drm``, ``apple``, ``host-only``) and
+  its sentence (which GPUs, or why none).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -372,11 +375,37 @@ class DecisionMetrics:
         self.check_loads(engine)
 
 
+class MeterCollector(Collector):
+    """``yard_meter_info``: the memory meter in use, read at scrape time from
+    ``meter()`` (a mapping with ``mode`` and ``detail``, or None: no meter)."""
+
+    def __init__(self, meter: Callable[[], Mapping[str, str] | None]) -> None:
+        self._meter = meter
+
+    def collect(self) -> Iterator[Metric]:
+        found = self._meter()
+        if found is None:
+            return
+        info = GaugeMetricFamily(
+            "yard_meter_info",
+            "The memory meter in use (nvml, drm, nvml+drm, apple, host-only) and its sentence.",
+            labels=["mode", "detail"],
+        )
+        info.add_metric([found.get("mode", ""), found.get("detail", "")], 1)
+        yield info
+
+
 def new_registry(
-    engine: EngineSource, *, profile_margin: float
+    engine: EngineSource,
+    *,
+    profile_margin: float,
+    meter: Callable[[], Mapping[str, str] | None] | None = None,
 ) -> tuple[CollectorRegistry, DecisionMetrics]:
-    """A registry with everything ``/metrics`` shows for one engine."""
+    """A registry with everything ``/metrics`` shows for one engine;
+    ``meter`` tells which memory meter yard uses (:class:`MeterCollector`)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(engine, profile_margin=profile_margin))
+    if meter is not None:
+        registry.register(MeterCollector(meter))
     registry.register(_PROCESS_REGISTRY)
     return registry, DecisionMetrics(registry)

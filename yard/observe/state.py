@@ -53,7 +53,7 @@ class Observer:
 
     def __post_init__(self) -> None:
         self.registry, self.decision_metrics = new_registry(
-            self.engine, profile_margin=self.profile_margin
+            self.engine, profile_margin=self.profile_margin, meter=self.meter
         )
 
     @classmethod
@@ -77,15 +77,29 @@ class Observer:
         event = self.extras.get("stopping")
         return isinstance(event, trio.Event) and event.is_set()
 
+    def meter(self) -> dict[str, str] | None:
+        """Which memory meter yard uses: ``mode`` and ``detail`` (the
+        runtime's ``meter`` and ``meter_mode`` extras), or None without one."""
+        detail = self.extras.get("meter_mode")
+        if not isinstance(detail, str):
+            return None
+        mode = self.extras.get("meter")
+        return {"mode": mode if isinstance(mode, str) else "", "detail": detail}
+
     def status(self, *, queue_limit: int = 200) -> Json:
-        """The status document (see :func:`yard.observe.report.build_status`)."""
-        return build_status(
+        """The status document (see :func:`yard.observe.report.build_status`),
+        with ``meter`` (:meth:`meter`) when yard has one."""
+        document = build_status(
             self.engine,
             models=self.models,
             profile_margin=self.profile_margin,
             started_at=self.started_at,
             queue_limit=queue_limit,
         )
+        meter = self.meter()
+        if meter is not None:
+            document["meter"] = meter
+        return document
 
     def refusal(self) -> auth.Refusal | None:
         """Why the current request may not act as the admin (None: it may)."""
