@@ -63,7 +63,6 @@ test: lint typecheck unit
 bench: setup
 	$(PY) -m sim bench
 	$(PY) -m bench
-	$(PY) -m bench.abuse
 	$(PY) -m bench.stops
 
 sim-report: setup
