@@ -44,10 +44,11 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import trio
 
+from yard.admission import Admission, AdmissionBook, Assignment
 from yard.core.decisions import (
     Decision,
     Dispatch,
@@ -65,15 +66,14 @@ from yard.core.events import (
     BackendStopped,
     Event,
     MemoryMeasured,
-    Outcome,
     ProfileMeasured,
     RequestArrived,
-    RequestCancelled,
     RequestFinished,
     Tick,
 )
 from yard.core.spec import HOST, Profile
 from yard.core.views import QueuedView, Snapshot
+from yard.errors import Rejected
 from yard.ports import (
     BackendProcess,
     BackendStartError,
@@ -121,36 +121,6 @@ class Policy(Protocol):
     def profile(self, backend: str) -> Profile | None: ...
 
 
-class Rejected(Exception):
-    """The request ended without being served (the core refused it, its deadline
-    passed, its backend failed, it was cancelled, or yard is shutting down).
-
-    status: the HTTP status to answer with. code: a stable error code.
-    message: what happened and what to do. retry_after_s: for 503s.
-    """
-
-    def __init__(
-        self, *, status: int, code: str, message: str, retry_after_s: float | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.retry_after_s = retry_after_s
-
-    def __repr__(self) -> str:
-        return f"Rejected(status={self.status}, code={self.code!r}, message={self.message!r})"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Assignment:
-    """Where a dispatched request goes: the backend and the URL it listens on."""
-
-    request_id: str
-    backend: str
-    base_url: str
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoggedDecision:
     """A decision and the engine time it was made at."""
@@ -195,157 +165,6 @@ class EngineStatistics:
     backends_running: int
     events: int
     decisions: int
-
-
-_State = Literal["queued", "dispatched", "lost", "done", "rejected", "cancelled"]
-
-
-class Admission:
-    """One request's handle, returned by :meth:`Engine.submit`.
-
-    The holder awaits :meth:`wait_dispatched`, sends the request to the
-    :class:`Assignment`'s URL, then calls :meth:`report` once with the outcome. If the
-    upstream connection broke before anything reached the client, it reports
-    ``"upstream_lost"`` and calls :meth:`wait_dispatched` again: the core either
-    requeues the request (yard caused the crash; the next dispatch is returned) or ends
-    it (:class:`Rejected` with ``backend_failed``).
-    """
-
-    __slots__ = (
-        "_assignment",
-        "_engine",
-        "_rejected",
-        "_state",
-        "_wakeup",
-        "arrived_at",
-        "backend",
-        "queued_s",
-        "request_id",
-    )
-
-    def __init__(self, engine: Engine, request_id: str, backend: str, arrived_at: float) -> None:
-        self._engine = engine
-        self.request_id = request_id
-        self.backend = backend
-        self.arrived_at = arrived_at
-        self.queued_s = 0.0
-        self._state: _State = "queued"
-        self._assignment: Assignment | None = None
-        self._rejected: Rejected | None = None
-        self._wakeup: trio.Event | None = None
-
-    @property
-    def state(self) -> str:
-        """``queued``, ``dispatched``, ``lost`` (awaiting the core's verdict after an
-        ``upstream_lost`` report), ``done``, ``rejected`` or ``cancelled``."""
-        return self._state
-
-    @property
-    def assignment(self) -> Assignment | None:
-        """Where the request goes, if it is dispatched right now (else None).
-
-        For a caller on a hot path: a request submitted to an idle engine is
-        often dispatched inside :meth:`Engine.submit`, and reading this spares
-        the checkpoint that :meth:`wait_dispatched` always is (on a cold CPU a
-        trip through Trio's run loop costs tens of microseconds).
-        """
-        return self._assignment if self._state == "dispatched" else None
-
-    async def wait_dispatched(self) -> Assignment:
-        """Wait until the core dispatches the request and return where it goes.
-
-        Raises :class:`Rejected` if the core ends it instead, if it was cancelled, or
-        if the engine shuts down. After a requeue it returns the next dispatch. Called
-        again while dispatched, it returns the same assignment. Calling it after a
-        final report is a programming error (``RuntimeError``).
-        """
-        waited = False
-        while True:
-            state = self._state
-            if state == "queued" or state == "lost":
-                if self._wakeup is None:
-                    self._wakeup = trio.Event()
-                await self._wakeup.wait()
-                waited = True
-                continue
-            if not waited:
-                # Every call is a checkpoint, even when the answer is already there.
-                await trio.lowlevel.checkpoint()
-            if state == "dispatched":
-                assert self._assignment is not None
-                return self._assignment
-            if state == "rejected":
-                assert self._rejected is not None
-                raise self._rejected
-            if state == "cancelled":
-                raise Rejected(status=499, code="cancelled", message="the request was cancelled")
-            raise RuntimeError(f"request {self.request_id} was already reported finished")
-
-    def report(self, outcome: Outcome = "ok", detail: str = "") -> None:
-        """The dispatched request is over (see :class:`~yard.core.events.RequestFinished`
-        for the outcomes). A no-op unless the request is currently dispatched."""
-        if self._state != "dispatched":
-            return
-        engine = self._engine
-        engine._inflight -= 1
-        if outcome == "upstream_lost":
-            self._state = "lost"
-            engine._queued += 1
-        else:
-            self._state = "done"
-            engine._count_outcome(outcome)
-            engine._admissions.pop(self.request_id, None)
-        engine._send_event(
-            RequestFinished(request_id=self.request_id, outcome=outcome, detail=detail)
-        )
-
-    def cancel(self) -> None:
-        """The client is gone (disconnect, job deleted). Idempotent; a no-op once the
-        request has ended."""
-        state = self._state
-        if state in ("done", "rejected", "cancelled"):
-            return
-        engine = self._engine
-        if state == "dispatched":
-            engine._inflight -= 1
-        else:
-            engine._queued -= 1
-        self._state = "cancelled"
-        engine._count_outcome("cancelled")
-        engine._admissions.pop(self.request_id, None)
-        engine._send_event(RequestCancelled(request_id=self.request_id))
-        self._wake()
-
-    # -- driven by the engine ------------------------------------------------
-
-    def _wake(self) -> None:
-        wakeup = self._wakeup
-        if wakeup is not None:
-            self._wakeup = None
-            wakeup.set()
-
-    def _dispatched(self, assignment: Assignment, now: float) -> bool:
-        if self._state != "queued" and self._state != "lost":
-            return False
-        self._state = "dispatched"
-        self._assignment = assignment
-        self.queued_s = now - self.arrived_at
-        self._wake()
-        return True
-
-    def _requeued(self) -> bool:
-        if self._state != "dispatched" and self._state != "lost":
-            return False
-        self._state = "queued"
-        self._assignment = None
-        self._wake()
-        return True
-
-    def _reject(self, rejected: Rejected) -> None:
-        self._state = "rejected"
-        self._rejected = rejected
-        self._assignment = None
-        self._wake()
 
 
 class _Backend:
@@ -423,7 +242,8 @@ class Engine:
         self._subscribers: list[
             tuple[trio.MemorySendChannel[LoggedDecision], tuple[type[Decision], ...] | None]
         ] = []
-        self._admissions: dict[str, Admission] = {}
+        # The requests it holds; their moves keep its counts.
+        self._book = AdmissionBook()
         self._backends: dict[str, _Backend] = {}
         self._raised: dict[str, tuple[int, int]] = {}
         self._nursery: trio.Nursery | None = None
@@ -434,10 +254,7 @@ class Engine:
         self._waiting_until: float | None = None
         self._handling = False
         # Counters and gauges for statistics().
-        self._queued = 0
-        self._inflight = 0
         self._submitted = 0
-        self._outcomes: dict[str, int] = {}
         self._rejects: dict[str, int] = {}
         self._loads = 0
         self._load_failures = 0
@@ -486,15 +303,18 @@ class Engine:
         if request_id is None:
             request_id = uuid.uuid4().hex
         now = trio.current_time()
-        admission = Admission(self, request_id, backend, now if arrived_at is None else arrived_at)
+        admission = Admission(
+            request_id=request_id,
+            backend=backend,
+            arrived_at=now if arrived_at is None else arrived_at,
+            send=self._send_event,
+            book=None if self._closed else self._book,
+        )
         self._submitted += 1
         if self._closed:
             admission._reject(_shutting_down())
             return admission
-        if request_id in self._admissions:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        self._admissions[request_id] = admission
-        self._queued += 1
+        self._book.enter(admission)
         event = RequestArrived(
             request_id=request_id,
             backend=backend,
@@ -539,7 +359,7 @@ class Engine:
     def statistics(self) -> EngineStatistics:
         """Counters and gauges, as a frozen record."""
         return EngineStatistics(
-            requests=dict(self._outcomes),
+            requests=dict(self._book.outcomes),
             submitted=self._submitted,
             loads=self._loads,
             load_failures=self._load_failures,
@@ -549,8 +369,8 @@ class Engine:
             requeues=self._requeues,
             deadline_misses=self._rejects.get("deadline_missed", 0),
             rejects=dict(self._rejects),
-            queue_length=self._queued,
-            inflight=self._inflight,
+            queue_length=self._book.queued,
+            inflight=self._book.inflight,
             backends_running=len(self._backends),
             events=self._events,
             decisions=self._decisions,
@@ -716,13 +536,10 @@ class Engine:
         else:
             self._send.send_nowait(event)
 
-    def _count_outcome(self, outcome: str) -> None:
-        self._outcomes[outcome] = self._outcomes.get(outcome, 0) + 1
-
     # -- decisions -------------------------------------------------------------------
 
     def _apply_dispatch(self, decision: Dispatch, now: float) -> None:
-        admission = self._admissions.get(decision.request_id)
+        admission = self._book.get(decision.request_id)
         if admission is None:
             # Cancelled while the core was deciding; its RequestCancelled is on the way.
             return
@@ -734,9 +551,6 @@ class Engine:
                 decision.request_id,
                 decision.backend,
             )
-            del self._admissions[decision.request_id]
-            self._queued -= 1
-            self._count_outcome("rejected")
             admission._reject(
                 Rejected(
                     status=502,
@@ -757,20 +571,13 @@ class Engine:
             backend=decision.backend,
             base_url=record.process.base_url,
         )
-        if admission._dispatched(assignment, now):
-            self._queued -= 1
-            self._inflight += 1
+        admission._dispatched(assignment, now)
 
     def _apply_reject(self, decision: Reject, now: float) -> None:
         self._rejects[decision.code] = self._rejects.get(decision.code, 0) + 1
-        admission = self._admissions.pop(decision.request_id, None)
+        admission = self._book.get(decision.request_id)
         if admission is None:
             return
-        if admission._state == "dispatched":
-            self._inflight -= 1
-        else:
-            self._queued -= 1
-        self._count_outcome("rejected")
         admission._reject(
             Rejected(
                 status=decision.status,
@@ -782,13 +589,9 @@ class Engine:
 
     def _apply_requeue(self, decision: Requeue, now: float) -> None:
         self._requeues += 1
-        admission = self._admissions.get(decision.request_id)
-        if admission is None:
-            return
-        was = admission._state
-        if admission._requeued() and was == "dispatched":
-            self._inflight -= 1
-            self._queued += 1
+        admission = self._book.get(decision.request_id)
+        if admission is not None:
+            admission._requeued()
 
     def _apply_flag(self, decision: Flag, now: float) -> None:
         log.info("flag: %s", decision.reason)
@@ -814,7 +617,7 @@ class Engine:
 
     def _apply_stop(self, decision: StopBackend, now: float) -> None:
         self._stops += 1
-        if self._queued > 0:
+        if self._book.queued > 0:
             self._evictions += 1
         record = self._backends.get(decision.backend)
         if record is None:
@@ -1078,11 +881,7 @@ class Engine:
         self._backends.clear()
 
     def _end_everything(self) -> None:
-        for admission in list(self._admissions.values()):
-            admission._reject(_shutting_down())
-        self._admissions.clear()
-        self._queued = 0
-        self._inflight = 0
+        self._book.close(_shutting_down())
         for subscriber, _ in self._subscribers:
             subscriber.close()
         self._subscribers.clear()

@@ -15,10 +15,11 @@ from typing import Any
 
 import trio
 
+from yard.admission import Assignment
 from yard.config import AppConfig
 from yard.core.events import Outcome
 from yard.core.views import QueuedView
-from yard.engine import Assignment, Rejected
+from yard.errors import Rejected
 from yard.http.proxy import ProxyRequest, UpstreamError
 from yard.http.runtime import JobService
 from yard.jobs.service import Jobs, JobsConfig, UpstreamResponseLike
@@ -53,6 +54,16 @@ class FakeAdmission:
         self._state = state
         self._changed.set()
         self._changed = trio.Event()
+
+    @property
+    def assignment(self) -> Assignment | None:
+        return self._assignment if self._state == "dispatched" else None
+
+    async def wait_verdict(self) -> bool:
+        await trio.lowlevel.checkpoint()
+        while self._state == "lost":
+            await self._changed.wait()
+        return self._state in ("queued", "dispatched")
 
     async def wait_dispatched(self) -> Assignment:
         await trio.lowlevel.checkpoint()

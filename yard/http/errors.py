@@ -14,6 +14,10 @@ from __future__ import annotations
 import json
 import math
 
+from yard.errors import Rejected
+
+__all__ = ["ApiError", "Rejected", "error_body", "error_headers", "error_type"]
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -28,20 +32,10 @@ _TYPES = {
 }
 
 
-class ApiError(Exception):
-    """An error answer: HTTP status, stable code, message for the client.
-
-    retry_after_s: sent as ``Retry-After`` (whole seconds, rounded up).
-    """
-
-    def __init__(
-        self, status: int, code: str, message: str, *, retry_after_s: float | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.retry_after_s = retry_after_s
+ApiError = Rejected
+"""The error an answer is made of: :class:`yard.errors.Rejected` (one type for
+the engine, the HTTP layer and the job service), by the name this layer's
+code raises it under."""
 
 
 def error_type(status: int) -> str:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from yard.admission import Assignment, ResponseCut, UpstreamLost, run_turn
 from yard.engine import Rejected
 from yard.http.errors import ApiError, error_body, error_headers
 from yard.http.intake import (
@@ -194,73 +195,65 @@ class Gateway:
         outcome = "cancelled"
         dispatched_at: float | None = None
         observed = False
-        try:
-            while True:
-                try:
-                    # Dispatched at once (inside submit) on an idle engine:
-                    # go straight to the backend, without a checkpoint.
-                    assignment = admission.assignment or await admission.wait_dispatched()
-                except Rejected as exc:
-                    outcome = exc.code
-                    return await _send_error(
-                        send,
-                        exc.status,
-                        exc.code,
-                        exc.message,
-                        request.request_id,
-                        admission.queued_s,
-                        exc.retry_after_s,
+
+        async def attempt(assignment: Assignment) -> None:
+            nonlocal dispatched_at
+            dispatched_at = trio.current_time()
+            started = False
+            try:
+                async with pool.request(
+                    assignment.base_url, method, target, request.headers, request.body
+                ) as response:
+                    headers = _response_headers(response.headers)
+                    headers += (
+                        (b"x-yard-request-id", request.request_id.encode()),
+                        (b"x-yard-queue-ms", b"%.1f" % (admission.queued_s * 1000.0)),
+                        _ACCEL,
                     )
-                dispatched_at = trio.current_time()
-                started = False
-                try:
-                    async with pool.request(
-                        assignment.base_url, method, target, request.headers, request.body
-                    ) as response:
-                        headers = _response_headers(response.headers)
-                        headers += (
-                            (b"x-yard-request-id", request.request_id.encode()),
-                            (b"x-yard-queue-ms", b"%.1f" % (admission.queued_s * 1000.0)),
-                            _ACCEL,
-                        )
-                        started = True
-                        # When the body is already here, the head waits for it
-                        # and both go out in one write (see yard.http.server).
-                        await send(
-                            {
-                                "type": "http.response.start",
-                                "status": response.status,
-                                "headers": headers,
-                                "yard.hold": response.buffered(),
-                            }
-                        )
-                        async for chunk in response.chunks():
-                            await send(
-                                {"type": "http.response.body", "body": chunk, "more_body": True}
-                            )
-                        # The backend's work is done: free its slot.
-                        admission.report("ok")
-                        outcome = "ok"
-                except UpstreamError as exc:
-                    if not started:
-                        # Nothing reached the client: the core decides whether
-                        # the backend's death was yard's doing (requeue) or not
-                        # (fail).
-                        admission.report("upstream_lost", exc.detail)
-                        continue
-                    # Bytes went out: the response is cut (the connection
-                    # closes without the final chunk) and nothing can be done.
-                    admission.report("error", exc.detail)
-                    outcome = "error"
-                    return None
-                # The backend's connection is back in its pool and the request
-                # is counted before the last (for a stream, the terminating)
-                # write, so that this bookkeeping is done by the time the same
-                # client's next request arrives, not what it waits behind.
-                observed = True
-                self._count(request, admission, outcome, dispatched_at)
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    started = True
+                    # When the body is already here, the head waits for it
+                    # and both go out in one write (see yard.http.server).
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": response.status,
+                            "headers": headers,
+                            "yard.hold": response.buffered(),
+                        }
+                    )
+                    async for chunk in response.chunks():
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except UpstreamError as exc:
+                # Nothing reached the client: the core decides whether the
+                # backend's death was yard's doing (requeue) or not (fail).
+                # Bytes went out: the response is cut (the connection closes
+                # without the final chunk) and nothing can be done.
+                raise (ResponseCut if started else UpstreamLost)(exc.detail) from None
+
+        try:
+            try:
+                outcome = await run_turn(admission, attempt)
+            except Rejected as exc:
+                outcome = exc.code
+                return await _send_error(
+                    send,
+                    exc.status,
+                    exc.code,
+                    exc.message,
+                    request.request_id,
+                    admission.queued_s,
+                    exc.retry_after_s,
+                )
+            if outcome == "error":
                 return None
+            # The backend's connection is back in its pool and the request is
+            # reported and counted before the last (for a stream, the
+            # terminating) write, so that this bookkeeping is done by the time
+            # the same client's next request arrives, not what it waits behind.
+            observed = True
+            self._count(request, admission, outcome, dispatched_at)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return None
         finally:
             if not observed:
                 self._count(request, admission, outcome, dispatched_at)

@@ -35,10 +35,10 @@ from typing import Protocol
 
 import trio
 
+from yard.admission import AdmissionLike, Assignment, UpstreamLost, run_turn
 from yard.config import AppConfig
-from yard.core.events import Outcome
 from yard.core.views import QueuedView
-from yard.engine import Rejected
+from yard.errors import Rejected
 from yard.http.proxy import ProxyRequest, UpstreamError, UpstreamPool, forward
 from yard.jobs.store import (
     JobError,
@@ -53,8 +53,6 @@ from yard.jobs.store import (
 from yard.jobs.views import job_json, rfc3339
 
 log = logging.getLogger("yard.jobs")
-
-_VERDICT_POLL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,22 +84,6 @@ class JobsConfig:
     max_stored_bytes_per_app: int = 2 * 2**30
 
 
-class AdmissionLike(Protocol):
-    """What a runner needs of :class:`yard.engine.Admission`."""
-
-    request_id: str
-    queued_s: float
-
-    @property
-    def state(self) -> str: ...
-
-    async def wait_dispatched(self) -> AssignmentLike: ...
-
-    def report(self, outcome: Outcome = "ok", detail: str = "") -> None: ...
-
-    def cancel(self) -> None: ...
-
-
 class UpstreamResponseLike(Protocol):
     """What a runner reads of :class:`yard.http.proxy.UpstreamResponse`."""
 
@@ -114,11 +96,6 @@ class UpstreamResponseLike(Protocol):
 Upstream = Callable[[ProxyRequest, str], AbstractAsyncContextManager[UpstreamResponseLike]]
 """Sends a request to a backend's base URL: :func:`yard.http.proxy.forward`
 (with the gateway's pool), or a fake in tests. Raises ``UpstreamError``."""
-
-
-class AssignmentLike(Protocol):
-    @property
-    def base_url(self) -> str: ...
 
 
 class EngineLike(Protocol):
@@ -164,6 +141,10 @@ class JobNotFinished(Exception):
 
 class _ResultTooLarge(Exception):
     pass
+
+
+class _Gone(Exception):
+    """The job was cancelled while it was being dispatched."""
 
 
 @dataclass(slots=True)
@@ -526,8 +507,9 @@ class Jobs:
                 await self._drive(job, running)
         except Exception:
             # A bug or a broken disk must not take yard down with it; the job
-            # ends as failed if the store still works.
+            # ends as failed if the store still works, and frees its slot.
             log.exception("job %s: runner failed", job.id)
+            running.admission.cancel()
             try:
                 await self._end(
                     job.id,
@@ -544,80 +526,61 @@ class Jobs:
 
     async def _drive(self, job: JobRecord, running: _Running) -> None:
         admission = running.admission
-        lost = False
-        while True:
-            try:
-                assignment = await admission.wait_dispatched()
-            except Rejected as exc:
-                if exc.code == "shutting_down":
-                    # yard is stopping: the job stays as stored (queued, or
-                    # running and then interrupted) for the next start to decide.
-                    return
-                await self._end(
-                    job.id,
-                    "failed",
-                    JobError(code=exc.code, message=exc.message, status=exc.status),
-                )
-                return
-            if lost:
-                self._counts["requeues"] += 1  # dispatched again: the core requeued it
+        # The backend's answer (or why it is not kept), once it has answered.
+        answer: list[StoredResult | _ResultTooLarge] = []
+
+        async def attempt(assignment: Assignment) -> None:
             if not await self.store.mark_running(
                 job.id, at=self._wall(), queued_s=admission.queued_s
             ):
-                admission.cancel()  # cancelled while it was being dispatched
-                return
+                raise _Gone  # cancelled while it was being dispatched
             stored = await self.store.request(job.id)
             if stored is None:  # pragma: no cover - the row and its request go together
                 raise RuntimeError(f"job {job.id} has no stored request")
             try:
-                result = await self._call(job, stored, assignment.base_url)
+                answer.append(await self._call(job, stored, assignment.base_url))
+            except _ResultTooLarge as exc:
+                answer.append(exc)  # it answered: an ok turn, a failed job
             except UpstreamError as exc:
                 # Nothing reached a client (a job reads the whole answer), so
-                # the core may still find that the cause was ours and requeue.
-                # The core requeues it if it finds that yard caused the crash
-                # (once, ever): mark the requeue spent before the verdict, so
-                # that no crash in between can grant a second one.
+                # the core may still find that the cause was ours and requeue
+                # it (once, ever): mark the requeue spent before the verdict,
+                # so that no crash in between can grant a second one.
                 await self.store.mark_requeue_spent(job.id)
-                admission.report("upstream_lost", exc.detail)
-                lost = True
-                if await self._wait_verdict(admission):
-                    # Back in the queue: on disk too, so that a restart puts it
-                    # back at its place instead of ending it as interrupted.
-                    await self.store.mark_requeued(job.id)
-                continue
-            except _ResultTooLarge as exc:
-                admission.report("ok", str(exc))
-                await self._end(
-                    job.id,
-                    "failed",
-                    JobError(code="result_too_large", message=str(exc), status=502),
-                )
-                return
-            admission.report("ok")
-            if 200 <= result.status < 400:
-                await self._end(job.id, "succeeded", None, result)
-            else:
-                await self._end(
-                    job.id,
-                    "failed",
-                    JobError(
-                        code="upstream_status",
-                        message=f"the backend answered HTTP {result.status}; "
-                        "its answer is the job's result",
-                        status=result.status,
-                    ),
-                    result,
-                )
-            return
+                raise UpstreamLost(exc.detail) from None
 
-    async def _wait_verdict(self, admission: AdmissionLike) -> bool:
-        """After an ``upstream_lost`` report, wait for the core's verdict (it
-        comes within its ``lost_grace_s``); True if it requeued the request."""
-        # The Admission has no wait for "requeued": wait_dispatched waits on
-        # through it. Polling its state costs little in this short, rare window.
-        while admission.state == "lost":  # noqa: ASYNC110
-            await trio.sleep(_VERDICT_POLL_S)
-        return admission.state in ("queued", "dispatched")
+        async def requeued() -> None:
+            # Back in the queue: on disk too, so that a restart puts it back
+            # at its place instead of ending it as interrupted.
+            self._counts["requeues"] += 1
+            await self.store.mark_requeued(job.id)
+
+        try:
+            await run_turn(admission, attempt, on_requeued=requeued)
+        except _Gone:
+            admission.cancel()
+            return
+        except Rejected as exc:
+            if exc.code != "shutting_down":
+                error = JobError(code=exc.code, message=exc.message, status=exc.status)
+                await self._end(job.id, "failed", error)
+            # yard is stopping: the job stays as stored (queued, or running
+            # and then interrupted) for the next start to decide.
+            return
+        result = answer[-1]
+        if isinstance(result, _ResultTooLarge):
+            error = JobError(code="result_too_large", message=str(result), status=502)
+            await self._end(job.id, "failed", error)
+            return
+        if 200 <= result.status < 400:
+            await self._end(job.id, "succeeded", None, result)
+            return
+        error = JobError(
+            code="upstream_status",
+            message=f"the backend answered HTTP {result.status}; its answer is the job's result",
+            status=result.status,
+        )
+        await self._end(job.id, "failed", error, result)
 
     async def _call(self, job: JobRecord, stored: StoredRequest, base_url: str) -> StoredResult:
         request = ProxyRequest(
