@@ -394,7 +394,34 @@ def test_the_system_meter_reads_drm_backends_through_their_process_trees(
     details = meter.sample({"llm": 100})
     assert device(details, "gpu0").backends["llm"].held_bytes == 3 * GIB
     assert device(details, "gpu0").backends["llm"].pids == (101,)
-    assert device(details, "host").backends["llm"].held_bytes == 1000 * KIB
+    # Its 4 MiB of GTT are host RAM the driver pinned, in no resident set.
+    host = device(details, "host").backends["llm"]
+    assert host.held_bytes == 1000 * KIB + 4096 * KIB
+    assert host.driver_bytes == 4096 * KIB
+
+
+def test_gtt_and_system_regions_count_on_the_host_not_the_gpu(tmp_path: Path) -> None:
+    """An APU's model lives in GTT; an iGPU's buffers in system memory: RAM
+    that no process's resident set shows. The host meter alone misses it."""
+    fake = amd_machine(tmp_path)
+    fake.card(0, slot=IGPU_SLOT, driver="i915", pci_id="8086:46A6")
+    fake.proc.add(100, anon_kib=2000)
+    apu_like = {
+        "drm-driver": "amdgpu",
+        "drm-client-id": "61",
+        "drm-pdev": AMD_SLOT,
+        "drm-resident-vram": "512 MiB",
+        "drm-resident-gtt": "30 GiB",
+        "drm-resident-cpu": "0",
+    }
+    fake.open(100, 5, _text(apu_like))
+    fake.open(100, 6, fdinfo("i915-igpu", client=2, pdev=IGPU_SLOT))  # 6044 KiB, unmetered card
+    meter = default_meter(nvml=FakePynvml([]), proc=fake.proc.root, sys_root=fake.sys)
+    details = meter.sample({"llm": 100})
+    assert device(details, "gpu0").backends["llm"].held_bytes == 512 * MIB
+    host = device(details, "host").backends["llm"]
+    assert host.driver_bytes == 30 * GIB + 6044 * KIB
+    assert host.held_bytes == 2000 * KIB + 30 * GIB + 6044 * KIB
 
 
 def _text(fields: dict[str, str]) -> str:

@@ -40,7 +40,11 @@ Documentation/gpu/drm-usage-stats.rst defines them:
   from before it existed ``drm-memory-<region>`` (its deprecated alias), or
   else ``drm-total-<region>``. Values are bytes, or carry ``KiB``/``MiB``
   (``GiB`` accepted too);
-- a client listed by two backends' trees counts for the first only.
+- a client listed by two backends' trees counts for the first only;
+- the host-memory regions (``gtt``, ``cpu``, ``system``) are RAM the driver
+  pinned for the client, outside every process's resident set: they are
+  added to the backend's host figure (:meth:`DrmMeter.host_side_bytes`), not
+  its GPU one. On an APU (Ryzen AI, Strix Halo) that is where a model lives.
 
 The devices are named by :mod:`yard.memory.gpus` (NVIDIA first, then these in
 PCI slot order).
@@ -67,6 +71,7 @@ SYS = Path("/sys")
 
 _UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 _LOCAL_REGION = re.compile(r"(vram|local)\d*")
+_HOST_REGION = re.compile(r"(gtt|cpu|system)\d*")
 _CARD = re.compile(r"card\d+")
 
 
@@ -205,18 +210,22 @@ def parse_fdinfo(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DrmClient:
-    """One DRM client's device-local memory, from one fdinfo file.
+    """One DRM client's memory, from one fdinfo file.
 
     key: what tells clients apart on its device (see the module docstring).
     pdev: the device's PCI slot.
     local_bytes: device-local memory it holds.
-    source: the key kind it was read from (``resident``, ``memory``,
-        ``total``), or ``none`` when it reported no device-local region.
+    host_bytes: host RAM the driver holds for it (``gtt``, ``cpu``,
+        ``system`` regions).
+    source: the key kind ``local_bytes`` was read from (``resident``,
+        ``memory``, ``total``), or ``none`` when it reported no device-local
+        region.
     """
 
     key: str
     pdev: str
     local_bytes: int
+    host_bytes: int = 0
     source: str
 
 
@@ -229,19 +238,23 @@ def client_memory(fields: Mapping[str, str], *, pdev: str, fallback_key: str) ->
     regions: dict[str, dict[str, int]] = {}
     for name, value in fields.items():
         match = re.fullmatch(r"drm-(resident|memory|total)-(.+)", name)
-        if match is None or not _LOCAL_REGION.fullmatch(match.group(2)):
+        if match is None:
             continue
         size = parse_size(value)
         if size is not None:
             regions.setdefault(match.group(2), {})[match.group(1)] = size
-    total = 0
+    total = host = 0
     sources = set()
-    for figures in regions.values():
+    for region, figures in regions.items():
         for kind in ("resident", "memory", "total"):
-            if kind in figures:
+            if kind not in figures:
+                continue
+            if _LOCAL_REGION.fullmatch(region):
                 total += figures[kind]
                 sources.add(kind)
-                break
+            elif _HOST_REGION.fullmatch(region):
+                host += figures[kind]
+            break
     client_id = fields.get("drm-client-id")
     if client_id:
         key = f"client {client_id}"
@@ -253,6 +266,7 @@ def client_memory(fields: Mapping[str, str], *, pdev: str, fallback_key: str) ->
         key=key,
         pdev=pdev,
         local_bytes=total,
+        host_bytes=host,
         source=min(sources, key=("resident", "memory", "total").index) if sources else "none",
     )
 
@@ -328,6 +342,7 @@ class DrmMeter:
         self._sys = sys_root
         self._amdsmi = amdsmi
         self._said: set[str] = set()
+        self._host_side: dict[str, int] = {}
         by_slot = {card.pci_slot: card for card in cards}
         handles = _amdsmi_handles(amdsmi) if amdsmi is not None else {}
         self._gpus: list[_Gpu] = []
@@ -380,19 +395,24 @@ class DrmMeter:
         found = trees if trees is not None else {b: [pid] for b, pid in pids.items()}
         held: dict[str, dict[str, int]] = {gpu.card.pci_slot: {} for gpu in self._gpus}
         holders: dict[str, dict[str, set[int]]] = {slot: {} for slot in held}
+        host_side: dict[str, int] = dict.fromkeys(found, 0)
         seen: set[tuple[str, str]] = set()
         per_fd: set[str] = set()
         for backend, tree in found.items():
             for pid in tree:
                 for client in process_clients(pid, proc=self._proc, sys_root=self._sys):
-                    if client.pdev not in held or (client.pdev, client.key) in seen:
+                    if (client.pdev, client.key) in seen:
                         continue
                     seen.add((client.pdev, client.key))
+                    host_side[backend] += client.host_bytes
+                    if client.pdev not in held:
+                        continue
                     if client.key.startswith("fd "):
                         per_fd.add(client.pdev)
                     on_device = held[client.pdev]
                     on_device[backend] = on_device.get(backend, 0) + client.local_bytes
                     holders[client.pdev].setdefault(backend, set()).add(pid)
+        self._host_side = host_side
         everybody: dict[str, int] | None = None
         details = []
         for gpu in self._gpus:
@@ -435,6 +455,13 @@ class DrmMeter:
                 )
             )
         return details
+
+    def host_side_bytes(self) -> Mapping[str, int]:
+        """Per backend of the last :meth:`sample`: host RAM the GPU drivers
+        hold for its DRM clients (GTT and system regions, any DRM device,
+        metered or not). These pages are in no process's resident set, so the
+        host meter cannot see them; an APU's model lives there."""
+        return dict(self._host_side)
 
     def _used(self, gpu: _Gpu) -> int | None:
         if gpu.amdsmi_handle is not None:

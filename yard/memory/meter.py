@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -121,10 +122,16 @@ class SystemMeter:
             backend: procfs.process_tree(root, proc=self._proc, children=children)
             for backend, root in roots.items()
         }
-        details = self._host.sample(roots, trees=trees)
+        gpu_details: list[DeviceDetail] = []
+        driver_held: dict[str, int] = {}
         for gpu in self._gpus:
-            details += gpu.sample(pids, trees=trees)
-        return details
+            gpu_details += gpu.sample(pids, trees=trees)
+            for backend, held in getattr(gpu, "host_side_bytes", dict)().items():
+                driver_held[backend] = driver_held.get(backend, 0) + held
+        details = self._host.sample(roots, trees=trees)
+        if any(driver_held.values()):
+            details = [_with_driver_memory(detail, driver_held) for detail in details]
+        return details + gpu_details
 
     async def read_details(self, pids: Mapping[str, int]) -> list[DeviceDetail]:
         """:meth:`sample` in a worker thread (NVML and /proc calls block)."""
@@ -136,6 +143,20 @@ class SystemMeter:
     def close(self) -> None:
         for gpu in self._gpus:
             gpu.close()
+
+
+def _with_driver_memory(detail: DeviceDetail, driver_held: Mapping[str, int]) -> DeviceDetail:
+    """The host detail with the RAM GPU drivers pinned for each backend's
+    clients added to what it holds (it is in no resident set)."""
+    backends = {
+        name: replace(
+            usage,
+            held_bytes=usage.held_bytes + driver_held.get(name, 0),
+            driver_bytes=driver_held.get(name, 0),
+        )
+        for name, usage in detail.backends.items()
+    }
+    return replace(detail, backends=backends)
 
 
 MachineMeter = SystemMeter | AppleMeter

@@ -40,12 +40,15 @@ class BackendUsage:
     pids: the processes of its tree that were found holding memory here.
     file_backed_held: host only: its file-backed pages are in ``held_bytes``
         (a CPU backend, whose mmap'd weights are its working set).
+    driver_bytes: host only: RAM GPU drivers pinned for its DRM clients (GTT),
+        which no resident set shows; part of ``held_bytes``.
     """
 
     held_bytes: int
     reclaimable_bytes: int = 0
     pids: tuple[int, ...] = ()
     file_backed_held: bool = False
+    driver_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
