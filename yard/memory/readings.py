@@ -19,8 +19,10 @@ from yard.ports import DeviceReading
 Attribution = Literal["process-tree", "per-process", "device-delta", "none"]
 """How per-backend figures on a device were obtained.
 
-``process-tree``: host memory read from ``/proc`` for each process tree.
-``per-process``: NVML's per-process GPU memory, summed over each tree.
+``process-tree``: host memory read for each process tree (``/proc``; on a
+    Mac, each process's physical footprint).
+``per-process``: per-process GPU memory summed over each tree: NVML's lists,
+    the DRM clients of the tree's fdinfo, or (Apple) the footprints.
 ``device-delta``: NVML could not attribute memory to processes (not supported,
     no permission, pids from another namespace, implausible figures); each
     backend is credited with the growth of the device's use since just before
