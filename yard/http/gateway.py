@@ -42,6 +42,7 @@ from yard.admission import Assignment, ResponseCut, UpstreamLost, run_turn
 from yard.engine import Rejected
 from yard.http.errors import ApiError, error_body, error_headers
 from yard.http.intake import (
+    INLINE_LIMIT,
     authenticate,
     clamp_priority,
     flag,
@@ -383,7 +384,11 @@ class Gateway:
                 )
             upstream_path = "/" + rest.decode("latin-1")
         else:
-            model = model_of(method, content_type, body)
+            if len(body) <= INLINE_LIMIT:
+                model = model_of(method, content_type, body)
+            else:
+                # Off the loop: see yard.http.intake for why this is enough.
+                model = await trio.to_thread.run_sync(model_of, method, content_type, body)
             backend_config = config.backend_for_model(model)
             if backend_config is None:
                 raise ApiError(
