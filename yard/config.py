@@ -135,6 +135,16 @@ class ServerConfig:
     allow_anonymous: off loopback, let the data plane take requests without
         an app key (only when no app has one; the admin API still needs the
         admin key). False: such a configuration is refused.
+    allowed_hosts: ``Host`` names yard answers to where the browser guard
+        checks them (:mod:`yard.http.guard`); None: the default for the
+        listen address.
+    allowed_origins: web pages of another origin that may send state-changing
+        requests (``scheme://host[:port]``).
+    dashboard_session_ttl_s: how long a dashboard login lasts.
+    dashboard_login_max_bytes: largest login form body (413 above).
+    admin_failures_before_delay: wrong admin keys a client may send before it
+        must wait between tries.
+    admin_failure_max_delay_s: longest such wait (it doubles per failure).
     """
 
     listen_host: str = "127.0.0.1"
@@ -146,6 +156,12 @@ class ServerConfig:
     stop_grace_s: float = 10.0
     log_level: str = "info"
     allow_anonymous: bool = False
+    allowed_hosts: tuple[str, ...] | None = None
+    allowed_origins: tuple[str, ...] = ()
+    dashboard_session_ttl_s: float = 12 * 3600.0
+    dashboard_login_max_bytes: int = 4096
+    admin_failures_before_delay: int = 5
+    admin_failure_max_delay_s: float = 300.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -683,6 +699,12 @@ SERVER_KEYS = (
     "stop_grace_s",
     "log_level",
     "allow_anonymous",
+    "allowed_hosts",
+    "allowed_origins",
+    "dashboard_session_ttl_s",
+    "dashboard_login_max_bytes",
+    "admin_failures_before_delay",
+    "admin_failure_max_delay_s",
 )
 DEVICE_KEYS = ("reserve", "exclusive")
 APP_KEYS = ("key", "key_env", "default_priority", "max_priority")
@@ -859,7 +881,73 @@ def _server(r: _Reader, data: dict[str, Any], scheduler: SchedulerConfig) -> Ser
         ),
         log_level=level,
         allow_anonymous=r.get(data, "server", "allow_anonymous", bool, False),
+        allowed_hosts=_allowed_hosts(r, data),
+        allowed_origins=_allowed_origins(r, data),
+        dashboard_session_ttl_s=r.get(
+            data, "server", "dashboard_session_ttl_s", float, 12 * 3600.0, _positive
+        ),
+        dashboard_login_max_bytes=_login_max_bytes(r, data),
+        admin_failures_before_delay=r.get(
+            data, "server", "admin_failures_before_delay", int, 5, _non_negative
+        ),
+        admin_failure_max_delay_s=r.get(
+            data, "server", "admin_failure_max_delay_s", float, 300.0, _positive
+        ),
     )
+
+
+def _strings(r: _Reader, data: dict[str, Any], name: str) -> list[str] | None:
+    """``server.NAME`` as a list of non-empty strings; None if absent or wrong."""
+    if name not in data:
+        return None
+    value = data[name]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        r.error(f"server.{name}", f"must be a list of non-empty strings, got {_kind(value)}")
+        return None
+    return [v.strip().lower() for v in value]
+
+
+def _allowed_hosts(r: _Reader, data: dict[str, Any]) -> tuple[str, ...] | None:
+    hosts = _strings(r, data, "allowed_hosts")
+    if hosts is None:
+        return None
+    for host in hosts:
+        if host != "*" and any(c in host for c in "/:@ ") and not _is_ip(host.strip("[]")):
+            r.error(
+                "server.allowed_hosts",
+                f"{host!r} is not a host name: give names or addresses without scheme or "
+                'port, such as "yard.lan" or "192.168.1.10" (".yard.lan" for subdomains too, '
+                '"*" for any)',
+            )
+    return tuple(host.strip("[]").rstrip(".") for host in hosts)
+
+
+def _allowed_origins(r: _Reader, data: dict[str, Any]) -> tuple[str, ...]:
+    origins = _strings(r, data, "allowed_origins") or []
+    for origin in origins:
+        scheme, sep, rest = origin.partition("://")
+        if scheme not in ("http", "https") or not sep or not rest or any(c in rest for c in "/?#@"):
+            r.error(
+                "server.allowed_origins",
+                f"{origin!r} is not an origin: write scheme://host[:port] with no path, such "
+                'as "https://chat.example.lan"',
+            )
+    return tuple(origins)
+
+
+def _login_max_bytes(r: _Reader, data: dict[str, Any]) -> int:
+    size = r.size(data, "server", "dashboard_login_max_bytes", 4096)
+    if size <= 0:
+        r.error("server.dashboard_login_max_bytes", "must be greater than 0")
+    return size
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _path(r: _Reader, key: str, text: str, data_dir: Path | None) -> Path | None:

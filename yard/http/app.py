@@ -22,6 +22,7 @@ from quart_trio import QuartTrio
 from yard.http import openapi, server
 from yard.http.errors import error_body
 from yard.http.gateway import ASGIApp, Gateway
+from yard.http.guard import Guard, guard
 from yard.http.runtime import RUNTIME_KEY, Runtime
 
 log = logging.getLogger("yard.http")
@@ -76,14 +77,15 @@ def create_control_app(runtime: Runtime) -> Quart:
     return app
 
 
-def create_app(runtime: Runtime) -> Gateway:
-    """The ASGI app ``yard serve`` runs: data plane first, then Quart."""
+def create_app(runtime: Runtime) -> Guard:
+    """The ASGI app ``yard serve`` runs: the browser guard
+    (:mod:`yard.http.guard`), then the data plane, then Quart."""
     control = cast(ASGIApp, create_control_app(runtime))
-    return Gateway(runtime, control)
+    return guard(Gateway(runtime, control), runtime.config)
 
 
 async def serve_app(
-    app: Gateway,
+    app: ASGIApp,
     host: str,
     port: int,
     *,
