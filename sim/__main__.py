@@ -6,6 +6,8 @@ targets: the radio day's targets (OOMs, deadlines, loads, waits, wall time) judg
     for each machine shape and seed.
 bench: the core benchmark (``sim.bench_core.main()``, if present), then the wall
     time of the simulated radio day through the whole engine.
+decisions: every scenario's decision log under yard, one file each, into ``--out``
+    (see :mod:`sim.decisions`), to diff before and after a change of the core.
 """
 
 from __future__ import annotations
@@ -180,6 +182,16 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _decisions(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sim.decisions import write_all
+
+    for name, lines, digest in write_all(Path(args.out), args.jobs):
+        print(f"{name}: {lines} decisions, sha256 {digest[:16]}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -204,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     targets.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1))
     commands.add_parser("bench", help="the core benchmark and the radio day's wall time")
+    decisions = commands.add_parser("decisions", help="every scenario's decision log, to files")
+    decisions.add_argument("--out", required=True, help="the folder to write the logs into")
+    decisions.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument(
         "--verbose", action="store_true", help="show the engine's log (raised profiles, ...)"
     )
@@ -217,6 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "report":
             return _report(args)
+        if args.command == "decisions":
+            return _decisions(args)
         if args.command == "targets":
             args.seed = args.seed or [scenarios.radio_day(1).seed]
             return _targets(args)
