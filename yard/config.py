@@ -38,12 +38,9 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from yard.core.spec import HOST, BackendSpec, DeviceSpec, SchedulerConfig
-
-if TYPE_CHECKING:
-    from yard.jobs.service import JobsConfig
 
 __all__ = [
     "PLACEHOLDERS",
@@ -53,7 +50,7 @@ __all__ = [
     "ConfigError",
     "DeviceConfig",
     "FillContext",
-    "JobsSettings",
+    "JobsConfig",
     "ServerConfig",
     "WarmupConfig",
     "add_arguments",
@@ -201,21 +198,23 @@ llama.cpp's server)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class JobsSettings:
-    """``[jobs]``: settings of the job service, one to one with
-    :class:`yard.jobs.service.JobsConfig` (:meth:`to_jobs_config`).
+class JobsConfig:
+    """``[jobs]``: the settings of the job service (:mod:`yard.jobs`), which
+    takes this record as it is.
 
-    result_ttl_s: how long a finished job keeps its result.
+    result_ttl_s: how long a finished job keeps its result; then it becomes
+        ``expired`` and the bytes are deleted.
     record_ttl_s: how long an expired job is still listed, after that.
-    max_result_bytes: the largest backend answer a job stores.
+    max_result_bytes: the largest backend answer a job stores; a larger one
+        fails the job with ``result_too_large``.
     max_request_bytes: the largest request body a job stores (None: the
-        server's ``max_body_bytes`` applies).
+        server's ``max_body_bytes`` already limits it).
     reap_interval_s: how often expired results are deleted.
     max_wait_s: the longest ``?wait=`` long-poll allowed.
-    max_jobs_per_app: jobs one app may keep (queued, running, ended and not
-        yet expired).
-    max_stored_bytes_per_app: bytes of requests and results one app's jobs
-        may keep.
+    max_jobs_per_app: how many jobs one app may keep (queued, running, or
+        ended and not yet expired); one more is refused with 429.
+    max_stored_bytes_per_app: how many bytes one app's jobs may keep (request
+        bodies until they end, then result bodies); past it, 507.
     """
 
     result_ttl_s: float = 24 * 3600.0
@@ -226,13 +225,6 @@ class JobsSettings:
     max_wait_s: float = 300.0
     max_jobs_per_app: int = 1000
     max_stored_bytes_per_app: int = 2 * 2**30
-
-    def to_jobs_config(self) -> JobsConfig:
-        """The same settings as the job service's own record."""
-        # Imported here: yard.jobs imports this module.
-        from yard.jobs.service import JobsConfig
-
-        return JobsConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -312,7 +304,7 @@ class Config:
     devices: Mapping[str, DeviceConfig]
     apps: Mapping[str, AppConfig]
     backends: Mapping[str, BackendConfig]
-    jobs: JobsSettings = field(default_factory=JobsSettings)
+    jobs: JobsConfig = field(default_factory=JobsConfig)
 
     @property
     def config_dir(self) -> Path:
@@ -726,7 +718,7 @@ BACKEND_KEYS = (
     "stop_grace_s",
 )
 WARMUP_KEYS = ("method", "path", "json", "fill_context")
-JOBS_KEYS = tuple(f.name for f in dataclasses.fields(JobsSettings))
+JOBS_KEYS = tuple(f.name for f in dataclasses.fields(JobsConfig))
 TOP_KEYS = ("server", "scheduler", "devices", "apps", "backends", "jobs")
 SCHEDULER_KEYS = tuple(f.name for f in dataclasses.fields(SchedulerConfig))
 
@@ -783,9 +775,9 @@ def _build(r: _Reader, data: dict[str, Any]) -> Config:
     )
 
 
-def _jobs(r: _Reader, data: dict[str, Any], server: ServerConfig) -> JobsSettings:
+def _jobs(r: _Reader, data: dict[str, Any], server: ServerConfig) -> JobsConfig:
     r.known(data, "jobs", JOBS_KEYS)
-    defaults = JobsSettings()
+    defaults = JobsConfig()
     max_result = r.size(data, "jobs", "max_result_bytes", defaults.max_result_bytes)
     if "max_result_bytes" in data and max_result == 0:
         r.error("jobs.max_result_bytes", "must be greater than 0")
@@ -807,7 +799,7 @@ def _jobs(r: _Reader, data: dict[str, Any], server: ServerConfig) -> JobsSetting
     if stored == 0:
         r.error("jobs.max_stored_bytes_per_app", "must be greater than 0")
         stored = defaults.max_stored_bytes_per_app
-    return JobsSettings(
+    return JobsConfig(
         result_ttl_s=r.get(data, "jobs", "result_ttl_s", float, defaults.result_ttl_s, _positive),
         record_ttl_s=r.get(
             data, "jobs", "record_ttl_s", float, defaults.record_ttl_s, _non_negative

@@ -252,7 +252,7 @@ async def _serve(
                     engine=engine,
                     data_dir=config.server.data_dir,
                     pool=runtime.upstream,
-                    config=config.jobs.to_jobs_config(),
+                    config=config.jobs,
                 )
             )
             runtime.jobs = jobs

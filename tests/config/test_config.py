@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import textwrap
 from pathlib import Path
 
@@ -11,16 +10,14 @@ import pytest
 from yard import cli
 from yard.config import (
     DEFAULT_STARTUP_TIMEOUT_S,
-    JOBS_KEYS,
     Config,
     ConfigError,
-    JobsSettings,
+    JobsConfig,
     load_config,
     parse_listen,
     parse_size,
 )
 from yard.core.spec import BackendSpec, DeviceSpec, SchedulerConfig
-from yard.jobs.service import JobsConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -165,7 +162,7 @@ def test_every_key_of_the_full_example_is_read(tmp_path: Path) -> None:
     raw = config.backends["raw"]
     assert (raw.api, raw.models, raw.stop_grace_s, raw.health_path) == ("plain", (), 3.0, "/health")
     assert raw.fill_context == "auto"
-    assert config.jobs.to_jobs_config() == JobsConfig(
+    assert config.jobs == JobsConfig(
         result_ttl_s=60.0,
         record_ttl_s=0.0,
         max_result_bytes=2**30,
@@ -185,14 +182,7 @@ def test_defaults_of_a_minimal_file(tmp_path: Path) -> None:
     assert (llm.slots, llm.gpus, llm.idle_ttl_s, llm.warmup, llm.cwd) == (1, (), None, None, None)
     assert llm.fill_context == "auto"
     # Without a [jobs] table the job service runs with its own defaults.
-    assert config.jobs.to_jobs_config() == JobsConfig()
-
-
-def test_the_jobs_table_has_exactly_the_job_services_settings_and_defaults() -> None:
-    ours = {f.name: f.default for f in dataclasses.fields(JobsSettings)}
-    theirs = {f.name: f.default for f in dataclasses.fields(JobsConfig)}
-    assert ours == theirs
-    assert tuple(theirs) == JOBS_KEYS
+    assert config.jobs == JobsConfig()
 
 
 def test_a_warm_up_table_may_hold_only_the_context_fill_switch(tmp_path: Path) -> None:

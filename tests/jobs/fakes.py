@@ -16,13 +16,13 @@ from typing import Any
 import trio
 
 from yard.admission import Assignment
-from yard.config import AppConfig
+from yard.config import AppConfig, JobsConfig
 from yard.core.events import Outcome
 from yard.core.views import QueuedView
 from yard.errors import Rejected
 from yard.http.proxy import ProxyRequest, UpstreamError
 from yard.http.runtime import JobService
-from yard.jobs.service import Jobs, JobsConfig, UpstreamResponseLike
+from yard.jobs.service import Jobs, UpstreamResponseLike
 from yard.jobs.store import JobStore
 
 EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the wall clock at virtual time 0

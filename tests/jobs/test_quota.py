@@ -10,8 +10,9 @@ import trio
 
 from tests.jobs.fakes import Answer, FakeEngine, FakeUpstream, proxy_request, running_jobs
 from tests.jobs.test_api import ASYNC, RADIO, running_api, submit
+from yard.config import JobsConfig
 from yard.engine import Rejected
-from yard.jobs.service import JobNotFinished, JobsConfig
+from yard.jobs.service import JobNotFinished
 
 
 async def test_an_app_at_its_job_count_is_refused_with_429_until_a_result_is_deleted(

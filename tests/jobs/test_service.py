@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 from pathlib import Path
 
@@ -18,10 +17,10 @@ from tests.jobs.fakes import (
     running_jobs,
     settle,
 )
-from yard.config import JobsSettings
+from yard.config import JobsConfig
 from yard.engine import Rejected
 from yard.http.proxy import UpstreamError
-from yard.jobs.service import JobFinished, JobNotFound, JobsConfig
+from yard.jobs.service import JobFinished, JobNotFound
 from yard.jobs.views import rfc3339
 
 
@@ -396,10 +395,3 @@ async def test_submit_before_the_service_runs_is_refused_as_unavailable(
     finally:
         await store.close()
     assert (caught.value.status, caught.value.code) == (503, "jobs_unavailable")
-
-
-def test_the_jobs_table_of_the_configuration_has_every_setting_with_the_same_defaults() -> None:
-    names = [f.name for f in dataclasses.fields(JobsConfig)]
-    # A setting missing from [jobs] could never be configured.
-    assert [f.name for f in dataclasses.fields(JobsSettings)] == names
-    assert JobsSettings().to_jobs_config() == JobsConfig()

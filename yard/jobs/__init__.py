@@ -27,9 +27,9 @@ from pathlib import Path
 
 import trio
 
-from yard.config import JobsSettings
+from yard.config import JobsConfig
 from yard.http.proxy import UpstreamPool
-from yard.jobs.service import EngineLike, Jobs, JobsConfig
+from yard.jobs.service import EngineLike, Jobs
 from yard.jobs.store import JobStore
 
 __all__ = ["JOBS_FILE", "JobStore", "Jobs", "JobsConfig", "open_jobs"]
@@ -43,18 +43,15 @@ async def open_jobs(
     engine: EngineLike,
     data_dir: Path,
     pool: UpstreamPool | None = None,
-    config: JobsConfig | JobsSettings | None = None,
+    config: JobsConfig | None = None,
     wall: Callable[[], float] | None = None,
 ) -> AsyncIterator[Jobs]:
     """Open the job store in ``data_dir`` and yield the job service (not yet
     running: start ``jobs.run`` with ``nursery.start``). On the way out the
     service is stopped and the store closed.
 
-    config: the ``[jobs]`` settings, as the configuration has them
-    (``Config.jobs``) or as the service's own record; None: the defaults.
+    config: the ``[jobs]`` settings (``Config.jobs``); None: the defaults.
     """
-    if isinstance(config, JobsSettings):
-        config = config.to_jobs_config()
     store = await JobStore.open(data_dir / JOBS_FILE)
     jobs = Jobs(
         engine=engine,

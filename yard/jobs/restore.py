@@ -18,13 +18,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from yard.engine import Rejected
-from yard.jobs.store import JobError
-
-if TYPE_CHECKING:
-    from yard.jobs.service import Jobs
+from yard.errors import Rejected
+from yard.jobs.store import JobError, JobRecord, JobStore
 
 log = logging.getLogger("yard.jobs")
 
@@ -49,6 +46,17 @@ class RestoreSummary:
         )
 
 
+class Restorable(Protocol):
+    """What a restart needs of the job service (:class:`yard.jobs.service.Jobs`)."""
+
+    @property
+    def store(self) -> JobStore: ...
+
+    def now(self) -> float: ...
+
+    def enqueue(self, job: JobRecord, *, arrived_at_wall: float | None = None) -> None: ...
+
+
 INTERRUPTED = JobError(
     code="interrupted",
     message="yard stopped while this job was running, so it may or may not have run; "
@@ -58,9 +66,9 @@ INTERRUPTED = JobError(
 )
 
 
-async def restore(jobs: Jobs) -> RestoreSummary:
+async def restore(jobs: Restorable) -> RestoreSummary:
     """Put every unfinished job of ``jobs.store`` back (see the module rules).
-    Called by :meth:`Jobs.run` before it reports ready."""
+    Called by :meth:`yard.jobs.service.Jobs.run` before it reports ready."""
     counts = {"queued": 0, "rerun": 0, "interrupted": 0, "refused": 0}
     for job in await jobs.store.unfinished():
         kind = "queued"
@@ -82,8 +90,4 @@ async def restore(jobs: Jobs) -> RestoreSummary:
                 error=JobError(code=exc.code, message=exc.message, status=exc.status),
             )
         counts[kind] += 1
-    summary = RestoreSummary(**counts)
-    jobs._count("restored", summary.queued + summary.rerun)
-    jobs._count("reruns", summary.rerun)
-    jobs._count("interrupted", summary.interrupted)
-    return summary
+    return RestoreSummary(**counts)

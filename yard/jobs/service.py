@@ -36,10 +36,11 @@ from typing import Protocol
 import trio
 
 from yard.admission import AdmissionLike, Assignment, UpstreamLost, run_turn
-from yard.config import AppConfig
+from yard.config import AppConfig, JobsConfig
 from yard.core.views import QueuedView
 from yard.errors import Rejected
 from yard.http.proxy import ProxyRequest, UpstreamError, UpstreamPool, forward
+from yard.jobs.restore import restore
 from yard.jobs.store import (
     JobError,
     JobRecord,
@@ -53,35 +54,6 @@ from yard.jobs.store import (
 from yard.jobs.views import job_json, rfc3339
 
 log = logging.getLogger("yard.jobs")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobsConfig:
-    """Settings of the job service (``[jobs]`` in the configuration).
-
-    result_ttl_s: how long a finished job keeps its result; then it becomes
-        ``expired`` and the bytes are deleted.
-    record_ttl_s: how long an expired job is still listed, after that.
-    max_result_bytes: the largest backend answer a job stores; a larger one
-        fails the job with ``result_too_large``.
-    max_request_bytes: the largest request body a job stores (None: the
-        server's ``max_body_bytes`` already limits it).
-    reap_interval_s: how often expired results are deleted.
-    max_wait_s: the longest ``?wait=`` long-poll allowed.
-    max_jobs_per_app: how many jobs one app may keep (queued, running, or
-        ended and not yet expired); one more is refused with 429.
-    max_stored_bytes_per_app: how many bytes one app's jobs may keep (request
-        bodies until they end, then result bodies); past it, 507.
-    """
-
-    result_ttl_s: float = 24 * 3600.0
-    record_ttl_s: float = 7 * 24 * 3600.0
-    max_result_bytes: int = 256 * 2**20
-    max_request_bytes: int | None = None
-    reap_interval_s: float = 60.0
-    max_wait_s: float = 300.0
-    max_jobs_per_app: int = 1000
-    max_stored_bytes_per_app: int = 2 * 2**30
 
 
 class UpstreamResponseLike(Protocol):
@@ -189,12 +161,12 @@ class Jobs:
         store: JobStore,
         pool: UpstreamPool | None = None,
         upstream: Upstream | None = None,
-        config: JobsConfig = JobsConfig(),
+        config: JobsConfig | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.engine = engine
         self.store = store
-        self.config = config
+        self.config = config or JobsConfig()
         self._upstream: Upstream = upstream or functools.partial(_forward, pool=pool)
         self._wall = wall
         self._nursery: trio.Nursery | None = None
@@ -240,12 +212,13 @@ class Jobs:
             await self._run_ended.wait()
 
     async def _serve(self, task_status: trio.TaskStatus[None]) -> None:
-        from yard.jobs.restore import restore
-
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             try:
                 summary = await restore(self)
+                self._counts["restored"] += summary.queued + summary.rerun
+                self._counts["reruns"] += summary.rerun
+                self._counts["interrupted"] += summary.interrupted
                 if summary.total:
                     log.info("jobs restored: %s", summary.describe())
                 nursery.start_soon(self._reap_forever)
@@ -658,11 +631,6 @@ class Jobs:
         while True:
             await self.reap()
             await trio.sleep(self.config.reap_interval_s)
-
-    # -- used by restore -----------------------------------------------------
-
-    def _count(self, name: str, n: int = 1) -> None:
-        self._counts[name] += n
 
 
 def _forward(
