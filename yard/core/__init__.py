@@ -7,11 +7,23 @@ Rules this package keeps (a test enforces the first):
   clock comes in as the ``now`` argument; there is no randomness.
 - Same events at the same times give the same decisions, always.
 
-Layout: ``spec`` (devices, backends, profiles, settings), ``events`` (what the
-core is told), ``decisions`` (what it asks for), ``scheduler`` (the policy:
-order, memory fit, eviction, failures; the wait bound is proved in its
-docstring), ``queue`` (the order of waiting requests), ``lifecycle`` (a
-backend's states, as a table) and ``views`` (read-only snapshots).
+Layout, from the outside in:
+
+- ``spec`` (devices, backends, profiles, settings), ``events`` (what the core
+  is told), ``decisions`` (what it asks for), ``views`` (read-only snapshots);
+- ``scheduler``: ``Scheduler.handle`` and the pass that follows every event
+  (plan loads, dispatch, settle);
+- ``request_events`` and ``backend_events``: what each event changes;
+- ``state`` (everything the scheduler knows, and the moves its parts share),
+  ``records`` (a device's and a backend's live record), ``queue`` (the order of
+  waiting requests), ``lifecycle`` (a backend's states, as a table),
+  ``timers``;
+- the policy's questions, as pure functions: ``placement`` (where a backend
+  fits, what makes room, swap batching), ``estimates`` (load and service
+  times, start costs), ``failures`` (was an out-of-memory yard's doing);
+- ``reasons``: every sentence the core gives.
+
+The wait bound is proved in ``docs/wait-bound.md``.
 """
 
 from yard.core.decisions import (

@@ -12,7 +12,7 @@ Ordering rules (DESIGN.md "Priority with aging", "Start-by deadlines"):
   boosted rank is at least the rank of every other waiting request; otherwise
   the request with the best boosted rank. Either way the request chosen, X,
   satisfies ``rank(X) + deadline_boost >= rank(R)`` for every waiting R. This
-  is the inequality the wait bound rests on (see ``yard.core.scheduler``).
+  is the inequality the wait bound rests on (see ``docs/wait-bound.md``).
 - Ties: earlier arrival first, then request id.
 
 Three heaps per backend: normal requests by rank, urgent ones by deadline and

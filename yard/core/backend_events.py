@@ -1,0 +1,243 @@
+"""What the scheduler does when a backend becomes ready, fails, exits or stops,
+when memory is measured, and when an operator loads, unloads or pins one.
+
+Functions of the :class:`~yard.core.state.Core` they change; each appends its
+decisions to ``out``. Out-of-memory is judged by :mod:`yard.core.failures`.
+"""
+
+from __future__ import annotations
+
+from yard.core import failures, reasons
+from yard.core.decisions import Decision, Flag, ProfileRaised
+from yard.core.events import (
+    AdminForgetProfile,
+    AdminLoad,
+    AdminPin,
+    AdminUnload,
+    BackendExited,
+    BackendReady,
+    BackendStopped,
+    MemoryMeasured,
+    ProfileMeasured,
+)
+from yard.core.lifecycle import LOADED, OCCUPYING, BackendState, Move, can_move
+from yard.core.placement import Outcome
+from yard.core.records import Backend
+from yard.core.spec import HOST, Profile
+from yard.core.state import Core
+
+
+def ready(core: Core, ev: BackendReady, now: float, out: list[Decision]) -> None:
+    b = core.backends.get(ev.backend)
+    if b is None or not can_move(b.state, Move.READY):
+        return
+    assert b.started_at is not None
+    b.learned_load_s = now - b.started_at
+    b.ready_at = now
+    b.served = 0
+    b.dispatched_since_ready = 0
+    b.self_caused_start_failures = 0
+    b.last_used = now
+    core.transition(b, Move.READY, f"ready after loading for {reasons.secs(b.learned_load_s)}")
+    if b.unload_requested:
+        unload(core, b, out)
+
+
+def start_failed(
+    core: Core, name: str, detail: str, oom: bool, now: float, out: list[Decision]
+) -> None:
+    b = core.backends.get(name)
+    if b is None or b.state is not BackendState.STARTING:
+        return
+    caused = failures.self_caused(b, core.occupants, now) if oom else None
+    core.transition(b, Move.START_FAILED, f"failed to start: {detail}")
+    if caused is not None and b.self_caused_start_failures == 0:
+        b.self_caused_start_failures += 1
+        raise_profile(core, b, caused, out)
+        core.release(b)
+        reject_if_unfit(core, b, out)
+        return
+    core.release(b)  # its waiting requests stay; the next start uses the raised profile
+    b.want_load = False
+    # Clients must not hang on a command that does not start: the requests
+    # waiting for it fail now, with the detail. New requests try it again.
+    msg = f"backend {name} failed to start: {detail}"
+    for req in b.queue.ordered():
+        core.end(req, 502, "backend_failed", msg, out)
+
+
+def exited(core: Core, ev: BackendExited, now: float, out: list[Decision]) -> None:
+    b = core.backends.get(ev.backend)
+    if b is None:
+        return
+    detail = ev.detail or f"exit code {ev.exit_code}"
+    if b.state is BackendState.STARTING:
+        start_failed(core, b.name, detail, ev.oom, now, out)
+        return
+    if not can_move(b.state, Move.EXITED):
+        return  # stopping: BackendStopped follows; stopped/failed: stale
+    caused = failures.self_caused(b, core.occupants, now) if ev.oom else None
+    victims = list(b.running.values())
+    core.transition(b, Move.EXITED, f"exited on its own: {detail}")
+    if caused is not None:
+        raise_profile(core, b, caused, out)
+    core.release(b)
+    for req in victims:
+        if caused is not None and not req.requeued:
+            core.requeue(req, f"{b.name} ran out of memory because {caused}", out)
+        else:
+            msg = f"backend {b.name} failed: {detail}"
+            if caused is not None:
+                msg += " (out of memory; this request was already requeued once)"
+            core.end(req, 502, "backend_failed", msg, out)
+    if caused is not None:
+        reject_if_unfit(core, b, out)
+
+
+def stopped(core: Core, ev: BackendStopped) -> None:
+    b = core.backends.get(ev.backend)
+    if b is None or not can_move(b.state, Move.STOPPED):
+        return
+    core.transition(b, Move.STOPPED, f"stopped ({b.reason})")
+    core.release(b)
+
+
+def raise_profile(core: Core, b: Backend, why: str, out: list[Decision]) -> None:
+    old = b.profile
+    new = failures.raised_profile(b, core.occupants, core.devices, core.config)
+    if old is None or new is None:
+        return
+    b.profile = new
+    core.forget_fit(b)
+    before = (old.gpu_bytes, old.host_bytes)
+    after = (new.gpu_bytes, new.host_bytes)
+    reason = reasons.profile_raised(b.name, why, before, after)
+    out.append(ProfileRaised(backend=b.name, profile=new, reason=reason))
+
+
+def reject_if_unfit(core: Core, b: Backend, out: list[Decision]) -> None:
+    """After a profile grew: its waiting requests fail if it can never fit."""
+    fits, why = core.fits_empty_machine(b)
+    if not fits:
+        for req in b.queue.ordered():
+            core.end(req, 503, "does_not_fit", why, out)
+
+
+def profile(core: Core, ev: ProfileMeasured, out: list[Decision]) -> None:
+    b = core.backends.get(ev.backend)
+    if b is None:
+        return
+    load = ev.load_s
+    if load is None and b.profile is not None and b.profile_has_load:
+        load = b.profile.load_s
+    b.profile_has_load = load is not None
+    core.forget_fit(b)
+    b.profile = Profile(
+        gpu_bytes=ev.gpu_bytes,
+        host_bytes=ev.host_bytes,
+        load_s=load if load is not None else core.load_s(b),
+    )
+    if b.state in OCCUPYING and b.devices:
+        b.reserved = dict(core.need(b, b.gpus))
+        b.measuring = False
+    reject_if_unfit(core, b, out)
+
+
+def memory(core: Core, ev: MemoryMeasured, out: list[Decision]) -> None:
+    dev = core.devices.get(ev.device)
+    if dev is None:
+        return
+    total = 0
+    changed = False  # in what planning reads: memory held, foreign use
+    for name, nbytes in ev.backends:
+        total += nbytes
+        b = core.backends.get(name)
+        if b is None or b.state not in OCCUPYING or ev.device not in b.devices:
+            continue  # a late reading of a stopped backend, or of a stranger
+        before = b.held(ev.device)
+        b.live[ev.device] = nbytes
+        changed = changed or b.held(ev.device) != before
+        if b.profile is not None and not b.measuring:
+            limit = b.profile.gpu_bytes if ev.device != HOST else b.profile.host_bytes
+            if nbytes > limit and b.overcommit is None:
+                b.overcommit = reasons.above_profile(nbytes, ev.device, limit)
+                out.append(Flag(backend=b.name, reason=f"{b.name}: {b.overcommit}"))
+    dev.used = ev.used_bytes
+    foreign = max(0, ev.used_bytes - total)
+    if foreign != dev.foreign or changed:
+        core.epoch += 1
+    dev.foreign = foreign
+    usable = dev.spec.usable_bytes
+    committed = sum(o.held(ev.device) for o in core.occupants(ev.device))
+    if ev.used_bytes > usable or committed + dev.foreign > usable:
+        why = reasons.over_committed(ev.device, max(ev.used_bytes, committed + dev.foreign), usable)
+        flagged = [o.name for o in core.occupants(ev.device) if o.overcommit is None]
+        for o in core.occupants(ev.device):
+            if o.overcommit is None:
+                o.overcommit = why
+        if flagged:
+            out.append(Flag(reason=f"{why}; running there: {', '.join(flagged)}"))
+
+
+def admin_load(core: Core, ev: AdminLoad, now: float, out: list[Decision]) -> None:
+    b = core.backends.get(ev.backend)
+    if b is None:
+        out.append(Flag(reason=f"admin load: no backend named {ev.backend!r}"))
+        return
+    if b.state not in (BackendState.STOPPED, BackendState.FAILED):
+        out.append(Flag(backend=b.name, reason=f"admin load: {b.name} is {b.state.value}"))
+        return
+    plan = core.best_plan(b, None, {}, set(), set(), now)
+    if plan is None or plan.status != Outcome.START:
+        why = plan.reason if plan is not None else reasons.no_place(b.name)
+        out.append(Flag(backend=b.name, reason=f"admin load: not loading {b.name} now: {why}"))
+        return
+    core.start(plan, now, out)
+
+
+def admin_unload(core: Core, ev: AdminUnload, out: list[Decision]) -> None:
+    b = core.backends.get(ev.backend)
+    if b is None:
+        out.append(Flag(reason=f"admin unload: no backend named {ev.backend!r}"))
+        return
+    if b.pinned:
+        out.append(Flag(backend=b.name, reason=f"admin unload: {b.name} is pinned; unpin it"))
+        return
+    b.want_load = False
+    if b.state is BackendState.STARTING:
+        b.unload_requested = True
+        return
+    if b.state not in LOADED:
+        out.append(Flag(backend=b.name, reason=f"admin unload: {b.name} is {b.state.value}"))
+        return
+    unload(core, b, out)
+
+
+def unload(core: Core, b: Backend, out: list[Decision]) -> None:
+    b.unload_requested = False
+    if not b.running:
+        core.stop(b, "unloaded by an operator", out)
+        return
+    if b.state is BackendState.READY:
+        core.transition(b, Move.DRAIN, "unloading once its requests finish (operator)")
+    b.drain_reason = "admin"
+
+
+def forget(core: Core, ev: AdminForgetProfile) -> None:
+    b = core.backends.get(ev.backend)
+    if b is not None:
+        b.profile = None
+        b.profile_has_load = False
+        core.forget_fit(b)
+
+
+def admin_pin(core: Core, ev: AdminPin, out: list[Decision]) -> None:
+    b = core.backends.get(ev.backend)
+    if b is None:
+        out.append(Flag(reason=f"admin pin: no backend named {ev.backend!r}"))
+        return
+    b.pinned = ev.pinned
+    b.want_load = ev.pinned and b.state not in OCCUPYING
+    if ev.pinned and b.state is BackendState.DRAINING and b.drain_reason == "admin":
+        core.transition(b, Move.UNDRAIN, "pinned again")
+        b.drain_reason = None

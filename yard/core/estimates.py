@@ -1,0 +1,104 @@
+"""What the core expects: load and service times, a backend's credit, the time
+until a request could start, and whether swap batching still leaves the swap's
+deadlines their slack.
+
+Every function reads the records it is given and the settings; none changes
+anything. Figures are learned from what the core saw (a measured load, the
+recent service times) and fall back to the settings' defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from yard.core import reasons
+from yard.core.lifecycle import LOADED, BackendState
+from yard.core.records import Backend
+from yard.core.spec import HOST, SchedulerConfig
+
+_GIB = 1024**3
+
+
+def load_s(b: Backend, config: SchedulerConfig) -> float:
+    """Seconds a load of ``b`` takes: the profile's, else the last seen, else the default."""
+    if b.profile is not None and b.profile_has_load:
+        return b.profile.load_s
+    if b.learned_load_s is not None:
+        return b.learned_load_s
+    return config.default_load_s
+
+
+def service_est(b: Backend, config: SchedulerConfig) -> float:
+    """The mean seconds one request holds a slot (moving average)."""
+    return b.service_ewma if b.service_ewma is not None else config.default_service_s
+
+
+def service_hi(b: Backend, config: SchedulerConfig) -> float:
+    """A high estimate of one request's service time (the longest of the recent
+    ones): for promises about deadlines the mean is too hopeful."""
+    if not b.service_recent:
+        return config.default_service_s
+    return max(max(b.service_recent), service_est(b, config))
+
+
+def credit(b: Backend, inflation: float, need: Mapping[str, int], config: SchedulerConfig) -> float:
+    """GreedyDual-Size credit on use: reload seconds per GiB held (its reservation,
+    else ``need``), on top of the inflation. A backend used recently, slow to
+    reload or small keeps its place; the least needed and cheapest to reload per
+    byte goes first."""
+    held = sum(b.reserved.values()) or sum(need.values())
+    return inflation + load_s(b, config) / max(1.0, held / _GIB)
+
+
+def overtake_denied(
+    victim: Backend, swap: Backend, now: float, config: SchedulerConfig
+) -> str | None:
+    """Why a request for ``victim`` may not go ahead of the swap to ``swap`` by
+    the swap's deadlines (None: it may). It may not if its service could end
+    after the latest start of the swap: the earliest start-by of the requests
+    waiting for ``swap`` minus its load time."""
+    start_by = swap.queue.earliest_start_by()
+    if start_by is None:
+        return None
+    latest = start_by - load_s(swap, config)
+    hi = service_hi(victim, config)
+    if now + hi <= latest:
+        return None
+    return reasons.overtake_denied(victim.name, hi, swap.name, start_by - now, load_s(swap, config))
+
+
+def start_cost(
+    b: Backend, now: float, config: SchedulerConfig, free_wait: Callable[[], float]
+) -> tuple[float, str]:
+    """Expected seconds until a request for ``b`` could start if it went first,
+    and how. ``free_wait``: seconds until its best placement has room (asked only
+    when it is not loaded)."""
+    if b.state is BackendState.READY:
+        if b.free_slots() > 0:
+            return 0.0, reasons.ready_free(b.name)
+        s = service_est(b, config)
+        return s, reasons.ready_busy(b.name, s)
+    if b.state is BackendState.STARTING:
+        assert b.started_at is not None
+        rem = max(0.0, b.started_at + load_s(b, config) - now)
+        return rem, reasons.loading_left(b.name, rem)
+    load = load_s(b, config)
+    wait = free_wait()
+    if b.state in LOADED:  # draining: wait for it to stop, then load again
+        wait = max(wait, service_est(b, config))
+    return load + wait, reasons.load_after(b.name, load, wait)
+
+
+def worst_start_cost(b: Backend, others: Iterable[Backend], config: SchedulerConfig) -> float:
+    """Start cost if it must be loaded after busy neighbours drain: used for
+    urgency, because a loaded backend may be evicted while a request waits."""
+    devs = set(b.spec.gpus) | {HOST}
+    drain = max(
+        (
+            service_hi(o, config)
+            for o in others
+            if o is not b and devs & (set(o.spec.gpus) | {HOST})
+        ),
+        default=0.0,
+    )
+    return load_s(b, config) + drain

@@ -1,0 +1,82 @@
+"""Out-of-memory: did yard cause it, and how much a profile grows after one.
+
+Pure functions of the records they are given. An out-of-memory is *self-caused*
+when yard had over-committed the device: a load ran next to it, a reading showed
+a backend above its profile or the device above its usable size, foreign memory
+appeared after placement, or (no reading caught it) yard had placed other
+backends on the same GPU. Alone on its device, an out-of-memory is the
+backend's own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+
+from yard.core import reasons
+from yard.core.lifecycle import BackendState
+from yard.core.records import Backend, Device
+from yard.core.spec import HOST, Profile, SchedulerConfig
+
+RECENT_LOAD_S = 5.0
+"""An OOM this soon after another backend on the same device became ready
+counts as caused by that load (its peak may outlast the health check)."""
+RAISE_FACTOR = 1.10
+"""A profile grows by at least this factor after a self-caused OOM."""
+
+Occupants = Callable[[str], Iterable[Backend]]
+"""The backends holding memory on a device."""
+
+
+def self_caused(b: Backend, occupants: Occupants, now: float) -> str | None:
+    """Why yard over-committed one of ``b``'s devices, or None."""
+    if b.overcommit is not None:
+        return b.overcommit
+    for d in b.devices:
+        for o in occupants(d):
+            if o is b:
+                continue
+            if o.state is BackendState.STARTING:
+                return f"{o.name} was loading on {d} at the same time"
+            recent = o.ready_at is not None and now - o.ready_at <= RECENT_LOAD_S
+            if recent and d in b.primary:
+                return f"{o.name} had just loaded on {d}"
+    # No reading caught anyone above their profile, but yard placed other
+    # backends on the same device: together they outgrew it, so a profile
+    # proved too small.
+    for d in b.primary:
+        others = [o.name for o in occupants(d) if o is not b]
+        if others:
+            return reasons.shared_and_outgrew(d, others)
+    return None
+
+
+def raised_profile(
+    b: Backend, occupants: Occupants, devices: Mapping[str, Device], config: SchedulerConfig
+) -> Profile | None:
+    """``b``'s profile after it ran out of memory by yard's doing (None: it has none).
+
+    At least ``RAISE_FACTOR`` more, at least the last live reading (the profile is
+    a peak without margin: a live reading is one), and on a shared GPU more than
+    was left for it there: next to the same neighbours it would run out again, so
+    it is placed elsewhere or alone until live readings tell better.
+    """
+    old = b.profile
+    if old is None:
+        return None
+    live_gpu = max((b.live.get(g, 0) for g in b.gpus), default=0)
+    live_host = b.live.get(HOST, 0)
+    crowded = 0
+    for g in b.gpus:
+        others = sum(o.held(g) for o in occupants(g) if o is not b)
+        if others:
+            dev = devices[g]
+            left = dev.spec.usable_bytes - dev.foreign - others
+            crowded = max(crowded, math.floor(left / config.profile_margin) + 1)
+    return Profile(
+        gpu_bytes=max(math.ceil(old.gpu_bytes * RAISE_FACTOR), live_gpu, crowded)
+        if b.gpus
+        else old.gpu_bytes,
+        host_bytes=max(math.ceil(old.host_bytes * RAISE_FACTOR), live_host),
+        load_s=old.load_s,
+    )

@@ -1,0 +1,385 @@
+"""Placement: where a backend may load, and what must make room for it.
+
+Pure functions of explicit inputs: the records of the devices and backends (read,
+never changed), what this planning round has already promised (memory booked,
+devices claimed, victims taken) and the settings. The scheduler carries out the
+plan they return.
+
+Rules
+-----
+
+- A backend starts only where its reservation (profile x ``profile_margin``)
+  fits on every device it gets (its GPUs and ``host``) next to the
+  reservations (or live use, if higher) of every loaded, loading and stopping
+  backend, the foreign use seen by the meter and the device's reserve. One
+  load at a time per device: its GPUs, or ``host`` for a host-only backend
+  (every backend holds some host memory, so counting ``host`` for all would
+  serialise every load on the machine). A backend with no profile loads alone
+  on those devices and is measured; nothing loads next to it until its
+  profile arrives. Exclusive devices hold one backend at a time.
+- Among several GPUs it may use, a backend goes where it needs no eviction,
+  else where evicting costs least (no busy one if possible, then the least
+  total reload time), then where the most memory is left, then by device name.
+- Room is made by stopping idle, unpinned backends whose waiting requests do
+  not rank above the request that needs the room, no more than needed. The
+  least needed and cheapest to reload go first: those nobody waits for, then
+  by GreedyDual-Size credit (Cao & Irani, 1997): on each use a backend gets
+  ``L + load_s / GiB held``, where ``L`` is the credit of the last one
+  evicted, so the cheapest to reload per byte goes first, yet a backend used
+  since the last evictions outlives one idle for long. (Ranking by load time
+  alone kept evicting the popular small model: twice the loads in the sim's
+  memory-pressure sweep.) A busy one is never killed: it is *drained* (no new
+  work) and stopped once idle. A backend loaded for waiting requests serves
+  one of them before it can be evicted, so no load is wasted.
+- Swap batching: while a request waits for such a swap, up to ``batch_bound``
+  requests behind it may still be dispatched to the backends the swap will
+  evict ("overtakes", counted per waiting request); then they drain. None
+  while that request is urgent (its deadline is near), and none that could
+  make the swap late: when a request waiting for the swap has a start-by, an
+  overtake is allowed only if it ends, at the victim's high service estimate
+  (the longest of its recent requests, not the mean), by the swap's latest
+  start (the earliest such start-by minus the swap's load time).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from yard.core import estimates, reasons
+from yard.core.lifecycle import LOADED, OCCUPYING, BackendState
+from yard.core.queue import Req, order_key
+from yard.core.records import Backend, Device
+from yard.core.spec import HOST, SchedulerConfig
+
+
+class Outcome(IntEnum):
+    """What a plan says, best first."""
+
+    START = 0
+    """It fits now: start it."""
+    WAIT = 1
+    """Memory is being freed, or another load runs there; nothing to add."""
+    EVICT = 2
+    """Stop or drain other backends first."""
+    BLOCKED = 3
+    """Room cannot be made now."""
+
+
+@dataclass(slots=True, eq=False)
+class Plan:
+    """Where ``backend`` would load (``gpus``) and what that takes."""
+
+    backend: Backend
+    gpus: tuple[str, ...]
+    status: Outcome
+    reason: str
+    need: Mapping[str, int] = field(default_factory=dict)
+    stop: list[Backend] = field(default_factory=list)
+    drain: list[Backend] = field(default_factory=list)
+    pending: list[Backend] = field(default_factory=list)
+    cost: float = 0.0
+    slack: int = 0
+    free_wait_s: float = 0.0
+    room: str = ""
+
+    def key(self) -> tuple[int, bool, float, int, tuple[str, ...]]:
+        busy = bool(self.drain or self.pending)
+        return (self.status, busy, self.cost, -self.slack, self.gpus)
+
+    @property
+    def victims(self) -> list[Backend]:
+        return self.stop + self.drain + self.pending
+
+
+@dataclass(slots=True, eq=False)
+class Room:
+    """Who holds what on each device, for one planning round.
+
+    occupants: the backends loaded, loading or stopping there.
+    used: bytes they hold (reservation or live use, whichever is higher).
+    freeing: bytes held by backends that are stopping.
+    loading: the backend loading there, if any.
+    held: per backend, bytes held on each of its devices.
+    heads: per backend, its best waiting request (None: none waits).
+    evict_order: occupying backends, the first to go first.
+    """
+
+    occupants: dict[str, list[Backend]] = field(default_factory=dict)
+    used: dict[str, int] = field(default_factory=dict)
+    freeing: dict[str, int] = field(default_factory=dict)
+    loading: dict[str, Backend] = field(default_factory=dict)
+    held: dict[str, dict[str, int]] = field(default_factory=dict)
+    heads: dict[str, Req | None] = field(default_factory=dict)
+    evict_order: list[Backend] = field(default_factory=list)
+
+
+def survey(devices: Iterable[str], backends: Iterable[Backend]) -> Room:
+    """Who holds what, now."""
+    room = Room()
+    for d in devices:
+        room.occupants[d] = []
+        room.used[d] = 0
+        room.freeing[d] = 0
+    occupying: list[Backend] = []
+    for b in backends:
+        room.heads[b.name] = b.queue.head() if b.queue.size else None
+        if b.state not in OCCUPYING:
+            continue
+        occupying.append(b)
+        held: dict[str, int] = {}
+        for d in b.devices:
+            x = b.held(d)
+            held[d] = x
+            room.occupants[d].append(b)
+            room.used[d] += x
+            if b.state is BackendState.STOPPING:
+                room.freeing[d] += x
+            elif b.state is BackendState.STARTING:
+                room.loading.setdefault(d, b)
+        room.held[b.name] = held
+    occupying.sort(key=lambda o: (o.busy(), o.queue.size > 0, o.credit, o.last_used, o.name))
+    room.evict_order = occupying
+    return room
+
+
+def gpu_sets(b: Backend, devices: Mapping[str, Device]) -> list[tuple[str, ...]]:
+    """Every set of GPUs one instance of ``b`` may take (``[()]`` host-only,
+    ``[]`` if this machine lacks enough of its GPUs)."""
+    if not b.spec.gpus:
+        return [()]
+    gpus = sorted(g for g in b.spec.gpus if g in devices)
+    if len(gpus) < b.spec.gpu_count:
+        return []
+    return list(itertools.combinations(gpus, b.spec.gpu_count))
+
+
+def fits_empty(
+    b: Backend,
+    options: Sequence[tuple[tuple[str, ...], Mapping[str, int]]],
+    devices: Mapping[str, Device],
+) -> tuple[bool, str]:
+    """Whether ``b`` fits on an empty machine in one of its ``options`` (GPU set,
+    need per device); if not, why."""
+    if not options:
+        present = [g for g in devices if g != HOST]
+        return False, reasons.no_gpus(b.name, b.spec.gpu_count, b.spec.gpus, present)
+    if b.profile is None:
+        return True, ""
+    worst: list[tuple[str, int, int]] = []
+    for _gpus, need in options:
+        short = [
+            (d, n, devices[d].spec.usable_bytes)
+            for d, n in need.items()
+            if n > devices[d].spec.usable_bytes
+        ]
+        if not short:
+            return True, ""
+        worst = worst or short
+    return False, reasons.too_big(b.name, worst)
+
+
+def outranks(oh: Req | None, head: Req | None, boost: float) -> bool:
+    """Whether a backend whose best waiting request is ``oh`` stays for ``head``."""
+    if oh is None:
+        return False
+    if head is None:
+        return True
+    return order_key(oh, boost) < order_key(head, boost)
+
+
+def best_plan(
+    b: Backend,
+    head: Req | None,
+    options: Sequence[tuple[tuple[str, ...], Mapping[str, int]]],
+    booked: Mapping[str, int],
+    claimed: set[str],
+    taken: set[str],
+    room: Room,
+    devices: Mapping[str, Device],
+    config: SchedulerConfig,
+    now: float,
+) -> Plan | None:
+    """The best of the plans for each of ``options`` (None: there are none)."""
+    best: Plan | None = None
+    for gpus, need in options:
+        plan = plan_on(b, head, gpus, need, booked, claimed, taken, room, devices, config, now)
+        if best is None or plan.key() < best.key():
+            best = plan
+    return best
+
+
+def plan_on(
+    b: Backend,
+    head: Req | None,
+    gpus: tuple[str, ...],
+    need: Mapping[str, int],
+    booked: Mapping[str, int],
+    claimed: set[str],
+    taken: set[str],
+    room: Room,
+    devices: Mapping[str, Device],
+    config: SchedulerConfig,
+    now: float,
+) -> Plan:
+    """The plan to load ``b`` on ``gpus`` for ``head`` (its best waiting request,
+    None for a pinned or asked-for load), needing ``need`` per device, after what
+    this round already ``booked`` (bytes), ``claimed`` (devices) and ``taken``
+    (victims)."""
+    primary = gpus or (HOST,)
+    devs = (*gpus, HOST)
+    for d in primary:
+        if d in claimed:
+            return Plan(b, gpus, Outcome.BLOCKED, reasons.claimed(d), need=need)
+        loader = room.loading.get(d)
+        if loader is not None and loader is not b:
+            return Plan(
+                b, gpus, Outcome.WAIT, reasons.one_load_at_a_time(d, loader.name), need=need
+            )
+    where = "+".join(primary)
+    # Who must go: on exclusive devices everybody; for a first (measured) load
+    # everybody on its devices; next to a backend whose footprint is unknown,
+    # that backend.
+    measure = b.profile is None
+    required: list[Backend] = []
+    for d in primary:
+        alone = measure or devices[d].spec.exclusive
+        for o in room.occupants[d]:
+            if o is not b and (alone or o.measuring) and o not in required:
+                required.append(o)
+    free_now: dict[str, int] = {}
+    eventual: dict[str, int] = {}
+    deficit: dict[str, int] = {}
+    for d in devs:
+        dev = devices[d]
+        free_now[d] = dev.spec.usable_bytes - dev.foreign - room.used[d] - booked.get(d, 0)
+        eventual[d] = free_now[d] + room.freeing[d]
+        deficit[d] = need[d] - eventual[d]
+    boost = config.deadline_boost
+
+    def eligible(o: Backend) -> str | None:
+        if o.pinned:
+            return reasons.not_a_victim_pinned(o.name)
+        if o.state not in LOADED:
+            return reasons.not_a_victim_state(o.name, o.state.value)
+        if o.name in taken:
+            return reasons.not_a_victim_taken(o.name)
+        if outranks(room.heads[o.name], head, boost):
+            return reasons.not_a_victim_outranks(o.name)
+        return None
+
+    def free(o: Backend, sign: int) -> None:
+        held = room.held[o.name]
+        for d in devs:
+            x = held.get(d)
+            if x:
+                deficit[d] -= sign * x
+
+    chosen: list[Backend] = []
+    still_stopping = False
+    for o in required:
+        if o.state is BackendState.STOPPING:
+            still_stopping = True
+            continue
+        why_not = eligible(o)
+        if why_not is not None:
+            text = reasons.must_load_alone(where, b.name, why_not)
+            return Plan(b, gpus, Outcome.BLOCKED, text, need=need)
+        chosen.append(o)
+        free(o, 1)
+    if any(x > 0 for x in deficit.values()):
+        blockers: list[str] = []
+        greedy: list[Backend] = []
+        for o in room.evict_order:
+            if o is b or o in chosen:
+                continue
+            held = room.held[o.name]
+            if not any(deficit[d] > 0 and held.get(d, 0) > 0 for d in devs):
+                continue
+            why_not = eligible(o)
+            if why_not is not None:
+                if o.state is not BackendState.STOPPING:
+                    blockers.append(why_not)
+                continue
+            greedy.append(o)
+            free(o, 1)
+            if all(x <= 0 for x in deficit.values()):
+                break
+        if any(x > 0 for x in deficit.values()):
+            short = max(devs, key=lambda d: deficit[d])
+            text = reasons.no_room(short, b.name, need[short], eventual[short], blockers)
+            return Plan(b, gpus, Outcome.BLOCKED, text, need=need)
+        # stop no more than needed: drop greedy picks that turned out spare
+        for o in reversed(list(greedy)):
+            held = room.held[o.name]
+            if all(deficit[d] + held.get(d, 0) <= 0 for d in devs):
+                greedy.remove(o)
+                free(o, -1)
+        chosen.extend(greedy)
+    slack = min(-deficit[d] for d in devs)
+    if not chosen:
+        if not still_stopping and all(need[d] <= free_now[d] for d in devs):
+            figures = [(d, need[d], free_now[d]) for d in devs]
+            text = reasons.placed(where, figures, b.profile is not None)
+            return Plan(b, gpus, Outcome.START, text, need=need, slack=slack)
+        stopping = [
+            o.name
+            for o in room.evict_order
+            if o.state is BackendState.STOPPING and any(d in o.devices for d in devs)
+        ]
+        text = reasons.wait_for_stopping(stopping, where)
+        return Plan(b, gpus, Outcome.WAIT, text, need=need, slack=slack)
+    return _evict(b, head, gpus, need, chosen, slack, free_now, config, now)
+
+
+def _evict(
+    b: Backend,
+    head: Req | None,
+    gpus: tuple[str, ...],
+    need: Mapping[str, int],
+    chosen: list[Backend],
+    slack: int,
+    free_now: dict[str, int],
+    config: SchedulerConfig,
+    now: float,
+) -> Plan:
+    """The plan that makes room by stopping, draining or (batching) first serving
+    the ``chosen`` victims."""
+    plan = Plan(b, gpus, Outcome.EVICT, "", need=need, slack=slack)
+    parts: list[str] = []
+    for o in chosen:
+        plan.cost += estimates.load_s(o, config)
+        # A backend loaded for waiting requests serves one of them before it
+        # goes (else its load was wasted). Batching beyond that is worth it only
+        # while the swap's head can wait: an urgent deadline gets the swap at once.
+        fresh = o.state is BackendState.READY and o.dispatched_since_ready == 0
+        batching = (
+            head is not None
+            and not head.urgent
+            and head.overtakes < config.batch_bound
+            and estimates.overtake_denied(o, b, now, config) is None
+        )
+        if o.queue.size > 0 and (fresh or batching):
+            plan.pending.append(o)
+            if batching and head is not None:
+                parts.append(reasons.serves_more_first(o.name, config.batch_bound - head.overtakes))
+            else:
+                parts.append(reasons.serves_first_since_loading(o.name))
+            plan.free_wait_s = max(plan.free_wait_s, estimates.service_est(o, config))
+        elif o.busy():
+            plan.drain.append(o)
+            parts.append(reasons.busy_must_finish(o.name))
+            plan.free_wait_s = max(plan.free_wait_s, estimates.service_est(o, config))
+        else:
+            plan.stop.append(o)
+            parts.append(reasons.stopping_idle(o.name, estimates.load_s(o, config)))
+    devs = (*gpus, HOST)
+    short = max(devs, key=lambda d: (need[d] - free_now[d], d))
+    if b.profile is None:
+        plan.room = reasons.room_unmeasured(short, b.name)
+    else:
+        plan.room = reasons.room_short(short, b.name, need[short], free_now[short])
+    plan.reason = reasons.evicting(plan.room, parts)
+    return plan

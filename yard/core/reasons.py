@@ -1,0 +1,279 @@
+"""The human-readable reasons the core gives, built apart from the policy.
+
+Every decision and every view carries a sentence that says why; the API, the
+dashboard and the decision log show them as they are. The policy modules decide,
+then call one of these functions with the figures; nothing here decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+_GIB = 1024**3
+
+
+def gib(n: float) -> str:
+    """Bytes as GiB with one decimal: ``12.0 GiB``."""
+    return f"{n / _GIB:.1f} GiB"
+
+
+def secs(s: float) -> str:
+    """Seconds, one decimal below 100: ``4.5 s``, ``120 s``."""
+    return f"{s:.1f} s" if s < 100 else f"{s:.0f} s"
+
+
+# -- arrivals -------------------------------------------------------------------------
+
+
+def unknown_backend(name: str, known: Sequence[str]) -> str:
+    return f"no backend named {name!r} (known: {', '.join(known) or 'none'})"
+
+
+def queue_full(queued: int, limit: int, retry_s: float) -> str:
+    return (
+        f"{queued} requests are waiting (queue_limit {limit}); try again in about {secs(retry_s)}"
+    )
+
+
+def deadline_infeasible(cost: float, how: str, late: float) -> str:
+    return (
+        f"the earliest possible start is in {secs(cost)} ({how}), "
+        f"{secs(late)} after the requested start-by"
+    )
+
+
+def no_gpus(name: str, count: int, gpus: Sequence[str], present: Sequence[str]) -> str:
+    return (
+        f"{name} needs {count} of the GPUs {', '.join(gpus)}; "
+        f"this machine has: {', '.join(present) or 'none'}"
+    )
+
+
+def too_big(name: str, short: Sequence[tuple[str, int, int]]) -> str:
+    """``short``: (device, bytes needed, usable bytes) for each device it exceeds."""
+    worst = "; ".join(f"needs {gib(n)} on {d}, usable {gib(u)}" for d, n, u in short)
+    return f"{name} does not fit even on an empty machine: {worst}"
+
+
+# -- estimates ------------------------------------------------------------------------
+
+
+def ready_free(name: str) -> str:
+    return f"{name} is ready with a free slot"
+
+
+def ready_busy(name: str, service_s: float) -> str:
+    return f"{name} is busy; a slot frees in about {secs(service_s)}"
+
+
+def loading_left(name: str, left_s: float) -> str:
+    return f"{name} is loading, about {secs(left_s)} left"
+
+
+def load_after(name: str, load_s: float, free_wait_s: float) -> str:
+    text = f"loading {name} takes about {secs(load_s)}"
+    if free_wait_s > 0:
+        text += f" after about {secs(free_wait_s)} to free memory"
+    return text
+
+
+def overtake_denied(
+    victim: str, service_hi_s: float, swap: str, start_by_in_s: float, load_s: float
+) -> str:
+    return (
+        f"a request for {victim} could take {secs(service_hi_s)}, "
+        f"past the latest start of the swap to {swap} "
+        f"(start-by in {secs(start_by_in_s)}, load {secs(load_s)})"
+    )
+
+
+# -- placement ------------------------------------------------------------------------
+
+
+def claimed(device: str) -> str:
+    return f"waiting for {device}: it is being prepared for a request that ranks higher"
+
+
+def one_load_at_a_time(device: str, loader: str) -> str:
+    return f"waiting for {device}: {loader} is loading there (one load at a time)"
+
+
+def must_load_alone(where: str, name: str, why_not: str) -> str:
+    return f"waiting for {where}: {name} must load alone there and {why_not}"
+
+
+def not_a_victim_pinned(name: str) -> str:
+    return f"{name} is pinned"
+
+
+def not_a_victim_state(name: str, state: str) -> str:
+    return f"{name} is {state}"
+
+
+def not_a_victim_taken(name: str) -> str:
+    return f"{name} is already making room for another swap"
+
+
+def not_a_victim_outranks(name: str) -> str:
+    return f"requests for {name} rank higher"
+
+
+def no_room(device: str, name: str, need: int, free: int, blockers: Sequence[str]) -> str:
+    text = f"waiting for {device}: {name} needs {gib(need)}, {gib(max(0, free))} free"
+    if blockers:
+        text += "; cannot make room: " + ", ".join(blockers)
+    return text
+
+
+def placed(where: str, figures: Sequence[tuple[str, int, int]], measured: bool) -> str:
+    """``figures``: (device, need, free now) for each device of the placement."""
+    fig = ", ".join(
+        f"{d}: needs {gib(n)}, {gib(f)} free" if measured else f"{d}: {gib(f)} free, no profile yet"
+        for d, n, f in figures
+    )
+    return f"placed on {where} ({fig})"
+
+
+def wait_for_stopping(stopping: Sequence[str], where: str) -> str:
+    return f"waiting for {', '.join(stopping) or 'memory'} to stop and free memory on {where}"
+
+
+def serves_more_first(name: str, more: int) -> str:
+    return f"{name} serves up to {more} more first"
+
+
+def serves_first_since_loading(name: str) -> str:
+    return f"{name} serves its first request since loading first"
+
+
+def busy_must_finish(name: str) -> str:
+    return f"busy {name} must finish before the swap"
+
+
+def stopping_idle(name: str, load_s: float) -> str:
+    return f"stopping idle {name} (cheapest to reload, {secs(load_s)})"
+
+
+def room_unmeasured(device: str, name: str) -> str:
+    return f"{device}: {name} has no profile yet and loads alone to be measured"
+
+
+def room_short(device: str, name: str, need: int, free: int) -> str:
+    return f"{device}: {name} needs {gib(need)}, {gib(max(0, free))} free"
+
+
+def evicting(room: str, parts: Sequence[str]) -> str:
+    return f"waiting for {room}; " + "; ".join(parts)
+
+
+# -- the pass -------------------------------------------------------------------------
+
+
+def stopping_for_room(name: str, room: str, victim_load_s: float) -> str:
+    return f"making room for {name} ({room}); idle, cheapest to reload ({secs(victim_load_s)})"
+
+
+def draining_for_room(name: str, room: str) -> str:
+    return f"draining to make room for {name} ({room})"
+
+
+def serving_before_swap(name: str) -> str:
+    return f"serving a few more before the swap to {name}"
+
+
+def waiting_for_stop(name: str) -> str:
+    return f"waiting for {name} to finish stopping before it loads again"
+
+
+def no_place(name: str) -> str:
+    return f"{name} has no place on this machine"
+
+
+def start_why(name: str, waiting: int, head: tuple[str, float] | None, pinned: bool) -> str:
+    """Why a backend is loaded: ``waiting`` requests wait (``head``: the next one's
+    id and priority), else it is pinned, else an operator asked for it."""
+    if head is not None:
+        return f"{waiting} request(s) waiting for {name} (next: {head[0]}, priority {head[1]:g})"
+    if pinned:
+        return f"{name} is pinned"
+    return f"{name} was asked for"
+
+
+def dispatched(
+    name: str,
+    busy: int,
+    slots: int,
+    request_id: str,
+    priority: float,
+    effective: float,
+    waited_s: float,
+) -> str:
+    return (
+        f"{name} has a free slot ({busy}/{slots} busy); "
+        f"{request_id} priority {priority:g}, effective {effective:.1f}, "
+        f"waited {secs(waited_s)}"
+    )
+
+
+def overtakes_swap(head_id: str, swap: str, used: int, bound: int) -> str:
+    return f"; goes ahead of {head_id}'s swap to {swap} (overtake {used} of {bound})"
+
+
+FIRST_BEFORE_SWAP = "; the first since it loaded, before it makes room for a swap"
+
+
+def idle_stop(idle_s: float, ttl: float) -> str:
+    return f"idle for {secs(idle_s)} (idle_ttl_s {ttl:g})"
+
+
+def deadline_missed(waited_s: float, why_waiting: str) -> str:
+    return f"its start-by deadline passed after {secs(waited_s)} in the queue ({why_waiting})"
+
+
+def lost_no_exit(name: str, grace_s: float) -> str:
+    return f"the connection to backend {name} broke and no exit was reported within {secs(grace_s)}"
+
+
+# -- failures and memory --------------------------------------------------------------
+
+
+def above_profile(used: int, device: str, limit: int) -> str:
+    return f"it used {gib(used)} on {device}, above its profile {gib(limit)}"
+
+
+def over_committed(device: str, held: int, usable: int) -> str:
+    return f"{device} was over-committed ({gib(held)} in use or reserved, {gib(usable)} usable)"
+
+
+def profile_raised(name: str, why: str, old: tuple[int, int], new: tuple[int, int]) -> str:
+    return (
+        f"{name} ran out of memory because {why}; profile raised from "
+        f"{gib(old[0])} GPU / {gib(old[1])} host to {gib(new[0])} / {gib(new[1])}"
+    )
+
+
+def shared_and_outgrew(device: str, others: Sequence[str]) -> str:
+    return (
+        f"it shared {device} with {', '.join(others)} and together they outgrew it "
+        "(a profile proved too small)"
+    )
+
+
+# -- views ----------------------------------------------------------------------------
+
+
+def behind(ahead: int, name: str) -> str:
+    if not ahead:
+        return ""
+    return f"behind {ahead} request(s) of higher effective priority for {name}; "
+
+
+def held_back(name: str, swap_to: str, head_id: str, bound: int) -> str:
+    return (
+        f"held back: {name} will be swapped out for {swap_to} "
+        f"({head_id} waits; {bound} overtakes used)"
+    )
+
+
+def waiting_for_slot(name: str, busy: int, slots: int, service_s: float) -> str:
+    return f"waiting for a free slot on {name} ({busy}/{slots} busy, est. {secs(service_s)})"

@@ -1,0 +1,88 @@
+"""The core's live records of devices and backends (mutable, owned by the scheduler).
+
+The scheduler changes them only in its event handlers and its pass; placement,
+estimates and views read them. Nothing outside :mod:`yard.core` sees them: the
+views turn them into frozen records.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from yard.core.lifecycle import BackendState
+from yard.core.queue import Req, RequestQueue
+from yard.core.spec import HOST, BackendSpec, DeviceSpec, Profile
+
+SERVICE_WINDOW = 64
+"""How many recent service times the high estimate is the maximum of."""
+
+
+@dataclass(slots=True, eq=False)
+class Device:
+    """One memory pool: its spec and the latest meter reading."""
+
+    spec: DeviceSpec
+    used: int | None = None
+    foreign: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(slots=True, eq=False)
+class Backend:
+    """One backend: its lifecycle state, its current instance, what it learned."""
+
+    spec: BackendSpec
+    name: str  # spec.name, kept at hand: it is read on every planning round
+    queue: RequestQueue
+    pinned: bool
+    state: BackendState = BackendState.STOPPED
+    reason: str = "never started"
+    wait_reason: str = ""
+    running: dict[str, Req] = field(default_factory=dict)
+    # placement of the current instance
+    gpus: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    reserved: dict[str, int] = field(default_factory=dict)
+    live: dict[str, int] = field(default_factory=dict)
+    measuring: bool = False
+    started_at: float | None = None
+    ready_at: float | None = None
+    overcommit: str | None = None
+    # usage
+    served: int = 0
+    dispatched_since_ready: int = 0
+    last_used: float = -math.inf
+    credit: float = 0.0  # GreedyDual-Size: evicted lowest first
+    idle_since: float | None = None
+    idle_token: int = 0
+    drain_reason: str | None = None
+    want_load: bool = False
+    unload_requested: bool = False
+    self_caused_start_failures: int = 0
+    # what the core learned
+    profile: Profile | None = None
+    profile_has_load: bool = False
+    learned_load_s: float | None = None
+    service_ewma: float | None = None
+    service_max: float | None = None
+    service_recent: deque[float] = field(default_factory=lambda: deque(maxlen=SERVICE_WINDOW))
+
+    @property
+    def primary(self) -> tuple[str, ...]:
+        """The devices its loads are serialised on: its GPUs, or ``host``."""
+        return self.gpus if self.gpus else (HOST,)
+
+    def busy(self) -> bool:
+        return bool(self.running)
+
+    def free_slots(self) -> int:
+        return self.spec.slots - len(self.running)
+
+    def held(self, device: str) -> int:
+        """Memory it holds on ``device``: its reservation, or live use if higher."""
+        return max(self.reserved.get(device, 0), self.live.get(device, 0))

@@ -1,0 +1,247 @@
+"""The scheduler's state, and the bookkeeping every part of it shares.
+
+:class:`Core` holds everything the scheduler knows: the devices, the backends,
+the requests, the timers and the caches worked out from profiles. Its methods
+are the small moves the event handlers (:mod:`~yard.core.request_events`,
+:mod:`~yard.core.backend_events`) and the pass (:mod:`~yard.core.scheduler`)
+share: a backend's state transition, a stop, a start, the end or requeue of a
+request, and the questions placement and estimates answer about the current
+state. It does no I/O; the clock comes in as ``now``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from yard.core import estimates, placement, reasons, views
+from yard.core.decisions import Decision, Reject, Requeue, StartBackend, StopBackend
+from yard.core.lifecycle import OCCUPYING, BackendState, Move, move
+from yard.core.placement import Plan, Room
+from yard.core.queue import Req, ReqState
+from yard.core.records import Backend, Device
+from yard.core.spec import HOST, Profile, SchedulerConfig
+from yard.core.timers import Timer, Timers
+
+Options = list[tuple[tuple[str, ...], Mapping[str, int]]]
+"""Every GPU set a backend may take, with its need per device there."""
+
+
+@dataclass(slots=True, eq=False)
+class Core:
+    """Everything the scheduler knows, and the moves its parts share.
+
+    victim_of: per backend a swap will evict, the waiting request the swap is for.
+    inflation: GreedyDual-Size "L", the credit of the last backend evicted.
+    """
+
+    config: SchedulerConfig
+    devices: dict[str, Device]
+    backends: dict[str, Backend]
+    requests: dict[str, Req] = field(default_factory=dict)
+    queued: int = 0
+    timers: Timers = field(default_factory=Timers)
+    victim_of: dict[str, Req] = field(default_factory=dict)
+    inflation: float = 0.0
+    # Planning is skipped when nothing it reads changed: ``epoch`` moves with
+    # every such change, and the heads of the queues are compared.
+    epoch: int = 0
+    options_cache: dict[str, Options] = field(default_factory=dict)
+    fit_cache: dict[str, tuple[bool, str]] = field(default_factory=dict)
+
+    def unqueue(self, req: Req) -> None:
+        req.state = ReqState.DONE
+        queue = self.backends[req.backend].queue
+        queue.removed()
+        self.queued -= 1
+        if not queue.size:
+            self.epoch += 1
+
+    def end(self, req: Req, status: int, code: str, message: str, out: list[Decision]) -> None:
+        """End a queued, running or lost request with an error."""
+        self.epoch += 1
+        if req.state is ReqState.QUEUED:
+            self.unqueue(req)
+        else:
+            self.backends[req.backend].running.pop(req.id, None)
+        req.state = ReqState.DONE
+        del self.requests[req.id]
+        out.append(
+            Reject(
+                request_id=req.id,
+                status=status,
+                code=code,
+                message=message,
+                reason=f"{req.id}: {message}",
+            )
+        )
+
+    def requeue(self, req: Req, why: str, out: list[Decision]) -> None:
+        b = self.backends[req.backend]
+        b.running.pop(req.id, None)
+        req.state = ReqState.QUEUED
+        req.gen += 1
+        req.requeued = True
+        req.deadline_met = True  # it did start in time; yard lost the work
+        req.overtakes = 0
+        req.dispatched_at = None
+        req.lost_at = None
+        if req.urgent_at is not None and not req.urgent:
+            self.timers.set(req.urgent_at, Timer.URGENT, req.id, req.gen)
+        b.queue.push(req)
+        self.queued += 1
+        reason = f"{req.id}: back in the queue at its old place (once): {why}"
+        out.append(Requeue(request_id=req.id, reason=reason))
+
+    def transition(self, b: Backend, m: Move, reason: str) -> None:
+        self.epoch += 1
+        b.state = move(b.name, b.state, m)
+        b.reason = reason
+
+    def release(self, b: Backend) -> None:
+        """The instance is gone: it holds no memory and no slots."""
+        b.reserved = {}
+        b.live = {}
+        b.measuring = False
+        b.drain_reason = None
+        b.idle_since = None
+        b.overcommit = None
+        self.victim_of.pop(b.name, None)
+
+    def occupants(self, device: str) -> Iterable[Backend]:
+        for b in self.backends.values():
+            if b.state in OCCUPYING and device in b.devices:
+                yield b
+
+    def need(self, b: Backend, gpus: tuple[str, ...]) -> Mapping[str, int]:
+        """Reservation on each device of a placement (0s while unmeasured)."""
+        for option, need in self.options(b):
+            if option == gpus:
+                return need
+        return _need(b.profile, gpus, self.config.profile_margin)
+
+    def options(self, b: Backend) -> Options:
+        """Every GPU set ``b`` may take with its need there; cached until its
+        profile changes."""
+        options = self.options_cache.get(b.name)
+        if options is None:
+            m = self.config.profile_margin
+            options = [(g, _need(b.profile, g, m)) for g in placement.gpu_sets(b, self.devices)]
+            self.options_cache[b.name] = options
+        return options
+
+    def forget_fit(self, b: Backend) -> None:
+        """The profile changed: what was worked out from it is stale."""
+        self.fit_cache.pop(b.name, None)
+        self.options_cache.pop(b.name, None)
+
+    def fits_empty_machine(self, b: Backend) -> tuple[bool, str]:
+        known = self.fit_cache.get(b.name)
+        if known is None:
+            known = placement.fits_empty(b, self.options(b), self.devices)
+            self.fit_cache[b.name] = known
+        return known
+
+    def load_s(self, b: Backend) -> float:
+        return estimates.load_s(b, self.config)
+
+    def service_est(self, b: Backend) -> float:
+        return estimates.service_est(b, self.config)
+
+    def credit(self, b: Backend) -> float:
+        return estimates.credit(b, self.inflation, self.need(b, b.gpus), self.config)
+
+    def start_cost(self, b: Backend, now: float) -> tuple[float, str]:
+        def free_wait() -> float:
+            plan = self.best_plan(b, None, {}, set(), set(), now)
+            return plan.free_wait_s if plan is not None else 0.0
+
+        return estimates.start_cost(b, now, self.config, free_wait)
+
+    def stop(self, b: Backend, reason: str, out: list[Decision]) -> None:
+        self.transition(b, Move.STOP, reason)
+        b.drain_reason = None
+        b.idle_since = None
+        out.append(StopBackend(backend=b.name, reason=f"stopping {b.name}: {reason}"))
+
+    def survey(self) -> Room:
+        return placement.survey(self.devices, self.backends.values())
+
+    def best_plan(
+        self,
+        b: Backend,
+        head: Req | None,
+        booked: dict[str, int],
+        claimed: set[str],
+        taken: set[str],
+        now: float,
+        room: Room | None = None,
+    ) -> Plan | None:
+        return placement.best_plan(
+            b,
+            head,
+            self.options(b),
+            booked,
+            claimed,
+            taken,
+            room if room is not None else self.survey(),
+            self.devices,
+            self.config,
+            now,
+        )
+
+    def waiting_reason(self, req: Req, now: float, ahead: int) -> str:
+        b = self.backends[req.backend]
+        swap_head = self.victim_of.get(b.name)
+        return views.waiting_reason(req, b, swap_head, self.config, now, ahead, self.start_cost_s)
+
+    def start_cost_s(self, b: Backend, now: float) -> float:
+        return self.start_cost(b, now)[0]
+
+    def timer_live(self, kind: Timer, key: str, token: int) -> bool:
+        if kind is Timer.IDLE:
+            b = self.backends[key]
+            return b.idle_token == token and b.idle_since is not None
+        req = self.requests.get(key)
+        if req is None or req.gen != token:
+            return False
+        if kind is Timer.URGENT:
+            return req.state is ReqState.QUEUED and not req.urgent
+        if kind is Timer.DEADLINE:
+            return req.state is ReqState.QUEUED and not req.deadline_met
+        return req.state is ReqState.LOST
+
+    def start(self, plan: Plan, now: float, out: list[Decision]) -> None:
+        b = plan.backend
+        measure = b.profile is None
+        head = b.queue.head()
+        next_up = (head.id, head.priority) if head is not None else None
+        why = reasons.start_why(b.name, b.queue.size, next_up, b.pinned)
+        self.transition(b, Move.START, f"loading: {why}")
+        b.gpus = plan.gpus
+        b.devices = (*plan.gpus, HOST)
+        b.reserved = {} if measure else dict(plan.need)
+        b.live = {}
+        b.measuring = measure
+        b.started_at = now
+        b.ready_at = None
+        b.want_load = False
+        b.credit = self.credit(b)
+        b.overcommit = None
+        for d in b.devices:
+            for o in self.occupants(d):
+                if o is not b and o.state is BackendState.STARTING:
+                    text = f"{o.name} and {b.name} were loading on {d} at the same time"
+                    o.overcommit = o.overcommit or text
+                    b.overcommit = b.overcommit or text
+        placed = plan.reason if not measure else f"{plan.reason} (first load: measured alone)"
+        reason = f"starting {b.name}: {why}; {placed}"
+        out.append(StartBackend(backend=b.name, gpus=plan.gpus, measure=measure, reason=reason))
+
+
+def _need(profile: Profile | None, gpus: tuple[str, ...], margin: float) -> dict[str, int]:
+    """The reservation on each device of a placement on ``gpus`` (0s while unmeasured)."""
+    need = {g: math.ceil(profile.gpu_bytes * margin) if profile else 0 for g in gpus}
+    need[HOST] = math.ceil(profile.host_bytes * margin) if profile else 0
+    return need
