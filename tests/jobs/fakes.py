@@ -22,8 +22,9 @@ from yard.core.views import QueuedView
 from yard.errors import Rejected
 from yard.http.proxy import ProxyRequest, UpstreamError
 from yard.http.runtime import JobService
-from yard.jobs.service import Jobs, UpstreamResponseLike
+from yard.jobs.service import Jobs
 from yard.jobs.store import JobStore
+from yard.jobs.upstream import UpstreamResponseLike
 
 EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the wall clock at virtual time 0
 

@@ -2,13 +2,16 @@
 
 Layout:
 
-- ``store``: the SQLite record of jobs (``data_dir/jobs.sqlite``), their
-  requests and results.
+- ``records``: a job as stored, its request, result and error, an app's
+  quota; ``store``: the SQLite record of them (``data_dir/jobs.sqlite``).
 - ``service``: :class:`Jobs`, the :class:`~yard.http.runtime.JobService` the
   proxy hands ``Prefer: respond-async`` requests to, with one runner task per
-  job and the reaper that expires old results.
+  job (its turn is :func:`yard.admission.run_turn`) and the reaper that
+  expires old results.
+- ``upstream``: a job's request to its backend, and its whole answer back.
 - ``restore``: what a restart does with the jobs the last run left.
-- ``api``: the ``/v1/jobs`` blueprint; ``cli``: ``yard jobs``.
+- ``views``: a job as JSON; ``api``: the ``/v1/jobs`` blueprint; ``cli``:
+  ``yard jobs``. The settings are :class:`yard.config.JobsConfig` (``[jobs]``).
 
 ``yard serve`` uses it like this (after the engine has started)::
 

@@ -24,22 +24,20 @@ Rules it keeps:
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import trio
 
 from yard.admission import AdmissionLike, Assignment, UpstreamLost, run_turn
-from yard.config import AppConfig, JobsConfig
+from yard.config import JobsConfig
 from yard.core.views import QueuedView
 from yard.errors import Rejected
-from yard.http.proxy import ProxyRequest, UpstreamError, UpstreamPool, forward
+from yard.http.proxy import ProxyRequest, UpstreamError, UpstreamPool
 from yard.jobs.restore import restore
 from yard.jobs.store import (
     JobError,
@@ -51,23 +49,10 @@ from yard.jobs.store import (
     StoredRequest,
     StoredResult,
 )
+from yard.jobs.upstream import ResultTooLarge, Upstream, fetch, pooled
 from yard.jobs.views import job_json, rfc3339
 
 log = logging.getLogger("yard.jobs")
-
-
-class UpstreamResponseLike(Protocol):
-    """What a runner reads of :class:`yard.http.proxy.UpstreamResponse`."""
-
-    status: int
-    headers: list[tuple[bytes, bytes]]
-
-    def chunks(self) -> AsyncIterator[bytes]: ...
-
-
-Upstream = Callable[[ProxyRequest, str], AbstractAsyncContextManager[UpstreamResponseLike]]
-"""Sends a request to a backend's base URL: :func:`yard.http.proxy.forward`
-(with the gateway's pool), or a fake in tests. Raises ``UpstreamError``."""
 
 
 class EngineLike(Protocol):
@@ -109,10 +94,6 @@ class JobNotFinished(Exception):
     def __init__(self, job: JobRecord) -> None:
         super().__init__(f"job {job.id} is {job.status}; it has no result yet")
         self.job = job
-
-
-class _ResultTooLarge(Exception):
-    pass
 
 
 class _Gone(Exception):
@@ -167,7 +148,7 @@ class Jobs:
         self.engine = engine
         self.store = store
         self.config = config or JobsConfig()
-        self._upstream: Upstream = upstream or functools.partial(_forward, pool=pool)
+        self._upstream: Upstream = upstream or pooled(pool)
         self._wall = wall
         self._nursery: trio.Nursery | None = None
         self._run_started = False
@@ -500,7 +481,7 @@ class Jobs:
     async def _drive(self, job: JobRecord, running: _Running) -> None:
         admission = running.admission
         # The backend's answer (or why it is not kept), once it has answered.
-        answer: list[StoredResult | _ResultTooLarge] = []
+        answer: list[StoredResult | ResultTooLarge] = []
 
         async def attempt(assignment: Assignment) -> None:
             if not await self.store.mark_running(
@@ -511,8 +492,16 @@ class Jobs:
             if stored is None:  # pragma: no cover - the row and its request go together
                 raise RuntimeError(f"job {job.id} has no stored request")
             try:
-                answer.append(await self._call(job, stored, assignment.base_url))
-            except _ResultTooLarge as exc:
+                answer.append(
+                    await fetch(
+                        self._upstream,
+                        job,
+                        stored,
+                        assignment.base_url,
+                        limit=self.config.max_result_bytes,
+                    )
+                )
+            except ResultTooLarge as exc:
                 answer.append(exc)  # it answered: an ok turn, a failed job
             except UpstreamError as exc:
                 # Nothing reached a client (a job reads the whole answer), so
@@ -541,7 +530,7 @@ class Jobs:
             # and then interrupted) for the next start to decide.
             return
         result = answer[-1]
-        if isinstance(result, _ResultTooLarge):
+        if isinstance(result, ResultTooLarge):
             error = JobError(code="result_too_large", message=str(result), status=502)
             await self._end(job.id, "failed", error)
             return
@@ -554,46 +543,6 @@ class Jobs:
             status=result.status,
         )
         await self._end(job.id, "failed", error, result)
-
-    async def _call(self, job: JobRecord, stored: StoredRequest, base_url: str) -> StoredResult:
-        request = ProxyRequest(
-            method=stored.method,
-            path=stored.path,
-            query=stored.query.encode("latin-1"),
-            # The backend (its log, a counter file) can tell which job this is.
-            headers=[*stored.headers, (b"x-yard-request-id", job.id.encode())],
-            body=stored.body,
-            backend=job.backend,
-            app=_app_config(job),
-            priority=job.priority,
-            start_by=None,
-            allow_late=job.allow_late,
-            request_id=job.id,
-            model=job.model,
-        )
-        limit = self.config.max_result_bytes
-        async with self._upstream(request, base_url) as response:
-            parts: list[bytes] = []
-            size = 0
-            chunks = response.chunks()
-            try:
-                async for chunk in chunks:
-                    size += len(chunk)
-                    if size > limit:
-                        raise _ResultTooLarge(
-                            f"the backend's answer is larger than {limit} bytes, the most a job "
-                            "stores ([jobs] max_result_bytes)"
-                        )
-                    parts.append(chunk)
-            finally:
-                # Leaving early (too large) must close the generator now, not
-                # whenever it is garbage-collected.
-                aclose = getattr(chunks, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-            return StoredResult(
-                status=response.status, headers=tuple(response.headers), body=b"".join(parts)
-            )
 
     async def _end(
         self,
@@ -631,14 +580,3 @@ class Jobs:
         while True:
             await self.reap()
             await trio.sleep(self.config.reap_interval_s)
-
-
-def _forward(
-    request: ProxyRequest, base_url: str, *, pool: UpstreamPool | None
-) -> AbstractAsyncContextManager[UpstreamResponseLike]:
-    return forward(request, base_url, pool=pool)
-
-
-def _app_config(job: JobRecord) -> AppConfig:
-    # forward() does not look at the app; the record only names it.
-    return AppConfig(name=job.app, key="", default_priority=job.priority, max_priority=job.priority)
