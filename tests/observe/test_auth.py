@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from yard.observe.auth import bearer_key, check_admin, cookie_token, is_loopback
+from yard.observe.auth import bearer_key, check_admin, is_loopback
 
 
 @pytest.mark.parametrize(
@@ -38,7 +38,7 @@ def _check(**changes: object) -> object:
         "method": "POST",
         "remote_addr": "192.0.2.1",
         "authorization": None,
-        "cookie": None,
+        "session": False,
         "csrf_header": None,
     }
     request.update(changes)
@@ -51,10 +51,9 @@ def test_who_may_act_as_admin() -> None:
     assert _check(authorization="Bearer kex") == (401, "invalid_admin_key")
     assert _check() == (401, "invalid_admin_key")
     assert _check(remote_addr="127.0.0.1") == (401, "invalid_admin_key")
-    token = cookie_token("key")
-    assert _check(cookie=token, csrf_header="1") is None
-    assert _check(cookie=token, method="GET") is None
-    assert _check(cookie=token) == (403, "admin_header_required")
-    assert _check(cookie=cookie_token("other"), csrf_header="1") == (401, "invalid_admin_key")
+    assert _check(session=True, csrf_header="1") is None
+    assert _check(session=True, method="GET") is None
+    assert _check(session=True) == (403, "admin_header_required")
+    assert _check(session=False, csrf_header="1") == (401, "invalid_admin_key")
     assert _check(admin_key=None, remote_addr="127.0.0.1") is None
     assert _check(admin_key=None, authorization="Bearer key") == (403, "admin_loopback_only")

@@ -16,6 +16,7 @@ Errors use the OpenAI error shape. Every route needs the admin key (see
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import trio
@@ -31,9 +32,13 @@ LOG_POLL_S = 0.5
 """How often the log tail looks for new lines."""
 
 
-def json_error(status: int, code: str, message: str) -> Response:
-    """An error answer in the OpenAI shape."""
+def json_error(
+    status: int, code: str, message: str, *, retry_after_s: float | None = None
+) -> Response:
+    """An error answer in the OpenAI shape (``Retry-After`` when given)."""
     headers = {"WWW-Authenticate": 'Bearer realm="yard admin"'} if status == 401 else {}
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
     return Response(error_body(status, code, message), status, headers, "application/json")
 
 
@@ -46,7 +51,9 @@ async def require_admin() -> Response | None:
     refusal = current_observer().refusal()
     if refusal is None:
         return None
-    return json_error(refusal.status, refusal.code, refusal.message)
+    return json_error(
+        refusal.status, refusal.code, refusal.message, retry_after_s=refusal.retry_after_s
+    )
 
 
 @blueprint.get("/status")

@@ -3,8 +3,18 @@
 Rules:
 
 - With an admin key configured (``server.admin_key``), a request is admitted
-  when it carries ``Authorization: Bearer KEY``, or the dashboard's cookie
-  (set by its login form). The cookie holds an HMAC of the key, never the key.
+  when it carries ``Authorization: Bearer KEY``, or the cookie of a live
+  dashboard session. A session is a random token handed out by the login form
+  and held in memory (:class:`Sessions`): it expires
+  (``server.dashboard_session_ttl_s``), logout revokes it, and a restart of
+  yard logs everybody out. The cookie never holds the key or anything derived
+  from it.
+- Wrong admin keys (login form or bearer) are slowed down per client address
+  (:class:`LoginThrottle`): after ``server.admin_failures_before_delay``
+  failures each further one makes the client wait, twice as long each time,
+  up to ``server.admin_failure_max_delay_s``; while it waits, every try is
+  answered 429 with ``Retry-After`` and no key is checked. Behind a reverse
+  proxy every client has the proxy's address, and so shares one record.
 - A state-changing request admitted by the cookie alone must also carry the
   ``X-Yard-Admin`` header: browsers do not let another site set it, so a
   foreign page cannot make a logged-in browser press the buttons (CSRF).
@@ -17,6 +27,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import math
+import secrets
+from collections import OrderedDict
 from dataclasses import dataclass
 
 COOKIE = "yard_admin"
@@ -36,11 +49,145 @@ class Refusal:
     status: int
     code: str
     message: str
+    retry_after_s: float | None = None
 
 
-def cookie_token(admin_key: str) -> str:
-    """The cookie value that proves the browser was given the admin key."""
-    return hmac.new(admin_key.encode(), b"yard dashboard login", hashlib.sha256).hexdigest()
+MAX_SESSIONS = 256
+"""Most live dashboard sessions; a login past it ends the oldest one."""
+
+MAX_CLIENTS = 4096
+"""Most client addresses whose failed keys are remembered (the oldest is
+forgotten first): a few hundred KiB at most."""
+
+
+def _digest(token: str) -> bytes:
+    # Kept by hash: a dict look-up is not constant time, and a memory dump
+    # holds no usable token.
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+
+
+class Sessions:
+    """The live dashboard sessions, in memory.
+
+    ``now`` is any monotonic clock (yard passes ``trio.current_time()``).
+    """
+
+    def __init__(self, *, ttl_s: float, max_sessions: int = MAX_SESSIONS) -> None:
+        self.ttl_s = ttl_s
+        self.max_sessions = max_sessions
+        self._expiry: dict[bytes, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+    def open(self, now: float) -> str:
+        """A new session, live until ``now + ttl_s``: its token, for the cookie."""
+        self._expiry = {d: t for d, t in self._expiry.items() if t >= now}
+        while len(self._expiry) >= self.max_sessions:
+            del self._expiry[min(self._expiry, key=self._expiry.__getitem__)]
+        token = secrets.token_urlsafe(32)
+        self._expiry[_digest(token)] = now + self.ttl_s
+        return token
+
+    def is_live(self, token: str | None, now: float) -> bool:
+        """Whether ``token`` is a session that is live at ``now``."""
+        if not token:
+            return False
+        digest = _digest(token)
+        expiry = self._expiry.get(digest)
+        if expiry is None:
+            return False
+        if now > expiry:
+            del self._expiry[digest]
+            return False
+        return True
+
+    def close(self, token: str | None) -> None:
+        """End the session of ``token`` (logout); unknown tokens are ignored."""
+        if token:
+            self._expiry.pop(_digest(token), None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Failures:
+    count: int
+    waits_until: float
+
+
+def client_key(remote_addr: str | None) -> str:
+    """Whose failures these are: the IPv4 address, or the /64 of an IPv6 one
+    (one host may hold a whole /64)."""
+    if not remote_addr:
+        return "unknown"
+    try:
+        address = ipaddress.ip_address(remote_addr.split("%", 1)[0])
+    except ValueError:
+        return remote_addr[:64]
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+class LoginThrottle:
+    """Failed admin keys per client address, and how long each must wait.
+
+    failures_before_delay: failures answered at once; the next one makes the
+        client wait 1 s, then 2 s, 4 s, ... up to ``max_delay_s``.
+    A client's record is forgotten ``max_delay_s`` after its wait ended with
+    no new failure, or after a right key, or when ``max_clients`` newer
+    records push it out.
+    """
+
+    def __init__(
+        self,
+        *,
+        failures_before_delay: int,
+        max_delay_s: float,
+        max_clients: int = MAX_CLIENTS,
+    ) -> None:
+        self.failures_before_delay = failures_before_delay
+        self.max_delay_s = max_delay_s
+        self.max_clients = max_clients
+        self._clients: OrderedDict[str, _Failures] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def wait_s(self, remote_addr: str | None, now: float) -> float:
+        """How long this client must still wait before its key is checked."""
+        record = self._clients.get(client_key(remote_addr))
+        return 0.0 if record is None else max(0.0, record.waits_until - now)
+
+    def failed(self, remote_addr: str | None, now: float) -> float:
+        """Record a wrong key; returns the wait it imposes (0: none yet)."""
+        key = client_key(remote_addr)
+        record = self._clients.pop(key, None)
+        count = 1
+        if record is not None and now - record.waits_until <= self.max_delay_s:
+            count = record.count + 1
+        over = count - self.failures_before_delay
+        delay = 0.0 if over <= 0 else min(self.max_delay_s, 2.0 ** min(over - 1, 62))
+        self._clients[key] = _Failures(count=count, waits_until=now + delay)
+        while len(self._clients) > self.max_clients:
+            self._clients.popitem(last=False)
+        return delay
+
+    def succeeded(self, remote_addr: str | None) -> None:
+        """A right key: forget this client's failures."""
+        self._clients.pop(client_key(remote_addr), None)
+
+
+def too_many_failures(wait_s: float) -> Refusal:
+    """The answer to a client that must still wait after wrong keys."""
+    return Refusal(
+        status=429,
+        code="too_many_failed_logins",
+        message=f"too many wrong admin keys from this address; try again in "
+        f"{max(1, math.ceil(wait_s))} s",
+        retry_after_s=wait_s,
+    )
 
 
 def key_matches(given: str, admin_key: str) -> bool:
@@ -78,14 +225,16 @@ def check_admin(
     method: str,
     remote_addr: str | None,
     authorization: str | None,
-    cookie: str | None,
+    session: bool,
     csrf_header: str | None,
 ) -> Refusal | None:
     """Decide whether a request may act as the admin.
 
     Returns None when it may, otherwise why not: 403 ``admin_loopback_only``
     without a configured key, 401 ``invalid_admin_key`` for a missing or
-    wrong key, 403 ``admin_header_required`` for a cookie-only state change.
+    wrong key, 403 ``admin_header_required`` for a state change admitted by
+    the session cookie alone. ``session``: the request carries the cookie of
+    a live session.
     """
     if admin_key is None:
         if is_loopback(remote_addr):
@@ -101,9 +250,7 @@ def check_admin(
         if key_matches(given, admin_key):
             return None
         return Refusal(status=401, code="invalid_admin_key", message="wrong admin key")
-    if cookie is not None and hmac.compare_digest(
-        cookie.encode(), cookie_token(admin_key).encode()
-    ):
+    if session:
         if method.upper() in _SAFE_METHODS or csrf_header:
             return None
         return Refusal(

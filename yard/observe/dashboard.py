@@ -8,7 +8,11 @@ rendered by the same template, whenever it changed: right after each decision
 of the engine, and at least every second (memory and ages move on their own).
 
 With an admin key configured, the page asks for it once (a login form that
-sets an HttpOnly cookie); the buttons then call the admin API with that cookie.
+opens a server-side session, see :mod:`yard.observe.auth`, and sets its
+HttpOnly cookie); the buttons then call the admin API with that cookie.
+The login form's body is read with a small limit of its own
+(``server.dashboard_login_max_bytes``): on ``Content-Length``, and while
+it streams in, before anything is parsed.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import AsyncIterator
+from urllib.parse import parse_qs
 
 import trio
 from jinja2 import Environment
 from quart import Blueprint, Response, current_app, render_template, request
 
+from yard.http.errors import error_body
 from yard.observe import auth
 from yard.observe.report import Json
 from yard.observe.state import current_observer
@@ -98,12 +104,52 @@ def _see_other(path: str) -> Response:
     return Response("", 303, {"Location": path})
 
 
+def _retry_after(wait_s: float | None) -> dict[str, str]:
+    return {} if not wait_s else {"Retry-After": str(max(1, math.ceil(wait_s)))}
+
+
 def _needs_login() -> Response | None:
     """None if the request may see the dashboard; otherwise the answer."""
     refusal = current_observer().refusal()
     if refusal is None:
         return None
-    return Response(refusal.message, refusal.status, content_type="text/plain; charset=utf-8")
+    return Response(
+        refusal.message,
+        refusal.status,
+        _retry_after(refusal.retry_after_s),
+        content_type="text/plain; charset=utf-8",
+    )
+
+
+async def _login_page(error: str | None, status: int, wait_s: float | None = None) -> Response:
+    html = await render_template("yard_observe/login.html", error=error)
+    return Response(html, status, _retry_after(wait_s), content_type="text/html; charset=utf-8")
+
+
+def _json_error(status: int, code: str, message: str) -> Response:
+    return Response(error_body(status, code, message), status, content_type="application/json")
+
+
+def _body_too_large(limit: int) -> Response:
+    return _json_error(
+        413,
+        "body_too_large",
+        f"the login form is larger than yard accepts ({limit} bytes, "
+        "server.dashboard_login_max_bytes); send only the key field",
+    )
+
+
+async def _small_body(limit: int) -> bytes | None:
+    """The request body, or None as soon as it is known to pass ``limit``
+    bytes (by its Content-Length, or while it streams in)."""
+    if request.content_length is not None and request.content_length > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.body:
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
 
 
 @blueprint.get("/dashboard")
@@ -114,8 +160,12 @@ async def dashboard() -> Response | str | tuple[str, int]:
     if refusal is not None:
         if observer.admin_key is None:
             return Response(refusal.message, refusal.status, content_type="text/plain")
-        error = "wrong admin key" if request.cookies.get(auth.COOKIE) else None
-        return await render_template("yard_observe/login.html", error=error), 401
+        if refusal.status == 429:
+            return await _login_page(refusal.message, 429, refusal.retry_after_s)
+        error = None
+        if request.cookies.get(auth.COOKIE):
+            error = "your session has expired or was logged out; enter the admin key again"
+        return await _login_page(error, 401)
     status = observer.status()
     sections = {
         name: await render_section(current_app.jinja_env, name, status) for name in SECTIONS
@@ -129,19 +179,41 @@ async def dashboard() -> Response | str | tuple[str, int]:
 
 
 @blueprint.post("/dashboard/login")
-async def login() -> Response | tuple[str, int]:
-    """Check the admin key from the login form and set the cookie."""
+async def login() -> Response:
+    """Check the admin key from the login form, open a session, set its cookie.
+
+    Answers 413 for a body over ``server.dashboard_login_max_bytes``, 415 for
+    anything but a urlencoded form, 401 for a wrong key (with ``Retry-After``
+    once the client must wait) and 429 while it must wait.
+    """
     observer = current_observer()
-    form = await request.form
-    key = form.get("key", "")
+    body = await _small_body(observer.login_max_bytes)
+    if body is None:
+        return _body_too_large(observer.login_max_bytes)
     if observer.admin_key is None:
         return _see_other("/dashboard")
+    if request.mimetype != "application/x-www-form-urlencoded":
+        return _json_error(
+            415,
+            "unsupported_media_type",
+            "send the login form as application/x-www-form-urlencoded (key=...)",
+        )
+    now = observer.clock()
+    client = request.remote_addr
+    wait = observer.throttle.wait_s(client, now)
+    if wait > 0:
+        return await _login_page(auth.too_many_failures(wait).message, 429, wait)
+    fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=16)
+    key = fields.get("key", [""])[0]
     if not auth.key_matches(key, observer.admin_key):
-        return await render_template("yard_observe/login.html", error="wrong admin key"), 401
+        wait = observer.throttle.failed(client, now)
+        return await _login_page("wrong admin key", 401, wait)
+    observer.throttle.succeeded(client)
     response = _see_other("/dashboard")
     response.set_cookie(
         auth.COOKIE,
-        auth.cookie_token(observer.admin_key),
+        observer.sessions.open(now),
+        max_age=max(1, int(observer.session_ttl_s)),
         httponly=True,
         samesite="Strict",
         secure=request.scheme == "https",
@@ -152,9 +224,10 @@ async def login() -> Response | tuple[str, int]:
 
 @blueprint.post("/dashboard/logout")
 async def logout() -> Response:
-    """Forget the login cookie."""
+    """End the session on the server and forget its cookie."""
+    current_observer().sessions.close(request.cookies.get(auth.COOKIE))
     response = _see_other("/dashboard")
-    response.delete_cookie(auth.COOKIE, path="/")
+    response.delete_cookie(auth.COOKIE, path="/", httponly=True, samesite="Strict")
     return response
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -37,6 +38,11 @@ class Observer:
     extras: the runtime's extras; a ``trio.Event`` under ``"stopping"`` set
         when yard begins to shut down ends the endless streams (dashboard
         events, log tails) at once instead of holding the shutdown's grace.
+    session_ttl_s: how long a dashboard login lasts.
+    login_max_bytes: largest login form body.
+    failures_before_delay, failure_max_delay_s: how wrong admin keys are
+        slowed down (:class:`yard.observe.auth.LoginThrottle`).
+    clock: monotonic seconds for sessions and the throttle (tests move it).
     """
 
     KEY: ClassVar[str] = "yard.observe"
@@ -48,12 +54,24 @@ class Observer:
     started_at: float = 0.0
     profiles: ProfileForgetter | None = None
     extras: Mapping[str, object] = field(default_factory=dict)
+    session_ttl_s: float = 12 * 3600.0
+    login_max_bytes: int = 4096
+    failures_before_delay: int = 5
+    failure_max_delay_s: float = 300.0
+    clock: Callable[[], float] = trio.current_time
     registry: CollectorRegistry = field(init=False)
     decision_metrics: DecisionMetrics = field(init=False)
+    sessions: auth.Sessions = field(init=False)
+    throttle: auth.LoginThrottle = field(init=False)
 
     def __post_init__(self) -> None:
         self.registry, self.decision_metrics = new_registry(
             self.engine, profile_margin=self.profile_margin, meter=self.meter
+        )
+        self.sessions = auth.Sessions(ttl_s=self.session_ttl_s)
+        self.throttle = auth.LoginThrottle(
+            failures_before_delay=self.failures_before_delay,
+            max_delay_s=self.failure_max_delay_s,
         )
 
     @classmethod
@@ -70,6 +88,10 @@ class Observer:
             started_at=runtime.started_at,
             profiles=profiles,
             extras=runtime.extras,
+            session_ttl_s=config.server.dashboard_session_ttl_s,
+            login_max_bytes=config.server.dashboard_login_max_bytes,
+            failures_before_delay=config.server.admin_failures_before_delay,
+            failure_max_delay_s=config.server.admin_failure_max_delay_s,
         )
 
     def stopping(self) -> bool:
@@ -102,15 +124,35 @@ class Observer:
         return document
 
     def refusal(self) -> auth.Refusal | None:
-        """Why the current request may not act as the admin (None: it may)."""
-        return auth.check_admin(
+        """Why the current request may not act as the admin (None: it may).
+
+        A wrong bearer key counts as a failed login of the client's address;
+        while that address must wait, a bearer key is not even checked (429).
+        """
+        now = self.clock()
+        client = request.remote_addr
+        authorization = request.headers.get("Authorization")
+        guessing = self.admin_key is not None and auth.bearer_key(authorization) is not None
+        if guessing:
+            wait = self.throttle.wait_s(client, now)
+            if wait > 0:
+                return auth.too_many_failures(wait)
+        refusal = auth.check_admin(
             admin_key=self.admin_key,
             method=request.method,
-            remote_addr=request.remote_addr,
-            authorization=request.headers.get("Authorization"),
-            cookie=request.cookies.get(auth.COOKIE),
+            remote_addr=client,
+            authorization=authorization,
+            session=self.sessions.is_live(request.cookies.get(auth.COOKIE), now),
             csrf_header=request.headers.get(auth.CSRF_HEADER),
         )
+        if guessing:
+            if refusal is None:
+                self.throttle.succeeded(client)
+            elif refusal.code == "invalid_admin_key":
+                wait = self.throttle.failed(client, now)
+                if wait > 0:
+                    return dataclasses.replace(refusal, retry_after_s=wait)
+        return refusal
 
 
 def current_observer() -> Observer:
