@@ -95,15 +95,42 @@ def all_pids(*, proc: Path = PROC) -> list[int]:
     return [int(name) for name in names if name.isdigit()]
 
 
-def _parent(pid: int, *, proc: Path) -> int | None:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcStat:
+    """The fields of ``/proc/PID/stat`` that process trees and groups need.
+
+    state: the state letter (``R``, ``S``, ``D``, ``Z`` zombie, ``X`` dead...).
+    ppid: the parent's pid. pgid: the process group.
+    """
+
+    state: str
+    ppid: int
+    pgid: int
+
+    @property
+    def alive(self) -> bool:
+        """Whether it still runs (a zombie has exited, only its entry is left)."""
+        return self.state not in ("Z", "X")
+
+
+def read_stat(pid: int, *, proc: Path = PROC) -> ProcStat | None:
+    """State, parent and process group of ``pid``, or None if it is gone."""
     try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        stat = (proc / str(pid) / "stat").read_bytes().decode(errors="replace")
+    except OSError:  # gone (ENOENT, ESRCH), or never a process
         return None
     # The command name (field 2) is in parentheses and may itself contain
     # spaces and parentheses: parse from the last ")".
     rest = stat[stat.rfind(")") + 2 :].split()
-    return int(rest[1]) if len(rest) > 1 and rest[1].isdigit() else None
+    try:
+        return ProcStat(state=rest[0], ppid=int(rest[1]), pgid=int(rest[2]))
+    except (IndexError, ValueError):
+        return None
+
+
+def _parent(pid: int, *, proc: Path) -> int | None:
+    stat = read_stat(pid, proc=proc)
+    return stat.ppid if stat is not None else None
 
 
 def children_map(*, proc: Path = PROC) -> dict[int, list[int]]:
