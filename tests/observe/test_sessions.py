@@ -3,13 +3,16 @@ revokes, failed admin keys slowed down per client, a small login body."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, cast
 
+import pytest
 import trio
 from quart_trio import QuartTrio
 
 from tests.observe.conftest import ADMIN_KEY, REMOTE
 from tests.observe.fakes import FakeEngine
+from yard.config import ConfigError, load_config
 from yard.observe import Observer, auth, install
 
 OTHER = {"client": ("192.0.2.99", 40000)}
@@ -226,3 +229,30 @@ async def test_a_small_login_form_still_works(engine: FakeEngine) -> None:
         "/dashboard/login", form={"key": "x" * 100}, scope_base=REMOTE
     )
     assert wrong.status_code == 413
+
+
+def test_session_and_login_keys_are_read_and_checked(tmp_path: Path) -> None:
+    path = tmp_path / "yard.toml"
+    path.write_text(
+        "[server]\ndashboard_session_ttl_s = 60\ndashboard_login_max_bytes = '1KiB'\n"
+        "admin_failures_before_delay = 0\nadmin_failure_max_delay_s = 30\n"
+    )
+    server = load_config(path, env={}).server
+    assert server.dashboard_session_ttl_s == 60.0
+    assert server.dashboard_login_max_bytes == 1024
+    assert server.admin_failures_before_delay == 0
+    assert server.admin_failure_max_delay_s == 30.0
+    path.write_text(
+        "[server]\ndashboard_session_ttl_s = 0\ndashboard_login_max_bytes = 0\n"
+        "admin_failures_before_delay = -1\nadmin_failure_max_delay_s = 0\n"
+    )
+    with pytest.raises(ConfigError) as bad:
+        load_config(path, env={})
+    named = " ".join(bad.value.errors)
+    for key in (
+        "dashboard_session_ttl_s",
+        "dashboard_login_max_bytes",
+        "admin_failures_before_delay",
+        "admin_failure_max_delay_s",
+    ):
+        assert f"server.{key}" in named
