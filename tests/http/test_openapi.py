@@ -9,14 +9,21 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import httpx
+import jsonschema_rs
 import pytest
+import schemathesis
 import trio
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis.core.result import Ok
 
 from tests.gateway.conftest import backend_toml, running_yard
 from tests.http.conftest import make_config
@@ -135,8 +142,6 @@ def _template(path: str) -> str:
 
 def check_answer(method: str, response: httpx.Response) -> None:
     """Assert ``response`` is what the document says ``method`` on its path answers."""
-    import jsonschema  # type: ignore[import-untyped, import-not-found, unused-ignore]
-
     template = _template(response.request.url.path)
     operation = DOC["paths"][template][method.lower()]
     responses = operation["responses"]
@@ -149,11 +154,8 @@ def check_answer(method: str, response: httpx.Response) -> None:
     assert media in content, f"{method} {template}: {media!r} is not one of {list(content)}"
     schema = content[media].get("schema")
     if media == "application/json" and schema is not None:
-        jsonschema.validate(
-            response.json(),
-            {**schema, "components": DOC["components"]},
-            cls=jsonschema.Draft202012Validator,
-        )
+        validator = jsonschema_rs.Draft202012Validator({**schema, "components": DOC["components"]})
+        validator.validate(response.json())
 
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
@@ -161,7 +163,6 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 
 @pytest.mark.slow
 async def test_a_running_yards_answers_validate_against_the_document(tmp_path: Path) -> None:
-    pytest.importorskip("jsonschema")
     body = backend_toml("llm", models=("tiny",))
     with trio.fail_after(60):
         async with running_yard(tmp_path, body) as runtime:
@@ -211,3 +212,63 @@ async def test_a_running_yards_answers_validate_against_the_document(tmp_path: P
                 static = await call("GET", "/dashboard/static/dashboard.js")
                 assert static.status_code == 200
     assert checked >= 25
+
+
+# -- schemathesis: no 500 from yard -------------------------------------------------
+
+FUZZ_EXAMPLES = 20
+"""Examples per operation and mode: about 30 operations, valid and invalid
+input, the whole run well under a minute on two cores."""
+_MODES = (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE)
+# Endless by design (server-sent events that follow a log or the dashboard).
+_STREAMS = {("GET", "/dashboard/events"), ("GET", "/admin/backends/{name}/log")}
+
+
+@pytest.fixture(scope="module")
+def fuzzed_yard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real ``yard serve`` on loopback (no keys: every route is open to
+    loopback) with the test backend serving ``tiny``; its URL."""
+    from tests.edge.harness import echo_toml, start_yard
+
+    yard = start_yard(tmp_path_factory.mktemp("fuzz"), echo_toml())
+    try:
+        yield yard.url
+    finally:
+        yard.stop()
+
+
+@pytest.mark.slow
+def test_schemathesis_finds_no_500_anywhere_in_the_document(fuzzed_yard: str) -> None:
+    schema = schemathesis.openapi.from_dict(document())
+    seen: dict[int, int] = {}
+    failures: list[str] = []
+    operations = []
+    for result in schema.get_all_operations():
+        assert isinstance(result, Ok), result  # schemathesis read every operation
+        operations.append(result.ok())
+    for operation, mode in itertools.product(operations, _MODES):
+        if (operation.method.upper(), operation.path) in _STREAMS:
+            continue
+
+        @given(case=operation.as_strategy(generation_mode=mode))
+        @settings(
+            max_examples=FUZZ_EXAMPLES,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            phases=[Phase.explicit, Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
+        def fuzz(case: Any) -> None:
+            response = case.call(base_url=fuzzed_yard, timeout=10)
+            seen[response.status_code] = seen.get(response.status_code, 0) + 1
+            if response.status_code == 500:
+                failures.append(f"{case.method} {case.formatted_path}: {response.text[:200]}")
+
+        try:
+            fuzz()
+        except Unsatisfiable:
+            # Nothing about it can be made invalid (no parameters, no body).
+            assert mode is schemathesis.GenerationMode.NEGATIVE, operation.label
+    assert sum(seen.values()) > 500, seen
+    assert not failures, failures
