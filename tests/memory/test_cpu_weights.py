@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from tests.memory.fake_proc import FakeProc
+from yard.config import load_config
 from yard.memory import HostMeter
 from yard.memory.gpus import visible_devices_env
 from yard.memory.procfs import read_status
@@ -99,3 +100,44 @@ async def test_reservation_of_a_real_cpu_process_matches_its_rss(
         assert abs(held - rss) <= 0.05 * rss, (held, rss)
     else:
         assert rss - held >= 45 * MIB, (held, rss)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gpus", [(), ("gpu0",)])
+async def test_the_supervisor_marks_the_placement_the_host_meter_reads(
+    tmp_path: Path, gpus: tuple[str, ...]
+) -> None:
+    """End to end: the supervisor's environment tells the host meter whether
+    the backend computes on the CPU (its mmap'd 50 MiB then held) or not."""
+    from yard.supervisor import Supervisor
+
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(os.urandom(50 * MIB))
+    script = tmp_path / "mmap_and_touch.py"
+    script.write_text(_MMAP_AND_TOUCH)
+    config = tmp_path / "yard.toml"
+    config.write_text(
+        '[server]\ndata_dir = "data"\nstop_grace_s = 2\n'
+        f'[backends.weights]\nmodels = ["w"]\ncommand = ["{{python}}", "{script}", '
+        f'"{{model_file}}"]\nmodel_file = "{weights}"\n'
+    )
+    supervisor = Supervisor(load_config(config, env={}))
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(supervisor.run)
+            process = await supervisor.launch("weights", gpus)
+            for _ in range(500):  # its output reaches the log through a pipe
+                if any("ready" in line for line in supervisor.log_lines("weights")):
+                    break
+                await trio.sleep(0.05)
+            assert process.pid is not None
+            (detail,) = await HostMeter().read_details({"weights": process.pid})
+            usage = detail.backends["weights"]
+            rss = _rss_bytes(process.pid)
+            await process.stop()
+            nursery.cancel_scope.cancel()
+    if gpus:
+        assert usage.reclaimable_bytes >= 45 * MIB and rss - usage.held_bytes >= 45 * MIB
+    else:
+        assert abs(usage.held_bytes - rss) <= 0.05 * rss, (usage, rss)
+        assert usage.file_backed_held
