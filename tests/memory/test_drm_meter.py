@@ -381,6 +381,8 @@ def test_a_machine_with_only_an_igpu_is_host_only_and_says_why(tmp_path: Path) -
     assert "NVML sees no GPU" in meter.mode_detail
     assert "not metered: card0" in meter.mode_detail
     assert "i915 reports no local-memory size" in meter.mode_detail
+    # No backend can be placed on it, so none is shown it.
+    assert visible_devices_env(())["ZE_AFFINITY_MASK"] == "1"
 
 
 def test_the_system_meter_reads_drm_backends_through_their_process_trees(

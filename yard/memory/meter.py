@@ -31,7 +31,7 @@ import trio
 from yard.memory import procfs
 from yard.memory.apple import AppleMeter, AppleUnavailable, MacSource, open_apple
 from yard.memory.drm import SYS, DrmMeter, layout_for, open_amdsmi, scan_cards
-from yard.memory.gpus import GpuLayout, GpuPlace, record_layout
+from yard.memory.gpus import GpuPlace, record_layout
 from yard.memory.host import HostMeter
 from yard.memory.nvml import NvmlMeter, NvmlUnavailable, open_nvml
 from yard.memory.pids import PidSpace
@@ -176,10 +176,15 @@ def default_meter(
     the log; its GPU layout is recorded for the supervisor
     (:func:`yard.memory.gpus.record_layout`).
 
+    The recorded layout counts every GPU of each vendor, metered or not, so
+    that a backend is shown only the GPUs it was placed on: a GPU yard does
+    not meter is hidden from all.
+
     Test seams: ``nvml`` replaces the ``pynvml`` module, ``amdsmi`` the
-    ``amdsmi`` one (default: imported where installed; ``False``: not used), ``proc`` and
-    ``sys_root`` the procfs and sysfs roots, ``apple`` the macOS source, and
-    ``platform`` ``sys.platform`` (``"darwin"`` selects the Apple meter).
+    ``amdsmi`` one (default: imported where installed; ``False``: not used),
+    ``proc`` and ``sys_root`` the procfs and sysfs roots, ``apple`` the macOS
+    source, and ``platform`` ``sys.platform`` (``"darwin"`` selects the Apple
+    meter).
     """
     if platform == "darwin" or apple is not None:
         try:
@@ -227,7 +232,7 @@ def default_meter(
         log.info("memory meter: %s", meter.mode_detail)
     else:
         log.warning("no GPU meter, running in %s", meter.mode_detail)
-    record_layout(layout if meters else GpuLayout())
+    record_layout(layout)
     return meter
 
 
