@@ -1,5 +1,8 @@
 """HTTP/1.1 for the server side, sans I/O: bytes in, events out, bytes out.
 
+(The client side, :class:`ClientConnection`, reads responses for yard's
+upstream client; its rules are where it begins, below.)
+
 The rules this module keeps:
 
 - **No I/O.** :class:`ServerConnection` never touches a socket, a clock or
@@ -76,6 +79,7 @@ __all__ = [
     "PAUSED",
     "SEND_BODY",
     "SEND_RESPONSE",
+    "ClientConnection",
     "ConnectionClosed",
     "Data",
     "EndOfMessage",
@@ -83,6 +87,7 @@ __all__ = [
     "LocalProtocolError",
     "ProtocolError",
     "Request",
+    "Response",
     "ServerConnection",
     "Signal",
     "State",
@@ -889,6 +894,383 @@ class ServerConnection:
         self.their_state = IDLE
         self.our_state = IDLE
         self._method = None
+
+
+# -- the client side -------------------------------------------------------------
+#
+# yard's upstream client (yard.upstream) reads its backends' responses with
+# ClientConnection. A backend is trusted no more than a client: whatever it
+# sends that could not go on to the client as a well-formed response is a
+# ProtocolError here, before the client sees a byte of it. Deliberate
+# differences from h11's reading (tests/http/test_wire.py runs both):
+#
+# * A response with both Transfer-Encoding and Content-Length is refused
+#   (h11 reads it as chunked): a proxy that passed the Content-Length on
+#   would frame the body wrongly.
+# * HTTP versions other than 1.0 and 1.1 are refused; so is 101 Switching
+#   Protocols (yard proxies no upgrades). Other 1xx responses are skipped
+#   (h11 hands them out as InformationalResponse).
+# * A head longer than max_head is refused even when it came in one read.
+# * Chunk sizes have at most 16 hex digits; trailers are checked as header
+#   lines, then dropped (as on the server side).
+
+_STATUS_LINE = re.compile(rb"HTTP/([0-9]\.[0-9]) ([0-9]{3})(?: ([^\n]*))?")
+_STATUS_LINE_CRLF = re.compile(rb"HTTP/([0-9]\.[0-9]) ([0-9]{3})(?: ([^\r\n\x00\x0b\x0c]*))?\r")
+
+# ClientConnection._mode
+_BY_LENGTH = 0
+_BY_CHUNKS = 1
+_TO_CLOSE = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Response(Event):
+    """A response's head (never a 1xx: those are skipped).
+
+    Attributes:
+        status: 200 to 999.
+        reason: the reason phrase as sent (may be empty).
+        http_version: ``b"1.1"`` or ``b"1.0"``.
+        headers: ``(name, value)`` pairs in the order sent, names lower-cased,
+            values without surrounding spaces or tabs; equal
+            ``Content-Length`` headers kept once, ``Transfer-Encoding``'s
+            value lower-cased (as h11 does).
+    """
+
+    status: int
+    reason: bytes
+    http_version: bytes
+    headers: list[tuple[bytes, bytes]]
+
+
+class ClientConnection:
+    """The client's side of one HTTP/1.x connection: reads the response to
+    each request sent on it.
+
+    Say a request went out, then feed bytes and take events::
+
+        conn.request_sent(b"POST")
+        conn.receive_data(data)              # b"" when the server closed
+        event = conn.next_event()            # Response, Data..., EndOfMessage
+
+    When the response has ended and :attr:`reusable` is true, the next
+    request may go on the same connection. A :class:`ProtocolError` means the
+    server's answer is not one yard can pass on; the connection is then
+    useless.
+
+    Args:
+        max_head: the longest response head (status line and headers, also
+            a chunk-size line or trailer section) accepted, in bytes.
+    """
+
+    __slots__ = (
+        "_buf",
+        "_chunk",
+        "_eof",
+        "_keep_alive",
+        "_left",
+        "_max_head",
+        "_method",
+        "_mode",
+        "_pos",
+        "their_state",
+    )
+
+    def __init__(self, *, max_head: int = 64 * 1024) -> None:
+        self._max_head = max_head
+        self._buf = b""  # received bytes are _buf[_pos:]
+        self._pos = 0
+        self._eof = False
+        self._method = b""
+        self._keep_alive = True
+        self._mode = _BY_LENGTH
+        self._left = 0  # _BY_LENGTH: body bytes still to come
+        self._chunk = _CHUNK_SIZE  # _BY_CHUNKS: > 0 is what is left of a chunk
+        #: The server's state: :data:`IDLE` before a request went out,
+        #: :data:`SEND_RESPONSE` while its head is awaited, :data:`SEND_BODY`,
+        #: then :data:`DONE` (kept alive) or :data:`MUST_CLOSE`;
+        #: :data:`ERROR` after a :class:`ProtocolError`.
+        self.their_state = IDLE
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet handed out as events."""
+        return len(self._buf) - self._pos
+
+    @property
+    def reusable(self) -> bool:
+        """The response has ended, the server keeps the connection open, and
+        no stray byte came after the response: a next request may go."""
+        return self.their_state is DONE and self._pos == len(self._buf) and not self._eof
+
+    def request_sent(self, method: bytes) -> None:
+        """A request with ``method`` went out: its response comes next.
+
+        Raises:
+            LocalProtocolError: the previous response has not ended, or the
+                connection cannot carry another request.
+        """
+        if self.their_state is not IDLE and not self.reusable:
+            raise LocalProtocolError(f"no request can go out now (server {self.their_state.name})")
+        self._method = method
+        self.their_state = SEND_RESPONSE
+
+    def receive_data(self, data: bytes) -> None:
+        """Add bytes read from the server; ``b""`` means it closed its side.
+
+        Raises:
+            RuntimeError: bytes after an end of file.
+        """
+        if data:
+            if self._eof:
+                raise RuntimeError("received data after the end of file")
+            pos = self._pos
+            if pos == len(self._buf):
+                self._buf = data
+            else:
+                self._buf = self._buf[pos:] + data
+            self._pos = 0
+        else:
+            self._eof = True
+
+    def next_event(self) -> Event | Signal:
+        """The next event of the response.
+
+        Returns:
+            :class:`Response`, then :class:`Data` (any number, chunked
+            framing removed) and :class:`EndOfMessage`; :data:`NEED_DATA`
+            when more bytes are needed. After the end it is
+            :data:`NEED_DATA` until the next :meth:`request_sent`.
+
+        Raises:
+            ProtocolError: the response is malformed, breaks a framing rule,
+                or the server closed in the middle of it. The state becomes
+                :data:`ERROR` and every later call raises again.
+        """
+        state = self.their_state
+        try:
+            if state is SEND_BODY:
+                mode = self._mode
+                if mode == _BY_LENGTH:
+                    return self._read_length()
+                if mode == _BY_CHUNKS:
+                    return self._read_chunked()
+                return self._read_to_close()
+            if state is SEND_RESPONSE:
+                return self._read_head()
+            if state is ERROR:
+                raise ProtocolError("the connection is already broken")
+            return NEED_DATA
+        except ProtocolError:
+            self.their_state = ERROR
+            self._keep_alive = False
+            raise
+
+    def _read_head(self) -> Event | Signal:
+        while True:
+            head = self._parse_head()
+            if head is None:
+                return NEED_DATA
+            version, status, reason, headers = head
+            if version != b"1.1" and version != b"1.0":
+                raise ProtocolError(f"unsupported HTTP version {version.decode()}", 505)
+            if status >= 200:
+                break
+            if status < 100:
+                raise ProtocolError(f"status {status} is not an HTTP status")
+            if status == 101:
+                raise ProtocolError("the server switched protocols; yard proxies no upgrades")
+            # 100 Continue, 103 Early Hints, ...: the real answer follows.
+        fields = dict(headers)
+        if len(fields) == len(headers):
+            connection = fields.get(b"connection")
+            chunked = b"transfer-encoding" in fields
+            length = fields.get(b"content-length")
+        else:
+            connection = _joined(headers, b"connection")
+            chunked = b"transfer-encoding" in fields
+            length = b"," if b"content-length" in fields else None
+        if chunked:
+            if length is not None:
+                raise ProtocolError("both Transfer-Encoding and Content-Length")
+            headers = _transfer_encoding(headers)
+        elif length is not None:
+            if length.isdigit() and len(length) <= _MAX_LENGTH_DIGITS:
+                self._left = int(length)
+            else:
+                headers, self._left = _content_length(headers)
+        keep_alive = version == b"1.1"
+        if connection is not None and b"close" in _comma_tokens([connection.lower()]):
+            keep_alive = False
+        method = self._method
+        if (
+            method == b"HEAD"
+            or status == 204
+            or status == 304
+            or (method == b"CONNECT" and status < 300)
+        ):
+            self._mode = _BY_LENGTH
+            self._left = 0
+        elif chunked:
+            self._mode = _BY_CHUNKS
+            self._chunk = _CHUNK_SIZE
+        elif length is not None:
+            self._mode = _BY_LENGTH
+        else:
+            self._mode = _TO_CLOSE
+            keep_alive = False
+        self._keep_alive = keep_alive
+        self.their_state = SEND_BODY
+        return Response(status, reason, version, headers)
+
+    def _parse_head(
+        self,
+    ) -> tuple[bytes, int, bytes, list[tuple[bytes, bytes]]] | None:
+        """One response head (a 1xx too), or None while it is incomplete."""
+        buf = self._buf
+        pos = self._pos
+        end = _head_end(buf, pos)
+        if end < 0 or end - pos > self._max_head:
+            pending = len(buf) - pos
+            if end >= 0 or pending > self._max_head:
+                raise ProtocolError(f"response head over {self._max_head} bytes", 431)
+            if self._eof:
+                raise ProtocolError(
+                    "the server closed the connection without answering"
+                    if not pending
+                    else "the server closed the connection in the middle of a response head"
+                )
+            return None
+        self._pos = end + (2 if buf[end + 1] == 10 else 3)
+        # The fast path: CRLF lines, all well-formed.
+        nl = buf.find(b"\n", pos, end + 1)
+        match = _STATUS_LINE_CRLF.fullmatch(buf, pos, nl)
+        if match is not None and (
+            nl == end or _FIELDS_CRLF.fullmatch(buf, nl + 1, end + 1) is not None
+        ):
+            version, status, reason = match.groups()
+            headers = (
+                [
+                    (name.lower(), value.strip(b" \t"))
+                    for name, _, value in [
+                        line.partition(b":") for line in buf[nl + 1 : end - 1].split(b"\r\n")
+                    ]
+                ]
+                if end > nl
+                else []
+            )
+            return version, int(status), reason or b"", headers
+        text = buf[pos : end + 1].replace(b"\r\n", b"\n")
+        if _BAD_BYTE.search(text) is not None:
+            raise ProtocolError("a CR, NUL, VT or FF in the response head")
+        line, _, block = text.partition(b"\n")
+        match = _STATUS_LINE.fullmatch(line)
+        if match is None:
+            raise ProtocolError(f"not an HTTP/1.x status line: {line[:80]!r}")
+        version, status, reason = match.groups()
+        fields = [(name.lower(), value) for name, value in _FIELD.findall(_unfold(block))]
+        return version, int(status), reason or b"", fields
+
+    def _read_length(self) -> Event | Signal:
+        left = self._left
+        if not left:
+            return self._end_of_response()
+        buf = self._buf
+        pos = self._pos
+        have = len(buf) - pos
+        if not have:
+            if self._eof:
+                raise ProtocolError(
+                    "the server closed the connection before the body's declared length"
+                )
+            return NEED_DATA
+        if have <= left:
+            self._pos = len(buf)
+            self._left = left - have
+            return Data(buf[pos:] if pos else buf)
+        self._pos = pos + left
+        self._left = 0
+        return Data(buf[pos : pos + left])
+
+    def _read_to_close(self) -> Event | Signal:
+        buf = self._buf
+        pos = self._pos
+        if pos < len(buf):
+            self._pos = len(buf)
+            return Data(buf[pos:] if pos else buf)
+        if self._eof:
+            return self._end_of_response()
+        return NEED_DATA
+
+    def _read_chunked(self) -> Event | Signal:
+        buf = self._buf
+        pos = self._pos
+        end = len(buf)
+        left = self._chunk
+        parts: list[bytes] = []
+        complete = False
+        # As much of the body as is here goes out as one Data.
+        while pos < end:
+            if left > 0:
+                take = min(left, end - pos)
+                parts.append(buf[pos : pos + take])
+                pos += take
+                left -= take
+                if not left:
+                    left = _CHUNK_CRLF
+            elif left == _CHUNK_CRLF:
+                if end - pos < 2:
+                    if buf[pos] != 13:
+                        raise ProtocolError("malformed chunk end")
+                    break
+                if buf[pos] != 13 or buf[pos + 1] != 10:
+                    raise ProtocolError("malformed chunk end")
+                pos += 2
+                left = _CHUNK_SIZE
+            elif left == _CHUNK_SIZE:
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    if end - pos > self._max_head:
+                        raise ProtocolError("chunk-size line too long")
+                    break
+                match = _CHUNK_LINE.fullmatch(buf, pos, eol)
+                if match is None:
+                    raise ProtocolError("malformed chunk-size line")
+                pos = eol + 2
+                left = int(match[1], 16) or _TRAILERS
+            else:  # _TRAILERS
+                if buf.startswith(b"\r\n", pos) or buf.startswith(b"\n", pos):
+                    pos += 1 if buf[pos] == 10 else 2
+                else:
+                    last = _head_end(buf, pos)
+                    if last < 0:
+                        if end - pos > self._max_head:
+                            raise ProtocolError("trailer section too large")
+                        break
+                    text = buf[pos : last + 1].replace(b"\r\n", b"\n")
+                    if _BAD_BYTE.search(text) is not None:
+                        raise ProtocolError("a CR, NUL, VT or FF in the trailers")
+                    _unfold(text)
+                    pos = last + (2 if buf[last + 1] == 10 else 3)
+                complete = True
+                break
+        self._pos = pos
+        self._chunk = left
+        if parts:
+            if complete:
+                # The end goes out on the next call.
+                self._mode = _BY_LENGTH
+                self._left = 0
+            return Data(parts[0] if len(parts) == 1 else b"".join(parts))
+        if complete:
+            return self._end_of_response()
+        if self._eof:
+            raise ProtocolError("the server closed the connection in the middle of a chunked body")
+        return NEED_DATA
+
+    def _end_of_response(self) -> EndOfMessage:
+        self.their_state = DONE if self._keep_alive else MUST_CLOSE
+        return _END_OF_MESSAGE
 
 
 # -- micro-benchmark -----------------------------------------------------------
