@@ -10,7 +10,7 @@ import trio
 
 from tests.jobs.fakes import Answer, FakeEngine, FakeUpstream, proxy_request, running_jobs
 from tests.jobs.test_api import ASYNC, RADIO, running_api, submit
-from yard.config import JobsConfig
+from yard.config import ConfigError, JobsConfig, load_config
 from yard.engine import Rejected
 from yard.jobs.service import JobNotFinished
 
@@ -121,3 +121,28 @@ async def test_the_quota_over_http_refuses_with_a_clear_error_and_delete_result_
     assert again.status_code == 202
     assert code == 0
     assert capsys.readouterr().out.strip() == f"{again_id}: result deleted (expired)"
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("max_jobs_per_app = 0", "jobs.max_jobs_per_app: must be greater than 0"),
+        ("max_jobs_per_app = 2.5", "jobs.max_jobs_per_app: must be"),
+        ('max_stored_bytes_per_app = "0B"', "jobs.max_stored_bytes_per_app: must be greater"),
+        ('max_stored_bytes_per_app = "lots"', "jobs.max_stored_bytes_per_app:"),
+    ],
+)
+def test_the_quota_keys_are_checked_and_named(tmp_path: Path, line: str, problem: str) -> None:
+    path = tmp_path / "yard.toml"
+    path.write_text(f"[jobs]\n{line}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert any(problem in error for error in info.value.errors), info.value.errors
+
+
+def test_the_quota_keys_have_sane_defaults_and_take_sizes(tmp_path: Path) -> None:
+    path = tmp_path / "yard.toml"
+    path.write_text('[jobs]\nmax_jobs_per_app = 20\nmax_stored_bytes_per_app = "64MiB"\n')
+    jobs = load_config(path).jobs
+    assert (jobs.max_jobs_per_app, jobs.max_stored_bytes_per_app) == (20, 64 * 2**20)
+    assert (JobsConfig().max_jobs_per_app, JobsConfig().max_stored_bytes_per_app) == (1000, 2**31)
