@@ -63,6 +63,7 @@ test: lint typecheck unit
 bench: setup
 	$(PY) -m sim bench
 	$(PY) -m bench
+	$(PY) -m bench.abuse
 	$(PY) -m bench.stops
 
 sim-report: setup
