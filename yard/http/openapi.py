@@ -80,6 +80,15 @@ ERROR_CODES = (
     "shutting_down",
     "not_found",
     "method_not_allowed",
+    "malformed_request",
+    "request_timeout",
+    "request_head_too_large",
+    "unsupported_transfer_coding",
+    "http_version_not_supported",
+    "too_many_connections",
+    "host_not_allowed",
+    "cross_origin_refused",
+    "too_many_failed_logins",
 )
 """Codes yard's own errors carry (the list grows; a client must accept others)."""
 
@@ -668,6 +677,32 @@ def _paths() -> Schema:
     return paths
 
 
+# What yard's HTTP server and its browser guard may answer before any route
+# runs; every operation can get these.
+_EDGE: Schema = {
+    "400": _error("`malformed_request`: the request is not valid HTTP/1.1."),
+    "403": _error(
+        "`host_not_allowed` (a Host yard does not answer to) or `cross_origin_refused` "
+        "(a state change from another site's page)."
+    ),
+    "408": _error("`request_timeout`: the head or body stopped coming (server.*_timeout_s)."),
+    "431": _error("`request_head_too_large`."),
+    "501": _error("`unsupported_transfer_coding`."),
+    "503": _error(
+        "`too_many_connections` (server.max_connections; `Retry-After`), or yard is stopping."
+    ),
+    "505": _error("`http_version_not_supported`."),
+}
+
+
+def _with_edge(paths: Schema) -> Schema:
+    for item in paths.values():
+        for name, operation in item.items():
+            if name != "parameters":
+                operation["responses"] = {**_EDGE, **operation["responses"]}
+    return paths
+
+
 def document() -> Schema:
     """The OpenAPI 3.1 document (a new dict each call)."""
     return {
@@ -682,7 +717,7 @@ def document() -> Schema:
         },
         "servers": [{"url": "/"}],
         "security": [{"apiKey": []}],
-        "paths": _paths(),
+        "paths": _with_edge(_paths()),
         "components": {
             "schemas": _SCHEMAS,
             "securitySchemes": {
