@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with running_yard(work) as (port, _):
             _warm(port)
-            time.sleep(1.0)
+            time.sleep(3.0)  # past the first loads' measuring
             rows.append(Row("baseline", probe(port, args.seconds), None))
             for name in args.attack or ATTACKS:
                 rows.append(run_attack(name, port, args.seconds))
