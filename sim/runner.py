@@ -218,6 +218,7 @@ async def _simulate(
         launcher=world,
         meter=world,
         profiles=world,
+        logs=world,
         start_timeout_s=lambda backend: max(60.0, 5 * load_s.get(backend, 60.0)),
         meter_interval_s=scenario.meter_interval_s,
         profile_interval_s=0.25,

@@ -405,6 +405,8 @@ class SimWorld:
         self.ledger = Ledger([name for name, _ in machine.gpus], {m.name: m.gpus for m in models})
         self._nursery: trio.Nursery | None = None
         self._serial = 0
+        # The latest process of each backend, dead or alive (its log).
+        self._last: dict[str, SimProcess] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host the processes' lives and the timed faults until cancelled."""
@@ -417,6 +419,11 @@ class SimWorld:
             await trio.sleep_forever()
 
     # -- Launcher ----------------------------------------------------------------------
+
+    def backend_log(self, backend: str) -> list[str]:
+        """What the backend's last simulated process says (BackendLogs)."""
+        process = self._last.get(backend)
+        return process.log_lines() if process is not None else []
 
     async def launch(
         self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
@@ -446,6 +453,7 @@ class SimWorld:
         process = SimProcess(self, model, gpus, self._serial)
         self.launches.append((trio.current_time(), backend, gpus))
         self.running[backend] = process
+        self._last[backend] = process
         self.by_url[process.base_url] = process
         self.ledger.load(gpus, +1)
         self._nursery.start_soon(process.life, load_s, crash, hang)

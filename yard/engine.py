@@ -75,6 +75,7 @@ from yard.core.spec import HOST, Profile
 from yard.core.views import QueuedView, Snapshot
 from yard.errors import Rejected
 from yard.ports import (
+    BackendLogs,
     BackendProcess,
     BackendStartError,
     DeviceReading,
@@ -201,6 +202,7 @@ class Engine:
     scheduler: the core (:class:`yard.core.Scheduler`) or another :class:`Policy`.
     launcher: starts backend processes. meter: reads memory (None: no measurements,
         e.g. in unit tests). profiles: durable profiles (None: nothing persisted).
+    logs: what the backends wrote, for :meth:`backend_log` (None: nothing kept).
     start_timeout_s: per backend, how long start-up plus warm-up may take.
     meter_interval_s: how often the meter is read while serving.
     profile_interval_s: how often it is read during a measured first load.
@@ -219,6 +221,7 @@ class Engine:
         launcher: Launcher,
         meter: Meter | None = None,
         profiles: ProfileStore | None = None,
+        logs: BackendLogs | None = None,
         start_timeout_s: Callable[[str], float] = lambda backend: 600.0,
         meter_interval_s: float = 1.0,
         profile_interval_s: float = 0.2,
@@ -230,6 +233,7 @@ class Engine:
         self._launcher = launcher
         self._meter = meter
         self._profiles = profiles
+        self._logs = logs
         self._start_timeout_s = start_timeout_s
         self._meter_interval_s = meter_interval_s
         self._profile_interval_s = profile_interval_s
@@ -377,18 +381,9 @@ class Engine:
         )
 
     def backend_log(self, backend: str) -> list[str]:
-        """The last log lines of the backend, if the launcher keeps them
-        (a ``backend_log(name)`` method on the launcher, or ``log_lines()`` on the
-        running process); otherwise empty."""
-        from_launcher = getattr(self._launcher, "backend_log", None)
-        if callable(from_launcher):
-            return [str(line) for line in from_launcher(backend)]
-        record = self._backends.get(backend)
-        if record is not None and record.process is not None:
-            from_process = getattr(record.process, "log_lines", None)
-            if callable(from_process):
-                return [str(line) for line in from_process()]
-        return []
+        """The last log lines of the backend, from the ``logs`` it was given
+        (empty without)."""
+        return self._logs.backend_log(backend) if self._logs is not None else []
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled.

@@ -124,6 +124,39 @@ class Meter(Protocol):
         ...
 
 
+class MachineMeter(Meter, Protocol):
+    """A whole machine's meter (``yard.memory.default_meter``), as ``yard
+    serve`` uses it beside the engine: what it is, for people and for the
+    profile keys, and its release."""
+
+    @property
+    def mode(self) -> str:
+        """``nvml``, ``drm``, ``nvml+drm``, ``apple`` or ``host-only``."""
+        ...
+
+    @property
+    def mode_detail(self) -> str:
+        """A sentence for people: which GPUs, through what; or why host-only."""
+        ...
+
+    def describe(self) -> Mapping[str, str]:
+        """A label per device (model and size), part of each profile's key."""
+        ...
+
+    def close(self) -> None:
+        """Release the libraries it holds (NVML)."""
+        ...
+
+
+class BackendLogs(Protocol):
+    """Keeps what backends wrote (the real supervisor does)."""
+
+    def backend_log(self, backend: str) -> list[str]:
+        """The backend's last log lines (across restarts), oldest first;
+        empty for one it never ran."""
+        ...
+
+
 class ProfileStore(Protocol):
     """Durable profiles, keyed by everything that changes a footprint. The
     implementation computes the key from the backend's configuration (command,

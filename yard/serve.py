@@ -7,8 +7,7 @@ The nursery tree (DESIGN.md "The shape"), each part started with
 2. the meter (``yard.memory.default_meter``: host RAM, plus GPUs via NVML);
 3. the profile store (``data_dir/profiles.sqlite``);
 4. the engine, which owns the scheduler core;
-5. the job service (``data_dir/jobs.sqlite``, settings from ``[jobs]``),
-   when ``yard.jobs`` is there;
+5. the job service (``data_dir/jobs.sqlite``, settings from ``[jobs]``);
 6. the HTTP server: data plane and control plane on one port.
 
 What yard does is logged at INFO (``server.log_level``, default ``info``):
@@ -17,12 +16,11 @@ request, each with the core's reason (:func:`log_decisions`), and what became
 of each backend process: ready, stopped, exited on its own, failed to start
 (:class:`LoggingLauncher`).
 
-The runtime's extras carry ``stopping`` (the shutdown event: open dashboard
-streams and log tails end once it is set), ``profiles`` (the profile store,
-for ``DELETE /admin/profiles/NAME``), ``meter_mode`` (the meter's
-sentence: which GPUs it reads, or why host-only) and ``meter`` (its mode:
-``nvml``, ``drm``, ``nvml+drm``, ``apple``, ``host-only``), which ``yard
-status`` and ``/metrics`` show.
+The :class:`~yard.http.runtime.Runtime` it hands the HTTP side carries the
+supervisor, the job service, the profile store (for ``DELETE
+/admin/profiles/NAME``), which meter it reads (``yard status`` and
+``/metrics`` show it) and the shutdown event (open dashboard streams and log
+tails end once it is set).
 
 SIGINT or SIGTERM starts a graceful shutdown: the HTTP server stops
 accepting and gives in-flight requests ``server.stop_grace_s``; then the job
@@ -37,15 +35,13 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
-import importlib
 import logging
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -61,9 +57,12 @@ from yard.core.decisions import (
 )
 from yard.engine import Engine, LoggedDecision
 from yard.http.app import create_app, serve_app
-from yard.http.runtime import Runtime
+from yard.http.runtime import MeterInfo, Runtime
 from yard.http.server import open_listeners
-from yard.ports import BackendProcess, BackendStartError, ExitStatus, Launcher
+from yard.jobs import open_jobs
+from yard.memory import default_meter
+from yard.memory.profiles import SqliteProfileStore, open_profile_store
+from yard.ports import BackendProcess, BackendStartError, ExitStatus, Launcher, MachineMeter
 from yard.supervisor import Supervisor
 
 log = logging.getLogger("yard.serve")
@@ -121,24 +120,6 @@ class CannotListen(Exception):
     """The HTTP address is taken (or not ours to bind); nothing was started."""
 
 
-def _optional(module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and module.startswith(exc.name):
-            return None
-        raise
-
-
-def _open_meter() -> Any:
-    memory = _optional("yard.memory")
-    factory = getattr(memory, "default_meter", None)
-    if factory is None:
-        log.warning("yard.memory is not available: running without a memory meter")
-        return None
-    return factory()
-
-
 async def serve(
     config: Config,
     *,
@@ -191,9 +172,8 @@ async def _serve(
     task_status: trio.TaskStatus[Runtime],
 ) -> None:
     config.server.data_dir.mkdir(parents=True, exist_ok=True)
-    meter = _open_meter()
-    totals: Mapping[str, int] = meter.device_totals() if meter is not None else {}
-    devices = config.device_specs(totals)
+    meter: MachineMeter = default_meter()
+    devices = config.device_specs(meter.device_totals())
     scheduler = Scheduler(devices, config.backend_specs(), config.scheduler)
 
     def start_timeout(backend: str) -> float:
@@ -203,8 +183,7 @@ async def _serve(
     shutdown = Shutdown()
     stop = shutdown.requested
     async with AsyncExitStack() as stack:
-        if meter is not None and hasattr(meter, "close"):
-            stack.callback(meter.close)
+        stack.callback(meter.close)
         nursery = await stack.enter_async_context(trio.open_nursery())
         supervisor = Supervisor(config)
         shutdown.attach(nursery.cancel_scope, supervisor)
@@ -215,50 +194,42 @@ async def _serve(
             watcher.cancel()
             raise
 
-        profiles = None
-        profiles_module = _optional("yard.memory.profiles")
-        if profiles_module is not None:
-            describe = getattr(meter, "describe", None)
-            labels = describe() if callable(describe) else None
-            profiles = await profiles_module.open_profile_store(config, devices=labels)
-            stack.push_async_callback(_shielded_close, profiles)
+        profiles = await open_profile_store(config, devices=meter.describe())
+        stack.push_async_callback(_shielded_close, profiles)
 
         engine = Engine(
             scheduler=scheduler,
             launcher=LoggingLauncher(supervisor),
             meter=meter,
             profiles=profiles,
+            logs=supervisor,
             start_timeout_s=start_timeout,
             shutdown_grace_s=max(30.0, 2 * config.server.stop_grace_s),
         )
         nursery.start_soon(log_decisions, engine, engine.subscribe(logged_kinds()), stop)
         await nursery.start(engine.run)
 
-        runtime = Runtime(config=config, engine=engine, launcher=supervisor, started_at=time.time())
-        # For the admin API (forgetting a profile) and the endless streams
-        # (dashboard events, log tails), which end once ``stop`` is set.
-        runtime.extras["stopping"] = stop
-        if profiles is not None:
-            runtime.extras["profiles"] = profiles
-        if meter is not None:
-            # The meter logged host-only mode once; this is the same sentence
-            # for the parts that show it (status).
-            runtime.extras["meter_mode"] = getattr(meter, "mode_detail", None)
-            runtime.extras["meter"] = getattr(meter, "mode", None)
-        jobs_module = _optional("yard.jobs")
-        if jobs_module is not None and hasattr(jobs_module, "open_jobs"):
-            jobs = await stack.enter_async_context(
-                jobs_module.open_jobs(
-                    engine=engine,
-                    data_dir=config.server.data_dir,
-                    pool=runtime.upstream,
-                    config=config.jobs,
-                )
+        runtime = Runtime(
+            config=config,
+            engine=engine,
+            launcher=supervisor,
+            started_at=time.time(),
+            stopping=stop,
+            profiles=profiles,
+            # The meter logged its mode once; the same sentence for the
+            # parts that show it (status, /metrics).
+            meter=MeterInfo(mode=meter.mode, detail=meter.mode_detail),
+        )
+        jobs = await stack.enter_async_context(
+            open_jobs(
+                engine=engine,
+                data_dir=config.server.data_dir,
+                pool=runtime.upstream,
+                config=config.jobs,
             )
-            runtime.jobs = jobs
-            await nursery.start(jobs.run)
-        else:
-            log.warning("yard.jobs is not available: 'Prefer: respond-async' answers 501")
+        )
+        runtime.jobs = jobs
+        await nursery.start(jobs.run)
 
         binds = await nursery.start(_serve_http, runtime, listeners, stop)
         runtime.urls = binds
@@ -274,7 +245,7 @@ async def _serve(
         # The HTTP server returns once stop is set and its grace is over;
         # then everything else winds down (backends stopped, shielded).
         await stop.wait()
-        await _wait_http_done(runtime)
+        await runtime.http_done.wait()
         nursery.cancel_scope.cancel()
     log.info("yard stopped")
 
@@ -300,11 +271,6 @@ class LoggingLauncher:
             raise
         log.debug("%s launched (pid %s, %s)", backend, process.pid, process.base_url)
         return _LoggedProcess(process)
-
-    def backend_log(self, backend: str) -> list[str]:
-        """The backend's last log lines, when the wrapped launcher keeps them."""
-        lines = getattr(self._launcher, "backend_log", None)
-        return [str(line) for line in lines(backend)] if callable(lines) else []
 
 
 class _LoggedProcess:
@@ -432,7 +398,6 @@ async def _serve_http(
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    done = runtime.extras.setdefault("http_done", trio.Event())
     server = runtime.config.server
     try:
         await serve_app(
@@ -446,16 +411,10 @@ async def _serve_http(
         )
     finally:
         runtime.upstream.close_idle()
-        done.set()
+        runtime.http_done.set()
 
 
-async def _wait_http_done(runtime: Runtime) -> None:
-    done = runtime.extras.get("http_done")
-    if isinstance(done, trio.Event):
-        await done.wait()
-
-
-async def _shielded_close(resource: Any) -> None:
+async def _shielded_close(resource: SqliteProfileStore) -> None:
     with trio.CancelScope(shield=True):
         await resource.aclose()
 

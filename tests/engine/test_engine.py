@@ -689,14 +689,14 @@ async def test_a_stop_of_a_backend_the_engine_never_started_is_answered_at_once(
         assert h.policy.events_of(BackendStopped) == [(0.0, BackendStopped(backend="ghost"))]
 
 
-async def test_backend_log_comes_from_the_launcher_when_it_keeps_one(
+async def test_backend_log_comes_from_the_logs_it_was_given(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    class LoggingLauncher(FakeLauncher):
+    class Logs:
         def backend_log(self, backend: str) -> list[str]:
             return [f"{backend}: listening"]
 
-    engine = Engine(scheduler=ScriptedPolicy(), launcher=LoggingLauncher())
+    engine = Engine(scheduler=ScriptedPolicy(), launcher=FakeLauncher(), logs=Logs())
     assert engine.backend_log("llm") == ["llm: listening"]
     assert Engine(scheduler=ScriptedPolicy(), launcher=FakeLauncher()).backend_log("llm") == []
 

@@ -59,6 +59,7 @@ async def test_openai_client_gets_the_same_answers_through_yard_as_directly(
                 return answer.choices[0].message.content or "", pieces
 
             via_yard = await trio.to_thread.run_sync(talk, url)
+            assert runtime.launcher is not None
             direct_url = runtime.launcher.running()["llm"].base_url
             direct = await trio.to_thread.run_sync(talk, direct_url)
             assert via_yard == direct
@@ -370,7 +371,8 @@ async def test_forgetting_a_profile_through_the_admin_api_drops_the_stored_one(
 ) -> None:
     with trio.fail_after(60):
         async with running_yard(tmp_path, _llm(tmp_path)) as runtime:
-            store = runtime.extras["profiles"]
+            store = runtime.profiles
+            assert store is not None
             async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
                 assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
                 # The first load was measured; its profile is stored once ready.
@@ -439,7 +441,9 @@ async def test_serve_logs_backend_starts_readiness_and_rejections_with_reasons(
                         "/v1/chat/completions", json=CHAT, headers={"x-yard-start-within": "0.2"}
                     )
                 unload = await client.post("/admin/backends/llm/unload")
-                await wait_until(lambda: not runtime.launcher.running())
+                supervisor = runtime.launcher
+                assert supervisor is not None
+                await wait_until(lambda: not supervisor.running())
     assert unload.status_code == 202
     assert refused.status_code == 409
     request_id = refused.headers["x-yard-request-id"]

@@ -108,9 +108,6 @@ class _Launcher:
             raise BackendStartError(f"{backend}: command not found")
         return self.processes[backend]
 
-    def backend_log(self, backend: str) -> list[str]:
-        return [f"{backend} line"]
-
 
 async def test_backend_ready_stop_exit_and_failures_are_logged(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
@@ -144,7 +141,6 @@ async def test_backend_ready_stop_exit_and_failures_are_logged(
     # measure reaches a launcher that takes it; the process keeps its identity.
     assert inner.measured == [True, False, False, False]
     assert (llm.name, llm.pid, llm.base_url) == ("llm", 4242, "http://127.0.0.1:9")
-    assert launcher.backend_log("llm") == ["llm line"]
 
 
 class _Feeds:

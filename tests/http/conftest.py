@@ -83,7 +83,7 @@ class GatewayFactory:
             app = create_app(runtime)
         else:
             control = cast(ASGIApp, create_control_app(runtime))
-            runtime.extras["observe_request"] = observe
+            runtime.observe_request = observe
             app = GatewayApp(runtime, control)
         binds = await self.nursery.start(serve_app, app, "127.0.0.1", 0)
         client = httpx.AsyncClient(base_url=binds[0], timeout=10.0)

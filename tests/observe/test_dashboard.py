@@ -167,7 +167,7 @@ async def test_streams_end_within_a_second_once_yard_is_stopping(
 ) -> None:
     stopping = trio.Event()
     app = make_app(engine, admin_key=None)
-    app.extensions[Observer.KEY].extras = {"stopping": stopping}
+    app.extensions[Observer.KEY].shutdown = stopping
     async with app.test_client().request("/dashboard/events", scope_base=LOOPBACK) as connection:
         await connection.send_complete()
         received = b""

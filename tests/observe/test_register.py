@@ -25,7 +25,7 @@ async def test_register_serves_the_runtimes_engine_and_configuration(
     app = QuartTrio(__name__)
     observer = register(app, runtime)
     assert app.extensions[Observer.KEY] is observer
-    assert runtime.extras["observe_request"] is observe_request
+    assert runtime.observe_request is observe_request
     assert (observer.admin_key, observer.profile_margin) == ("k", 1.5)
     client = app.test_client()
     assert (await client.get("/admin/status")).status_code == 401

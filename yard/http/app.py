@@ -3,17 +3,15 @@
 :func:`create_app` builds both and returns the :class:`~yard.http.gateway.Gateway`,
 which answers ``/v1/*`` (but ``/v1/jobs``) and ``/backends/*`` itself and hands
 everything else, lifespan included, to Quart: ``/healthz``, the jobs API
-(``yard.jobs.api.blueprint`` at ``/v1/jobs``) and whatever
+(``yard.jobs.api.blueprint`` at ``/v1/jobs``) and what
 ``yard.observe.register(app, runtime)`` adds (dashboard, metrics, admin).
-The optional parts are imported when present; yard runs without them.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import cast
 
 import trio
 from quart import Quart
@@ -24,23 +22,10 @@ from yard.http.errors import error_body
 from yard.http.gateway import ASGIApp, Gateway
 from yard.http.guard import Guard, guard
 from yard.http.runtime import RUNTIME_KEY, Runtime
+from yard.jobs.api import blueprint as jobs_blueprint
+from yard.observe import register as register_observe
 
 log = logging.getLogger("yard.http")
-
-JOBS_BLUEPRINT = ("yard.jobs.api", "blueprint")
-OBSERVE = ("yard.observe", "register")
-
-
-def _optional(module: str, attribute: str) -> Any:
-    """``module.attribute`` if that module is installed, else None."""
-    try:
-        found = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and module.startswith(exc.name):
-            log.info("%s is not available; running without it", module)
-            return None
-        raise
-    return getattr(found, attribute, None)
 
 
 def create_control_app(runtime: Runtime) -> Quart:
@@ -68,12 +53,8 @@ def create_control_app(runtime: Runtime) -> Quart:
         return body, 405, {"content-type": "application/json"}
 
     openapi.register(app)  # GET /openapi.json: this API, as an OpenAPI 3.1 document
-    blueprint = _optional(*JOBS_BLUEPRINT)
-    if blueprint is not None:
-        app.register_blueprint(blueprint, url_prefix="/v1/jobs")
-    register = _optional(*OBSERVE)
-    if register is not None:
-        register(app, runtime)
+    app.register_blueprint(jobs_blueprint, url_prefix="/v1/jobs")
+    register_observe(app, runtime)
     return app
 
 

@@ -15,7 +15,7 @@ One request, in order:
 3. ``Prefer: respond-async`` -> hand it to the job service (202), else
 4. ``engine.submit`` -> wait for dispatch -> :func:`yard.http.proxy.forward`
    -> stream back -> ``admission.report``;
-5. the metrics hook (``runtime.extras["observe_request"]``, left there by
+5. the metrics hook (``runtime.observe_request``, left there by
    ``yard.observe.register``) hears the outcome, queue wait and latency.
 
 Rules it keeps:
@@ -68,7 +68,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 class RequestHook(Protocol):
     """What the gateway calls once per proxied request as it ends
-    (``yard.observe.observe_request``, left in ``runtime.extras["observe_request"]``).
+    (``yard.observe.observe_request``, left in ``runtime.observe_request``).
 
     outcome: ``ok``, ``error`` (the response was cut), ``cancelled`` (the
         client left, or yard is stopping), or the code it was rejected with.
@@ -111,7 +111,7 @@ class Gateway:
         self._local_app = local_app(runtime.config) if not runtime.config.apps else None
         # Looked up once: ``yard.observe.register`` leaves it while the
         # control app is built, before this app exists.
-        self._observe: RequestHook | None = runtime.extras.get("observe_request")
+        self._observe: RequestHook | None = runtime.observe_request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Route one ASGI connection event.

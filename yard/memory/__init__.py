@@ -15,6 +15,8 @@ Layout:
 - ``profiles``: the profile key and the SQLite profile store
   (:class:`yard.ports.ProfileStore`).
 - ``measure``: measuring one backend's footprint through start-up and warm-up.
+- ``llama``: finding llama.cpp's ``llama-server`` binary (its build is part of
+  a profile's key).
 - ``probe``: the ``yard probe`` command.
 """
 

@@ -37,6 +37,7 @@ import trio
 
 from yard.core.spec import Profile
 from yard.db import Database, Migration
+from yard.memory.llama import find_llama_server
 
 PROFILE_MIGRATIONS: Sequence[Migration] = (
     (
@@ -142,8 +143,6 @@ def _wrapped_server(argv: Sequence[str]) -> dict[str, object] | None:
     that matters, not the interpreter's."""
     if "yard.demo.llama_server" not in argv:
         return None
-    from yard.demo.llama_server import find_llama_server
-
     binary = find_llama_server()
     return None if binary is None else _identity(binary.resolve())
 

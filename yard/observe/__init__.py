@@ -35,10 +35,10 @@ def register(app: QuartTrio, runtime: Runtime) -> Observer:
 
     Returns the :class:`Observer` that serves them (also kept in
     ``app.extensions["yard.observe"]``). The gateway's hook is left in
-    ``runtime.extras["observe_request"]`` (:func:`observe_request`), so that
+    ``runtime.observe_request`` (:func:`observe_request`), so that
     the proxy can report each request without importing this package.
     """
-    runtime.extras["observe_request"] = observe_request
+    runtime.observe_request = observe_request
     return install(app, Observer.from_runtime(runtime))
 
 

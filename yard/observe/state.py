@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import trio
 from prometheus_client import CollectorRegistry
@@ -16,7 +16,7 @@ from yard.observe.metrics import DecisionMetrics, new_registry
 from yard.observe.report import EngineSource, Json, build_status
 
 if TYPE_CHECKING:
-    from yard.http.runtime import Runtime
+    from yard.http.runtime import MeterInfo, Runtime
 
 
 class ProfileForgetter(Protocol):
@@ -35,9 +35,10 @@ class Observer:
     profile_margin: the scheduler's factor from profile to reservation.
     started_at: wall-clock time yard started serving.
     profiles: the profile store, when yard keeps one.
-    extras: the runtime's extras; a ``trio.Event`` under ``"stopping"`` set
-        when yard begins to shut down ends the endless streams (dashboard
-        events, log tails) at once instead of holding the shutdown's grace.
+    shutdown: set when yard begins to shut down; it ends the endless streams
+        (dashboard events, log tails) at once instead of holding the
+        shutdown's grace (None: they end only when cancelled).
+    meter_info: which memory meter yard reads, when it reads one.
     session_ttl_s: how long a dashboard login lasts.
     login_max_bytes: largest login form body.
     failures_before_delay, failure_max_delay_s: how wrong admin keys are
@@ -53,7 +54,8 @@ class Observer:
     profile_margin: float = 1.0
     started_at: float = 0.0
     profiles: ProfileForgetter | None = None
-    extras: Mapping[str, object] = field(default_factory=dict)
+    shutdown: trio.Event | None = None
+    meter_info: MeterInfo | None = None
     session_ttl_s: float = 12 * 3600.0
     login_max_bytes: int = 4096
     failures_before_delay: int = 5
@@ -76,18 +78,17 @@ class Observer:
 
     @classmethod
     def from_runtime(cls, runtime: Runtime) -> Observer:
-        """The observer for a gateway's runtime. The profile store is taken
-        from ``runtime.extras["profiles"]`` when the gateway put it there."""
+        """The observer for a gateway's runtime."""
         config = runtime.config
-        profiles: Any = runtime.extras.get("profiles")
         return cls(
             engine=runtime.engine,
             admin_key=config.server.admin_key,
             models={name: tuple(b.models) for name, b in config.backends.items()},
             profile_margin=config.scheduler.profile_margin,
             started_at=runtime.started_at,
-            profiles=profiles,
-            extras=runtime.extras,
+            profiles=runtime.profiles,
+            shutdown=runtime.stopping,
+            meter_info=runtime.meter,
             session_ttl_s=config.server.dashboard_session_ttl_s,
             login_max_bytes=config.server.dashboard_login_max_bytes,
             failures_before_delay=config.server.admin_failures_before_delay,
@@ -96,17 +97,14 @@ class Observer:
 
     def stopping(self) -> bool:
         """Whether yard is shutting down (streams should end)."""
-        event = self.extras.get("stopping")
-        return isinstance(event, trio.Event) and event.is_set()
+        return self.shutdown is not None and self.shutdown.is_set()
 
     def meter(self) -> dict[str, str] | None:
-        """Which memory meter yard uses: ``mode`` and ``detail`` (the
-        runtime's ``meter`` and ``meter_mode`` extras), or None without one."""
-        detail = self.extras.get("meter_mode")
-        if not isinstance(detail, str):
+        """Which memory meter yard uses: ``mode`` and ``detail``, or None
+        without one."""
+        if self.meter_info is None:
             return None
-        mode = self.extras.get("meter")
-        return {"mode": mode if isinstance(mode, str) else "", "detail": detail}
+        return {"mode": self.meter_info.mode, "detail": self.meter_info.detail}
 
     def status(self, *, queue_limit: int = 200) -> Json:
         """The status document (see :func:`yard.observe.report.build_status`),
