@@ -27,6 +27,7 @@ COMMANDS: dict[str, Command] = {
     "probe": Command("yard.memory.probe", "measure one model's memory and load time"),
     "status": Command("yard.status", "show a running yard in the terminal"),
     "jobs": Command("yard.jobs.cli", "list, inspect and cancel async jobs"),
+    "key": Command("yard.keys", "make a new app key (yard key new APP)"),
 }
 
 
