@@ -293,6 +293,8 @@ def test_a_good_request_is_read_as_h11_reads_it(data: bytes, expected: Outcome) 
         (b"GET / HTTP/1.x\r\nhost: a\r\n\r\n", 400),
         (b"GET /\r\n\r\n", 400),
         # Chunked framing.
+        # RFC 9112 §6.1: Transfer-Encoding in HTTP/1.0 is faulty (h11 takes it).
+        (b"POST / HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n", 400),
         (b"POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\nx\r\n", 400),
         (b"POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n-1\r\n", 400),
         (b"POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n1\r\nxy\r\n", 400),
@@ -816,6 +818,8 @@ def test_requests_are_read_as_h11_reads_them(data: bytes, points: list[int]) -> 
         # What wire refuses on purpose and h11 takes.
         if theirs[2] not in (b"1.0", b"1.1"):
             assert ours == ("error", 505)
+        elif theirs[2] == b"1.0" and any(name == b"transfer-encoding" for name, _ in theirs[3]):
+            assert ours == ("error", 400)
         else:
             assert _has_both_framings(theirs)
             assert ours == ("error", 400)

@@ -14,16 +14,21 @@ seven times the cost), ASGI 3 ``http`` and ``lifespan`` scopes,
 while the response streams), and graceful shutdown. No TLS, HTTP/2 or
 websockets: yard listens on loopback or behind a reverse proxy.
 
-Extensions (in ``scope["extensions"]``):
+Its rooms, one per role:
 
-- ``yard.hold``: a ``http.response.start`` message with ``"yard.hold": True``
-  asks the server to hold the head back until the next body message (the
-  sender promises one follows at once); without it the head is written at
-  once, so streams show their headers without waiting for a first chunk.
-- ``yard.disconnect``: an object with ``watch(cancel_scope)`` and
-  ``unwatch()``: the server cancels the watched scope the moment the client
-  goes away, so the app needs no task of its own to watch for
-  ``http.disconnect``.
+- this module: :class:`Limits`, the accept loop and its connection cap
+  (:class:`Server`), :func:`serve` (the lifecycle);
+- :mod:`yard.http.connection`: one client connection, its requests in turn,
+  its time limits and the hang-up watch;
+- :mod:`yard.http.exchange`: one request/response, the ASGI ``receive`` and
+  ``send`` (and the ``yard.hold`` and ``yard.disconnect`` extensions);
+- :mod:`yard.http.lifespan`: the ASGI lifespan protocol.
+
+What a client may hold is bounded (:class:`Limits`): time for a head, for a
+body's progress, for a write's progress, idle time between requests, and
+the number of open connections. Past ``max_connections`` a small reserve
+still serves ``GET /healthz`` and requests with the admin key; past the
+reserve a connection is answered 503 and closed at once, without a task.
 """
 
 from __future__ import annotations
@@ -31,396 +36,170 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
+import os
+import resource
 import socket
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
 import trio
 
 from yard.http import sockio, wire
+from yard.http.asgi import ASGIApp, Message, Scope
+from yard.http.connection import Connection, bearer_matches, refusal
+from yard.http.lifespan import run_lifespan
+
+__all__ = ["ASGIApp", "Limits", "Message", "Scope", "Server", "open_listeners", "serve"]
 
 log = logging.getLogger("yard.http.server")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-ASGIApp = Callable[
-    [Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
-    Awaitable[None],
-]
-
-_READ = 65536
-_MAX_HEAD = 64 * 1024
-_DRAIN_LIMIT = 16 * 2**20
-_PIPELINE_LIMIT = 1 * 2**20
 _DEFER_ACCEPT_S = 5
-_ERROR_HEAD = [(b"content-type", b"text/plain"), (b"connection", b"close")]
 # accept() errors that mean "no capacity now, try again" (as trio.serve_listeners).
 _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _ACCEPT_RETRY_S = 0.1
+_LOG_EVERY_S = 10.0
+# File descriptors kept free of client connections: listeners, the event
+# loop, SQLite, backend pipes and log files, NVML.
+_FD_HEADROOM = 128
 
 
-class _Connection:
-    """One client connection: requests in turn, each handed to the app.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """What one client may hold of the server; each is the ``[server]`` key
+    of the same name.
 
-    The connection's task reads the requests. While the app works on a
-    request whose body is in, a reader task (one per connection, not per
-    request; started with the first request's body, in the server's nursery)
-    watches the socket, so that a client hanging up is seen at once
-    (``http.disconnect``, and the cancel scope the app asked to have
-    cancelled through the ``yard.disconnect`` extension); when the response
-    is complete its wait is cancelled (trio delivers that at once, and the
-    reader holds no bytes across it) and the connection's task reads the
-    next request itself.
+    keep_alive_s: how long a connection may wait idle between requests.
+    head_timeout_s: how long a request head may take, from the connection's
+        start (first request) or from its first byte (later ones).
+    body_timeout_s: how long a request body may go without a byte (408).
+    send_timeout_s: how long a write may go without the client taking a
+        byte; then the request ends as if the client had hung up.
+    max_connections: open connections served in full; lowered to fit the
+        open-file limit (:func:`connection_cap`).
+    reserved_connections: connections beyond that kept for ``GET /healthz``
+        and requests with the admin key.
     """
 
-    def __init__(
-        self, server: Server, stream: trio.SocketStream, client: tuple[str, int] | None
-    ) -> None:
-        self.server = server
-        self.stream = stream
-        self.client = client
-        self.wire = wire.ServerConnection(max_head=_MAX_HEAD)
-        self.gone = False
-        self.gone_event = trio.Event()
-        self.idle_since: float | None = None
-        self._may_read = trio.Event()
-        self._read_scope: trio.CancelScope | None = None
-        self._pipelined = 0
-        self._watched: trio.CancelScope | None = None
-        self._reader_scope = trio.CancelScope()
-        self._reader_started = False
+    keep_alive_s: float = 75.0
+    head_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    send_timeout_s: float = 30.0
+    max_connections: int = 1000
+    reserved_connections: int = 8
 
-    # -- the yard.disconnect extension ---------------------------------------
 
-    def watch(self, scope: trio.CancelScope) -> None:
-        """Cancel ``scope`` if the client goes away before :meth:`unwatch`."""
-        self._watched = scope
-        if self.gone:
-            scope.cancel()
+def connection_cap(configured: int, reserved: int) -> int:
+    """``configured``, lowered so that every connection (served in full, or
+    from the reserve) can also hold a backend connection within the soft
+    ``RLIMIT_NOFILE``, with a headroom for yard's other files."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return configured
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    return max(1, min(configured, (soft - _FD_HEADROOM) // 2 - reserved))
 
-    def unwatch(self) -> None:
-        self._watched = None
 
-    # -- reading ---------------------------------------------------------------
+class _Throttled:
+    """A log line at most once per ``every_s``, saying how many were held back."""
 
-    async def _run_reader(self) -> None:
-        with self._reader_scope:
-            try:
-                await self._reader()
-            except Exception:
-                # In the server's nursery: a failure here must not end the
-                # server. The connection's task sees the client as gone.
-                log.exception("watching the connection from %s failed", self.client)
-                self._hang_up()
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self.next_at = -math.inf
+        self.held_back = 0
 
-    async def _reader(self) -> None:
-        stream = self.stream
-        while True:
-            await self._may_read.wait()
-            watching = self._may_read
-            if not watching.is_set():
-                # Stopped again before this task ran (the app answered
-                # without a checkpoint): the connection's task reads now.
-                continue
-            # Wait, then read in the same step as the check that watching is
-            # still on: this task never holds bytes across a checkpoint, so
-            # once stop_watching returns nothing more is taken from the
-            # socket and the connection's task can read at once (bytes taken
-            # while holding them across Trio's post-read checkpoint were a
-            # lost request: the next one, sent the moment the answer arrived).
-            with trio.CancelScope() as scope:
-                self._read_scope = scope
-                # (Closed by the reaper: the read below says so.)
-                with contextlib.suppress(trio.ClosedResourceError, OSError):
-                    await trio.lowlevel.wait_readable(stream.socket)
-            self._read_scope = None
-            if scope.cancel_called or self._may_read is not watching:
-                continue
-            try:
-                data = sockio.read_now(stream, _READ)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                data = b""
-            if data is None:
-                continue  # a spurious wake-up
-            if not data:
-                self._hang_up()
-                return
-            # Bytes after the body (a pipelined request, or the next one sent
-            # the moment the response arrived) wait in the parser's buffer;
-            # past a limit stop reading (and watching).
-            self.wire.receive_data(data)
-            self._pipelined += len(data)
-            if self._pipelined > _PIPELINE_LIMIT:
-                self._may_read = trio.Event()
-
-    def _hang_up(self) -> None:
-        self.gone = True
-        self.gone_event.set()
-        if self._watched is not None:
-            self._watched.cancel()
-
-    def start_watching(self) -> None:
-        """The request's body is in: keep reading, to see a hang-up at once."""
-        self._pipelined = 0
-        self._may_read.set()
-        if not self._reader_started and self.server.nursery is not None:
-            # Started at the first request's end, not when the connection
-            # opens: its first steps then run while the app waits on its
-            # backend, not before the request is even parsed.
-            self._reader_started = True
-            self.server.nursery.start_soon(self._run_reader)
-
-    def stop_watching(self) -> None:
-        self._watched = None
-        if self._may_read.is_set():
-            self._may_read = trio.Event()
-        if self._read_scope is not None:
-            # Delivered at once to a task blocked in a read: the socket is
-            # free for the connection's task when this returns.
-            self._read_scope.cancel()
-
-    async def next_event(self) -> wire.Event | wire.Signal:
-        while True:
-            event = self.wire.next_event()
-            if event is wire.NEED_DATA:
-                if not self.gone:
-                    try:
-                        data = await sockio.receive_some(self.stream, _READ)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                        data = b""
-                    if data:
-                        self.wire.receive_data(data)
-                        continue
-                    self._hang_up()
-                self.wire.receive_data(b"")
-                continue
-            return event
-
-    async def write(self, data: bytes) -> None:
-        # A client that went away makes writes no-ops (as in hypercorn); the
-        # app learns of it from http.disconnect.
-        if not data or self.gone:
+    def log(self, level: int, message: str, *args: object) -> None:
+        now = trio.current_time()
+        if now < self.next_at:
+            self.held_back += 1
             return
-        try:
-            await sockio.send_all(self.stream, data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self._hang_up()
-
-    async def serve(self) -> None:
-        try:
-            await self._serve_requests()
-        finally:
-            # The reader lives in the server's nursery, not in one of this
-            # connection's own: leaving a nursery costs a trip through the run
-            # loop (two with a child to wait for), typically while the same
-            # client's next connection waits to be accepted. It is cancelled
-            # here and unwinds on its own. (Not aclose either, for the same
-            # reason: its checkpoint.)
-            self._reader_scope.cancel()
-            self.server.connections.discard(self)
-            self.stream.socket.close()
-
-    async def _serve_requests(self) -> None:
-        server = self.server
-        server.connections.add(self)
-        while not server.closing:
-            # The server's reaper closes connections idle past keep_alive_s
-            # (one timer for all of them, not a cancel scope per request).
-            self.idle_since = trio.current_time()
-            try:
-                event = await self.next_event()
-            except wire.ProtocolError as exc:
-                await self._simple_error(exc.status_hint, str(exc))
-                return
-            self.idle_since = None
-            if not isinstance(event, wire.Request):
-                return  # ConnectionClosed, or the client sent garbage
-            try:
-                await self._request(event)
-            finally:
-                self.stop_watching()
-            if self.gone or self.wire.our_state is not wire.DONE or not await self._drain_request():
-                return
-            self.wire.start_next_cycle()
-
-    async def _drain_request(self) -> bool:
-        """Read what the app left of the request body, so the connection can
-        be reused (or give up and close it when there is too much)."""
-        drained = 0
-        while self.wire.their_state is wire.SEND_BODY:
-            try:
-                with trio.move_on_after(1.0) as late:
-                    event = await self.next_event()
-            except wire.ProtocolError:
-                return False
-            if late.cancelled_caught:
-                return False
-            if isinstance(event, wire.Data):
-                drained += len(event.data)
-                if drained > _DRAIN_LIMIT:
-                    return False
-            elif not isinstance(event, wire.EndOfMessage):
-                return False
-        return self.wire.their_state is wire.DONE
-
-    async def _simple_error(self, status: int, text: str) -> None:
-        if self.wire.our_state not in (wire.IDLE, wire.SEND_RESPONSE):
-            return
-        body = text.encode("utf-8", "replace")
-        try:
-            data = self.wire.response_head(
-                status, [*_ERROR_HEAD, (b"content-length", b"%d" % len(body))]
-            )
-            data += self.wire.body(body) + self.wire.end()
-        except wire.LocalProtocolError:
-            return
-        await self.write(data)
-
-    async def _request(self, request: wire.Request) -> None:
-        raw_path, _, query = request.target.partition(b"?")
-        scope: Scope = {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": request.http_version.decode(),
-            "method": request.method.decode(),
-            "scheme": "http",
-            "path": unquote(raw_path.decode("latin-1")),
-            "raw_path": raw_path,
-            "query_string": query,
-            "root_path": "",
-            "headers": request.headers,
-            "client": self.client,
-            "server": self.server.address,
-            "state": dict(self.server.lifespan_state),
-            "extensions": {"yard.hold": {}, "yard.disconnect": self},
-        }
-        exchange = _Exchange(self, request.method == b"HEAD")
-        try:
-            await self.server.app(scope, exchange.receive, exchange.send)
-        except Exception:
-            log.exception("error while serving %s %s", scope["method"], scope["path"])
-            if not exchange.started:
-                await self._simple_error(500, "internal server error")
-            return
-        if not exchange.started:
-            await self._simple_error(500, "the application sent no response")
-        elif exchange.held is not None:
-            await self.write(exchange.held)
-
-
-class _Exchange:
-    """One request/response on a connection: the ASGI receive and send."""
-
-    __slots__ = ("body_done", "conn", "head_only", "held", "started")
-
-    def __init__(self, conn: _Connection, head_only: bool) -> None:
-        self.conn = conn
-        self.head_only = head_only
-        self.body_done = False
-        self.started = False
-        self.held: bytes | None = None
-
-    async def receive(self) -> Message:
-        conn = self.conn
-        if not self.body_done:
-            if conn.wire.they_are_waiting_for_100_continue:
-                await conn.write(conn.wire.informational_100())
-            try:
-                event = await conn.next_event()
-            except wire.ProtocolError:
-                self.body_done = True
-                return {"type": "http.disconnect"}
-            if isinstance(event, wire.Data):
-                return {"type": "http.request", "body": event.data, "more_body": True}
-            self.body_done = True
-            if isinstance(event, wire.EndOfMessage):
-                conn.start_watching()
-                return {"type": "http.request", "body": b"", "more_body": False}
-            conn._hang_up()
-            return {"type": "http.disconnect"}
-        # The body is in: the next message is the client going away.
-        await conn.gone_event.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(self, message: Message) -> None:
-        conn = self.conn
-        if conn.gone:
-            return
-        kind = message["type"]
-        if kind == "http.response.start":
-            if self.started:
-                raise RuntimeError("http.response.start sent twice")
-            self.started = True
-            head = conn.wire.response_head(message["status"], list(message.get("headers", ())))
-            if message.get("yard.hold"):
-                self.held = head
-            else:
-                await conn.write(head)
-        elif kind == "http.response.body":
-            if not self.started:
-                raise RuntimeError("http.response.body before http.response.start")
-            body = message.get("body", b"")
-            out = self.held or b""
-            self.held = None
-            if body and not self.head_only:
-                out += conn.wire.body(body)
-            if not message.get("more_body", False):
-                out += conn.wire.end()
-                # Nothing is left to cancel: stop watching for a hang-up
-                # before the last write rather than after it, when the
-                # client may already be sending its next request.
-                conn.stop_watching()
-            await conn.write(out)
-        else:
-            raise RuntimeError(f"unsupported ASGI message {kind!r}")
+        if self.held_back:
+            message += " (and %d more like it in the last %g s)"
+            args = (*args, self.held_back, self.every_s)
+        log.log(level, message, *args)
+        self.next_at = now + self.every_s
+        self.held_back = 0
 
 
 class Server:
-    """Serves one ASGI app on TCP listeners (see :func:`serve`)."""
+    """Serves one ASGI app on TCP listeners (see :func:`serve`).
 
-    def __init__(self, app: ASGIApp, *, keep_alive_s: float = 75.0) -> None:
+    ``admin_key``: requests that carry it (``Authorization: Bearer``) may use
+    the reserved connections, as ``GET /healthz`` may.
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, limits: Limits | None = None, admin_key: str | None = None
+    ) -> None:
         self.app = app
-        self.keep_alive_s = keep_alive_s
+        self.limits = limits = limits or Limits()
+        self.max_connections = connection_cap(limits.max_connections, limits.reserved_connections)
+        self._admin_key = admin_key.encode() if admin_key else None
         self.closing = False
         self.address: tuple[str, int] | None = None
         self.lifespan_state: dict[str, Any] = {}
-        self.connections: set[_Connection] = set()
+        self.connections: set[Connection] = set()
         self.nursery: trio.Nursery | None = None
         """Where connections and their hang-up readers run (set by :func:`serve`)."""
         self.accepting = True
         self._accept_scopes: set[trio.CancelScope] = set()
+        self._accept_failed = _Throttled(_LOG_EVERY_S)
+        self._refused = _Throttled(_LOG_EVERY_S)
+        self._refusal = refusal(
+            "too_many_connections",
+            f"yard has {self.max_connections} connections open, its limit "
+            "(server.max_connections); retry shortly, or reuse a connection",
+            retry_after_s=1.0,
+        )
 
-    async def reap_idle(self) -> None:
-        """Close keep-alive connections idle for longer than ``keep_alive_s``."""
-        while True:
-            await trio.sleep(min(5.0, self.keep_alive_s / 2))
-            limit = trio.current_time() - self.keep_alive_s
-            for conn in list(self.connections):
-                if conn.idle_since is not None and conn.idle_since < limit:
-                    conn.stream.socket.close()
-                    conn._hang_up()
+    def may_use_reserve(self, request: wire.Request) -> bool:
+        """Whether a request on a connection over the cap is served:
+        ``GET /healthz``, or one with the admin key."""
+        if request.method in (b"GET", b"HEAD") and request.target.partition(b"?")[0] == b"/healthz":
+            return True
+        return self._admin_key is not None and bearer_matches(request.headers, self._admin_key)
 
     def close_idle(self) -> None:
         """At shutdown: close connections waiting for their next request."""
         for conn in list(self.connections):
             if conn.idle_since is not None:
                 conn.stream.socket.close()
-                conn._hang_up()
+                conn.hang_up()
 
-    async def handle(self, stream: trio.SocketStream) -> None:
+    async def handle(self, stream: trio.SocketStream, *, restricted: bool = False) -> None:
+        """Serve one accepted connection until it ends (``restricted``: from
+        the reserve, see :class:`~yard.http.connection.Connection`)."""
         try:
             peer = stream.socket.getpeername()
             client: tuple[str, int] | None = (str(peer[0]), int(peer[1]))
-        except OSError:
-            client = None
+        except (OSError, IndexError, TypeError, ValueError):
+            client = None  # (not an IP socket)
         try:
-            await _Connection(self, stream, client).serve()
+            await Connection(self, stream, client, restricted=restricted).serve()
         except Exception:
             # One broken connection must never take the server down with it.
             log.exception("connection from %s failed", client)
         finally:
             stream.socket.close()
+
+    def _refuse(self, stream: trio.SocketStream) -> None:
+        """Answer 503 and close, at once and without waiting: over the cap
+        and the reserve, a connection must not cost a task."""
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            # The request's bytes (there already: TCP_DEFER_ACCEPT) are read,
+            # so that closing sends the answer rather than a reset.
+            sockio.read_now(stream, 65536)
+            os.write(stream.socket.fileno(), self._refusal)
+        stream.socket.close()
+        self._refused.log(
+            logging.WARNING,
+            "refused a connection: %d open, the limit (server.max_connections) plus %d reserved",
+            len(self.connections),
+            self.limits.reserved_connections,
+        )
 
     async def accept_and_serve(self, listener: trio.SocketListener) -> None:
         """Accept one connection, hand the listener to a new task, serve it.
@@ -445,17 +224,26 @@ class Server:
                 if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
                     raise
                 # Out of file descriptors or memory: as trio.serve_listeners.
-                log.error("accept failed (%s); retrying in %.1f s", exc, _ACCEPT_RETRY_S)
+                self._accept_failed.log(
+                    logging.ERROR, "accept failed (%s); retrying every %.1f s", exc, _ACCEPT_RETRY_S
+                )
                 await trio.sleep(_ACCEPT_RETRY_S)
                 continue
             finally:
                 self._accept_scopes.discard(scope)
             if scope.cancelled_caught:
                 return
-            break
+            open_now = len(self.connections)
+            if open_now < self.max_connections:
+                restricted = False
+                break
+            if open_now < self.max_connections + self.limits.reserved_connections:
+                restricted = True
+                break
+            self._refuse(stream)
         assert self.nursery is not None
         self.nursery.start_soon(self.accept_and_serve, listener)
-        await self.handle(stream)
+        await self.handle(stream, restricted=restricted)
 
     def stop_accepting(self, listeners: list[trio.SocketListener]) -> None:
         """No new connections: stop the waiting acceptors, close the listeners."""
@@ -464,46 +252,6 @@ class Server:
             scope.cancel()
         for listener in listeners:
             listener.socket.close()
-
-
-async def _lifespan(
-    app: ASGIApp,
-    state: dict[str, Any],
-    started: trio.Event,
-    stop: trio.Event,
-    stopped: trio.Event,
-    failure: list[str],
-) -> None:
-    """Run the app's lifespan: startup at once, shutdown once ``stop`` is set."""
-    to_app_send, to_app_receive = trio.open_memory_channel[Message](2)
-    await to_app_send.send({"type": "lifespan.startup"})
-
-    async def receive() -> Message:
-        return await to_app_receive.receive()
-
-    async def send(message: Message) -> None:
-        kind = message["type"]
-        if kind in ("lifespan.startup.complete", "lifespan.startup.failed"):
-            if kind == "lifespan.startup.failed":
-                failure.append(str(message.get("message", "")))
-            started.set()
-        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-            stopped.set()
-
-    async def shutdown_when_asked() -> None:
-        await stop.wait()
-        await to_app_send.send({"type": "lifespan.shutdown"})
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(shutdown_when_asked)
-        try:
-            await app(
-                {"type": "lifespan", "asgi": {"version": "3.0"}, "state": state}, receive, send
-            )
-        finally:
-            started.set()
-            stopped.set()
-            nursery.cancel_scope.cancel()
 
 
 async def open_listeners(host: str, port: int) -> list[trio.SocketListener]:
@@ -525,7 +273,8 @@ async def serve(
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     graceful_s: float = 10.0,
-    keep_alive_s: float = 75.0,
+    limits: Limits | None = None,
+    admin_key: str | None = None,
     listeners: list[trio.SocketListener] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -533,21 +282,31 @@ async def serve(
 
     ``listeners``: sockets already bound with :func:`open_listeners` (then
     ``host`` and ``port`` are not used), so that a caller can claim the port
-    before it starts anything else.
+    before it starts anything else. ``limits``: what a client may hold (the
+    defaults of :class:`Limits` if None); ``admin_key``: requests with it may
+    use the reserved connections.
 
     Runs the app's lifespan startup first (a failure raises ``RuntimeError``),
     then binds and reports the bound addresses (``["http://127.0.0.1:8080"]``;
     port 0 picks a free one) through ``task_status``. On shutdown it stops
     accepting, lets in-flight requests finish for up to ``graceful_s``
     seconds, cancels the rest, then runs the lifespan shutdown. There is no
-    response timeout: a stream lasts as long as the app sends.
+    response timeout: a stream lasts as long as the app sends (and its
+    client reads).
     """
-    server = Server(app, keep_alive_s=keep_alive_s)
+    server = Server(app, limits=limits, admin_key=admin_key)
+    if server.max_connections < server.limits.max_connections:
+        log.warning(
+            "serving at most %d connections (server.max_connections is %d, but the open-file "
+            "limit allows no more); raise it with `ulimit -n` to serve more",
+            server.max_connections,
+            server.limits.max_connections,
+        )
     started, stop, stopped = trio.Event(), trio.Event(), trio.Event()
     failure: list[str] = []
     async with trio.open_nursery() as lifespan_nursery:
         lifespan_nursery.start_soon(
-            _lifespan, app, server.lifespan_state, started, stop, stopped, failure
+            run_lifespan, app, server.lifespan_state, started, stop, stopped, failure
         )
         await started.wait()
         if failure:
@@ -560,19 +319,16 @@ async def serve(
             shown = f"[{sockname[0]}]" if ":" in str(sockname[0]) else str(sockname[0])
             async with trio.open_nursery() as connections:
                 server.nursery = connections
-                async with trio.open_nursery() as reaping:
-                    reaping.start_soon(server.reap_idle)
-                    for listener in listeners:
-                        connections.start_soon(server.accept_and_serve, listener)
-                    task_status.started([f"http://{shown}:{sockname[1]}"])
-                    try:
-                        if shutdown_trigger is not None:
-                            await shutdown_trigger()
-                        else:
-                            await trio.sleep_forever()
-                    finally:
-                        server.stop_accepting(listeners)
-                    reaping.cancel_scope.cancel()
+                for listener in listeners:
+                    connections.start_soon(server.accept_and_serve, listener)
+                task_status.started([f"http://{shown}:{sockname[1]}"])
+                try:
+                    if shutdown_trigger is not None:
+                        await shutdown_trigger()
+                    else:
+                        await trio.sleep_forever()
+                finally:
+                    server.stop_accepting(listeners)
                 # Graceful: keep-alive connections close after their current
                 # request; whatever still runs at the deadline is cancelled.
                 server.closing = True

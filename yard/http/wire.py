@@ -27,6 +27,8 @@ The rules this module keeps:
   * A request with both ``Transfer-Encoding`` and ``Content-Length`` is
     refused (400, RFC 9112 §6.3's guard against request smuggling); h11
     reads it as chunked.
+  * ``Transfer-Encoding`` on an HTTP/1.0 request is refused (400): RFC 9112
+    §6.1 says to treat such a message as faulty; h11 reads it as chunked.
   * A head longer than ``max_head`` is refused (431) even when it arrived
     complete in one read; h11 only checks what it still waits for.
   * Chunk sizes have at most 16 hex digits (h11: 20).
@@ -397,6 +399,12 @@ class ServerConnection:
         body that runs to the close, an end of file or an error."""
         return self._keep_alive
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet handed out as events: the start of a
+        request head, or of a pipelined request."""
+        return len(self._buf) - self._pos
+
     # -- receiving -------------------------------------------------------------
 
     def receive_data(self, data: bytes) -> None:
@@ -521,6 +529,8 @@ class ServerConnection:
         if chunked:
             if length is not None:
                 raise ProtocolError("both Transfer-Encoding and Content-Length")
+            if not http11:
+                raise ProtocolError("Transfer-Encoding on an HTTP/1.0 request")
             headers = _transfer_encoding(headers)
             self._left = _CHUNK_SIZE
         elif length is None:
