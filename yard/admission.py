@@ -28,7 +28,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -97,9 +97,6 @@ class AdmissionBook:
 
     def __len__(self) -> int:
         return len(self._live)
-
-    def __iter__(self) -> Iterator[Admission]:
-        return iter(list(self._live.values()))
 
     def enter(self, admission: Admission) -> None:
         """A new queued admission. Raises ValueError for an id in use."""
