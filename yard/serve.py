@@ -22,12 +22,13 @@ supervisor, the job service, the profile store (for ``DELETE
 ``/metrics`` show it) and the shutdown event (open dashboard streams and log
 tails end once it is set).
 
-SIGINT or SIGTERM starts a graceful shutdown: the HTTP server stops
-accepting and gives in-flight requests ``server.stop_grace_s``; then the job
-service, the engine and the supervisor stop every backend (SIGTERM to its
-group, SIGKILL after its grace). A second signal cuts both graces short
-(SIGKILL at once). Either way yard exits only once every backend's process
-group is gone: the signals stay caught until then (:class:`Shutdown`).
+SIGINT or SIGTERM (or SIGHUP, unless ignored: see :func:`stop_signals`)
+starts a graceful shutdown: the HTTP server stops accepting and gives
+in-flight requests ``server.stop_grace_s``; then the job service, the engine
+and the supervisor stop every backend (SIGTERM to its group, SIGKILL after
+its grace). A second signal cuts both graces short (SIGKILL at once). Either
+way yard exits only once every backend's process group is gone: the signals
+stay caught until then (:class:`Shutdown`).
 """
 
 from __future__ import annotations
@@ -140,9 +141,9 @@ async def serve(
     Raises :class:`ConfigError` when the configuration does not match this
     machine (a GPU it names is not there).
     """
-    # SIGINT and SIGTERM stay caught until serve returns: a signal's default
+    # The stop signals stay caught until serve returns: a signal's default
     # action would end yard with its backends still running (orphans).
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(*stop_signals()) as signals:
         # Claim the port before anything else: a second yard started by
         # mistake must fail here, before it touches backends or data.
         host, port = config.server.listen_host, config.server.listen_port
@@ -419,9 +420,18 @@ async def _shielded_close(resource: SqliteProfileStore) -> None:
         await resource.aclose()
 
 
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """The signals that stop ``yard serve``: SIGINT, SIGTERM, and SIGHUP (its
+    terminal went away) unless it is ignored (``nohup yard serve``)."""
+    found = (signal.SIGINT, signal.SIGTERM)
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        return found
+    return (*found, signal.SIGHUP)
+
+
 class Shutdown:
-    """What SIGINT and SIGTERM do to ``yard serve``, from its start until
-    every backend is gone.
+    """What the stop signals (:func:`stop_signals`) do to ``yard serve``,
+    from its start until every backend is gone.
 
     The first signal asks for a graceful stop: :attr:`requested` is set, the
     HTTP server stops accepting and gives in-flight requests

@@ -455,3 +455,17 @@ async def test_serve_logs_backend_starts_readiness_and_rejections_with_reasons(
     )
     assert any(line.startswith("stopping llm: ") for line in lines)
     assert "llm stopped" in lines
+
+
+async def test_the_start_up_log_says_who_may_use_yard(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    apps = '[apps.chat]\nkey = "key-chat"\n\n'
+    with caplog.at_level(logging.INFO, logger="yard.serve"), trio.fail_after(60):
+        async with running_yard(tmp_path, apps + _llm(tmp_path)):
+            pass
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("access: ")]
+    assert lines == [
+        "access: data plane: an app key required (1 app(s))",
+        "access: admin API: no key, from this machine only",
+    ]

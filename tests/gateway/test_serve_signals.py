@@ -23,6 +23,7 @@ from yard.config import load_config
 from yard.core.spec import Profile
 from yard.memory import default_meter
 from yard.memory.profiles import open_profile_store
+from yard.serve import stop_signals
 from yard.supervisor import group_members
 from yard.testing.backend import backend_command
 
@@ -204,3 +205,31 @@ async def test_a_signal_during_start_up_stops_yard_with_nothing_left(tmp_path: P
             assert second.returncode == 0
         assert _survivors(groups) == []
         assert "yard is serving" not in log.read_text()
+
+
+async def test_sighup_stops_yard_like_sigterm_leaving_no_backend_behind(tmp_path: Path) -> None:
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        pytest.skip("SIGHUP is ignored here (nohup), and so in the yard this test starts")
+    port = _free_port()
+    config = await _profiled(_config(tmp_path, port, stop_grace_s=0.5))
+    with trio.fail_after(45):
+        async with _yard(tmp_path, config) as proc:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+                await _wait_healthy(client)
+                await _load_both(client)
+            groups = _backend_groups(tmp_path)
+            proc.send_signal(signal.SIGHUP)
+            await proc.wait()
+            assert proc.returncode == 0
+            assert _survivors(groups) == []
+    assert "SIGHUP: shutting down gracefully" in (tmp_path / "yard.log").read_text()
+
+
+def test_an_ignored_sighup_is_left_ignored() -> None:
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        assert stop_signals() == (signal.SIGINT, signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    if previous is not signal.SIG_IGN:
+        assert stop_signals() == (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
