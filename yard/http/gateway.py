@@ -377,8 +377,10 @@ class Gateway:
             name = path[len("/backends/") :].partition("/")[0]
             rest = raw_path[len(b"/backends/") :].partition(b"/")[2]
             backend_config = config.backends.get(name)
-            if backend_config is None:
-                known = ", ".join(sorted(config.backends)) or "none"
+            # A backend the app may not reach does not exist for it.
+            if backend_config is None or not app.may_reach(backend_config):
+                reachable = (b for b in config.backends.values() if app.may_reach(b))
+                known = ", ".join(sorted(b.name for b in reachable)) or "none"
                 raise ApiError(
                     404, "backend_not_found", f"no backend named {name!r} (configured: {known})"
                 )
@@ -390,7 +392,9 @@ class Gateway:
                 # Off the loop: see yard.http.intake for why this is enough.
                 model = await trio.to_thread.run_sync(model_of, method, content_type, body)
             backend_config = config.backend_for_model(model)
-            if backend_config is None:
+            # Outside the app's models: the same answer as a model that does
+            # not exist, so that the app cannot tell them apart.
+            if backend_config is None or not app.may_use(model):
                 raise ApiError(
                     404,
                     "model_not_found",
@@ -452,13 +456,15 @@ class Gateway:
         config = self.runtime.config
         try:
             authorization = next((v for n, v in scope["headers"] if n == b"authorization"), None)
-            authenticate(config, authorization)
+            app, _ = authenticate(config, authorization)
         except ApiError as exc:
             return await _send_error(send, exc.status, exc.code, exc.message, request_id, None)
         states = {b.name: b for b in self.runtime.engine.snapshot(limit=0).backends}
         created = int(self.runtime.started_at)
         entries = []
         for model, backend in config.models():
+            if not app.may_use(model):
+                continue
             view = states.get(backend)
             entries.append(
                 {
