@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -384,3 +385,103 @@ async def test_accept_failures_are_logged_at_most_once_per_interval(
     assert 1 <= len(lines) <= 7  # ... but said so once per 10 s
     assert "Too many open files" in lines[0]
     assert any("more" in line for line in lines[1:])
+
+
+# -- the connection cap (real sockets: the accept loop) -------------------------
+
+
+class _Holder:
+    """An app whose ``/hold`` requests wait until released."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.changed = trio.Event()
+        self.release = trio.Event()
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            return await _lifespan(receive, send)
+        await receive()
+        if scope["path"] == "/hold":
+            self.held += 1
+            self.changed.set()
+            await self.release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok " + scope["path"].encode()})
+
+    async def wait_held(self, count: int) -> None:
+        while self.held < count:
+            self.changed = trio.Event()
+            await self.changed.wait()
+
+
+async def test_over_the_cap_only_healthz_and_the_admin_key_are_served_then_all_is_refused() -> None:
+    from yard.http.server import serve
+
+    app = _Holder()
+    limits = Limits(max_connections=3, reserved_connections=2)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(
+                functools.partial(
+                    serve, cast(ASGIApp, app), "127.0.0.1", 0, limits=limits, admin_key="adm"
+                )
+            )
+            port = int(binds[0].rsplit(":", 1)[1])
+            opened: list[trio.SocketStream] = []
+
+            async def send(request: bytes) -> trio.SocketStream:
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                opened.append(stream)
+                await stream.send_all(request)
+                return stream
+
+            try:
+                hold = b"GET /hold HTTP/1.1\r\nhost: x\r\n\r\n"
+                for count in range(1, 4):
+                    await send(hold)
+                    await app.wait_held(count)
+                # At the cap: an ordinary request is refused, with Retry-After.
+                got = await _read_to_close(
+                    await send(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+                )
+                assert got.startswith(b"HTTP/1.1 503 ")
+                assert b"retry-after: 1" in got
+                assert _error_code(got) == "too_many_connections"
+                # The reserve serves the health check and the admin key (once).
+                got = await _read_to_close(await send(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"))
+                assert got.startswith(b"HTTP/1.1 200 ")
+                assert b"ok /healthz" in got
+                admin = b"GET /hold HTTP/1.1\r\nhost: x\r\nauthorization: Bearer adm\r\n\r\n"
+                await send(admin)
+                await app.wait_held(4)
+                await send(admin)
+                await app.wait_held(5)
+                # Cap and reserve full: even the health check is refused at once.
+                got = await _read_to_close(await send(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"))
+                assert got.startswith(b"HTTP/1.1 503 ")
+                assert _error_code(got) == "too_many_connections"
+                # Room again once the held requests end.
+                app.release.set()
+                for stream in opened[:3]:
+                    await stream.aclose()
+                await trio.sleep(0.05)
+                got = await _read_to_close(
+                    await send(b"GET /fine HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                )
+                assert got.startswith(b"HTTP/1.1 200 ")
+            finally:
+                for stream in opened:
+                    stream.socket.close()
+            nursery.cancel_scope.cancel()
+
+
+def test_the_cap_is_lowered_to_fit_the_open_file_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    from yard.http.server import connection_cap
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
+    # Each connection may hold a backend connection too; 128 kept for the rest.
+    assert connection_cap(5000, 8) == (1024 - 128) // 2 - 8
+    assert connection_cap(100, 8) == 100
