@@ -40,26 +40,47 @@ async def test_a_read_with_nothing_waiting_waits_for_the_bytes() -> None:
         assert got == [b"late"]
 
 
-async def test_a_reader_that_always_finds_bytes_still_lets_other_tasks_run() -> None:
+async def test_a_reader_that_always_finds_bytes_yields_once_every_16_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     left, right = _pair()
     async with left, right:
         await right.send_all(b"x" * 100)
-        ran_at: list[int] = []
-        reads = 0
-
-        async def other() -> None:
-            ran_at.append(reads)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(other)
-            for _ in range(40):
+        monkeypatch.setattr(sockio, "_fast_ops", 0)
+        for _ in range(2):
+            with trio.testing.assert_no_checkpoints():
+                for _ in range(16):
+                    assert await sockio.receive_some(left, 1) == b"x"
+            # The 17th read is a checkpoint (so other tasks run), though
+            # bytes are waiting.
+            with trio.testing.assert_checkpoints():
                 assert await sockio.receive_some(left, 1) == b"x"
-                reads += 1
-        # A yield comes after at most 16 fast reads. Trio may run this task
-        # first in the batch after that yield (it shuffles batches), so the
-        # other task runs by the second yield at the latest; with no yields
-        # it would only run once all 40 reads were done.
-        assert ran_at and ran_at[0] <= 33
+
+
+async def test_a_writer_the_kernel_always_takes_from_yields_once_every_16_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    left, right = _pair()
+    async with left, right:
+        monkeypatch.setattr(sockio, "_fast_ops", 0)
+        for _ in range(2):
+            with trio.testing.assert_no_checkpoints():
+                for _ in range(16):
+                    await sockio.send_all(left, b"x")
+            with trio.testing.assert_checkpoints():
+                await sockio.send_all(left, b"x")
+        assert await right.receive_some(100) == b"x" * 34
+
+
+async def test_a_write_that_stalls_raises_too_slow_after_stall_s(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    left, right = _pair()
+    async with left, right:
+        t0 = trio.current_time()
+        with pytest.raises(trio.TooSlowError):
+            await sockio.send_all(left, b"x" * (8 << 20), stall_s=30.0)
+        assert trio.current_time() - t0 == 30.0
 
 
 async def test_a_write_larger_than_the_socket_buffer_arrives_whole_and_in_order() -> None:
