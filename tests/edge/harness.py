@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -142,10 +143,15 @@ def echo_toml(name: str = "llm", *, models: tuple[str, ...] = ("tiny",), slots: 
     )
 
 
-def start_yard(work: Path, body: str, *, server: str = "") -> Yard:
+def start_yard(work: Path, body: str, *, server: str = "", nofile: int | None = None) -> Yard:
     """Run ``yard serve`` with ``[server]`` lines ``server`` (listen and
     data_dir are set here) and the tables in ``body``; returns once
-    ``/healthz`` answers."""
+    ``/healthz`` answers. ``nofile``: yard's open-file limit (RLIMIT_NOFILE)."""
+
+    def limit_files() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     work.mkdir(parents=True, exist_ok=True)
     port = free_port()
     config = work / "yard.toml"
@@ -159,6 +165,7 @@ def start_yard(work: Path, body: str, *, server: str = "") -> Yard:
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=log,
+            preexec_fn=limit_files,
         )
     yard = Yard(port=port, proc=proc, work=work)
     deadline = time.monotonic() + 60
@@ -294,9 +301,10 @@ def _probe(yard: Yard, stop: threading.Event, watch: Watch) -> None:
 def healthz_answers(yard: Yard, *, min_s: float = 0.3) -> Iterator[Watch]:
     """Probe ``/healthz`` on fresh connections while the block runs (at least
     ``min_s``), then assert yard answered each probe with 200 within
-    :data:`HEALTHZ_WITHIN_S`. One probe up to :data:`HEALTHZ_CAP_S` is
-    forgiven (the machine is shared with other work); a stalled event loop
-    shows as a probe over that cap, which never passes."""
+    :data:`HEALTHZ_WITHIN_S`. One probe in fifty (at least one) up to
+    :data:`HEALTHZ_CAP_S` is forgiven (the machine is shared with other
+    work); a stalled event loop shows as a probe over that cap, which never
+    passes."""
     watch = Watch()
     stop = threading.Event()
     thread = threading.Thread(target=_probe, args=(yard, stop, watch), daemon=True)
@@ -312,7 +320,11 @@ def healthz_answers(yard: Yard, *, min_s: float = 0.3) -> Iterator[Watch]:
     assert not watch.failures, f"/healthz failed during the attack: {watch.failures}"
     assert len(watch.latencies) >= 3, "too few /healthz probes ran during the attack"
     slow = sorted(t for t in watch.latencies if t > HEALTHZ_WITHIN_S)
-    assert len(slow) <= 1, f"/healthz over {HEALTHZ_WITHIN_S * 1000:.0f} ms: {slow}"
+    forgiven = max(1, len(watch.latencies) // 50)
+    assert len(slow) <= forgiven, (
+        f"/healthz over {HEALTHZ_WITHIN_S * 1000:.0f} ms in {len(slow)} of "
+        f"{len(watch.latencies)} probes: {slow}"
+    )
 
 
 def error_shape_ok(answer: Answer) -> bool:

@@ -37,6 +37,30 @@ def test_a_well_formed_chunked_request_is_proxied(yard: Yard) -> None:
     assert answer.status == 200, answer.body[:300]
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"zz\r\nhello\r\n0\r\n\r\n", id="size-not-hex"),
+        pytest.param(b"5\nhello\r\n0\r\n\r\n", id="size-line-ends-in-lf-only"),
+        pytest.param(b"3\r\nhello\r\n0\r\n\r\n", id="more-data-than-the-size"),
+        pytest.param(b"ffffffffffffffffffff\r\nx\r\n0\r\n\r\n", id="size-overflows"),
+    ],
+)
+def test_a_malformed_chunked_body_is_a_400(yard: Yard, body: bytes) -> None:
+    with healthz_answers(yard):
+        answer = exchange(yard, _chunked(body))
+    assert answer.status == 400, (answer.status, answer.body[:300])
+    assert answer.error_code() == "malformed_request"
+
+
+def test_a_chunked_body_on_http_1_0_is_refused(yard: Yard) -> None:
+    body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(CHAT), CHAT)
+    with healthz_answers(yard):
+        answer = exchange(yard, _chunked(body, version="1.0"))
+    assert answer.status == 400, (answer.status, answer.body[:300])
+    assert error_shape_ok(answer)
+
+
 def test_transfer_encoding_with_content_length_is_refused(yard: Yard) -> None:
     body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(CHAT), CHAT)
     with healthz_answers(yard):
@@ -78,6 +102,14 @@ def test_a_limit_of_5000_digits_is_a_400(yard: Yard) -> None:
 def test_a_limit_that_is_not_a_small_whole_number_is_a_400(yard: Yard, value: str) -> None:
     answer = get(yard, "/v1/jobs?limit=" + value.encode().decode("latin-1"), headers=APP)
     assert answer.status == 400, (answer.status, answer.body[:300])
+
+
+def test_a_60_mib_login_form_is_refused_without_freezing_yard(yard: Yard) -> None:
+    form = b"a=b&" * (15 * MiB)
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    with healthz_answers(yard):
+        answer = post(yard, "/dashboard/login", form, headers=headers, timeout=60)
+    assert answer.status == 413, (answer.status, answer.body[:300])
 
 
 def test_a_60_mib_form_to_the_data_plane_does_not_freeze_yard(yard: Yard) -> None:
