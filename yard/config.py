@@ -146,6 +146,17 @@ class ServerConfig:
     admin_failures_before_delay: wrong admin keys a client may send before it
         must wait between tries.
     admin_failure_max_delay_s: longest such wait (it doubles per failure).
+    keep_alive_s: how long a client connection may stay idle between requests.
+    head_timeout_s: how long a request head may take to arrive (from the
+        connection's start, or a later head's first byte); then 408.
+    body_timeout_s: how long a request body may go without a byte; then 408.
+    send_timeout_s: how long a client may take none of its answer before the
+        request ends as cancelled (as if it had hung up).
+    max_connections: client connections served at once (lowered at start
+        to fit the open-file limit); over it only ``/healthz`` and the admin
+        key are served.
+    reserved_connections: connections over ``max_connections`` kept for
+        ``/healthz`` and the admin key; past them a connection gets 503.
     """
 
     listen_host: str = "127.0.0.1"
@@ -163,6 +174,12 @@ class ServerConfig:
     dashboard_login_max_bytes: int = 4096
     admin_failures_before_delay: int = 5
     admin_failure_max_delay_s: float = 300.0
+    keep_alive_s: float = 75.0
+    head_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    send_timeout_s: float = 30.0
+    max_connections: int = 1000
+    reserved_connections: int = 8
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -770,6 +787,12 @@ SERVER_KEYS = (
     "dashboard_login_max_bytes",
     "admin_failures_before_delay",
     "admin_failure_max_delay_s",
+    "keep_alive_s",
+    "head_timeout_s",
+    "body_timeout_s",
+    "send_timeout_s",
+    "max_connections",
+    "reserved_connections",
 )
 DEVICE_KEYS = ("reserve", "exclusive")
 APP_KEYS = (
@@ -970,6 +993,27 @@ def _server(r: _Reader, data: dict[str, Any], scheduler: SchedulerConfig) -> Ser
         ),
         admin_failure_max_delay_s=r.get(
             data, "server", "admin_failure_max_delay_s", float, 300.0, _positive
+        ),
+        keep_alive_s=r.get(data, "server", "keep_alive_s", float, defaults.keep_alive_s, _positive),
+        head_timeout_s=r.get(
+            data, "server", "head_timeout_s", float, defaults.head_timeout_s, _positive
+        ),
+        body_timeout_s=r.get(
+            data, "server", "body_timeout_s", float, defaults.body_timeout_s, _positive
+        ),
+        send_timeout_s=r.get(
+            data, "server", "send_timeout_s", float, defaults.send_timeout_s, _positive
+        ),
+        max_connections=r.get(
+            data, "server", "max_connections", int, defaults.max_connections, _positive
+        ),
+        reserved_connections=r.get(
+            data,
+            "server",
+            "reserved_connections",
+            int,
+            defaults.reserved_connections,
+            _non_negative,
         ),
     )
 

@@ -17,6 +17,7 @@ import trio
 from quart import Quart
 from quart_trio import QuartTrio
 
+from yard.config import ServerConfig
 from yard.http import openapi, server
 from yard.http.errors import error_body
 from yard.http.gateway import ASGIApp, Gateway
@@ -73,10 +74,13 @@ async def serve_app(
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     graceful_s: float = 10.0,
     listeners: list[trio.SocketListener] | None = None,
+    server_config: ServerConfig | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` (or on ``listeners`` already bound with
     :func:`yard.http.server.open_listeners`) with yard's lean HTTP/1.1 server.
+    ``server_config``: the ``[server]`` table whose connection limits and
+    admin key apply (:class:`yard.http.server.Limits`' defaults if None).
 
     Reports the bound addresses (``["http://127.0.0.1:8080"]``; port 0 picks a
     free one) through ``task_status`` once the socket listens. When
@@ -90,6 +94,8 @@ async def serve_app(
         port,
         shutdown_trigger=shutdown_trigger,
         graceful_s=graceful_s,
+        limits=server.Limits.from_config(server_config) if server_config else None,
+        admin_key=server_config.admin_key if server_config else None,
         listeners=listeners,
         task_status=task_status,
     )

@@ -42,7 +42,7 @@ import resource
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -50,6 +50,9 @@ from yard.http import sockio, wire
 from yard.http.asgi import ASGIApp, Message, Scope
 from yard.http.connection import Connection, bearer_matches, refusal
 from yard.http.lifespan import run_lifespan
+
+if TYPE_CHECKING:
+    from yard.config import ServerConfig
 
 __all__ = ["ASGIApp", "Limits", "Message", "Scope", "Server", "open_listeners", "serve"]
 
@@ -88,6 +91,18 @@ class Limits:
     send_timeout_s: float = 30.0
     max_connections: int = 1000
     reserved_connections: int = 8
+
+    @classmethod
+    def from_config(cls, config: ServerConfig) -> Limits:
+        """The limits of a ``[server]`` table."""
+        return cls(
+            keep_alive_s=config.keep_alive_s,
+            head_timeout_s=config.head_timeout_s,
+            body_timeout_s=config.body_timeout_s,
+            send_timeout_s=config.send_timeout_s,
+            max_connections=config.max_connections,
+            reserved_connections=config.reserved_connections,
+        )
 
 
 def connection_cap(configured: int, reserved: int) -> int:
