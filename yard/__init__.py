@@ -13,6 +13,7 @@ The rooms, from the inside out:
 - ``yard.memory``: meters (NVML, host) and profiles.
 - ``yard.store``: SQLite (jobs, profiles).
 - ``yard.http``: the quart-trio app: proxy, jobs, admin, dashboard, metrics.
+- ``yard.upstream``: the HTTP client that sends requests to backends.
 - ``yard.config``: the TOML configuration; ``yard.cli``: the command line.
 - ``sim`` (beside the package): the same engine and core under virtual time.
 """

@@ -394,10 +394,11 @@ async def test_respond_async_hands_the_parsed_request_to_the_job_service(
     assert response.json() == {"id": "job-1", "status": "queued"}
     ((request, rerun_safe),) = jobs.submitted
     assert rerun_safe is True
-    from yard.http.proxy import ProxyRequest
+    from yard.upstream import ProxyRequest
 
     assert isinstance(request, ProxyRequest)
     assert (request.backend, request.priority, request.model) == ("llm", 5.0, "tiny")
+    assert request.app == "local"  # the app's name: all forward() and jobs need
     assert request.target == b"/v1/chat/completions?q=1"
     assert all(name != b"prefer" for name, _ in request.headers)
     assert gw.engine.admissions == []

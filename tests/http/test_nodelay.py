@@ -8,8 +8,8 @@ import socket
 
 import trio
 
-from yard.http.proxy import UpstreamPool, _origin
 from yard.http.server import open_listeners
+from yard.upstream import UpstreamPool, _origin
 
 
 def _nodelay(stream: trio.SocketStream) -> bool:

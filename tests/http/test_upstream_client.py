@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 import trio
 
-from yard.http.proxy import UpstreamError, UpstreamPool
+from yard.upstream import UpstreamError, UpstreamPool
 
 
 async def _scripted(
@@ -122,7 +122,9 @@ async def test_connection_close_header_makes_it_not_reusable() -> None:
         ([b"garbage that is not http\r\n\r\n"], False),
         ([b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort"], True),
         ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel"], True),
-        ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"], True),
+        ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", b"zz\r\n"], True),
+        # Found bad before the response was handed over: nothing began.
+        ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"], False),
     ],
 )
 async def test_broken_answers_raise_upstream_error_saying_whether_a_response_began(

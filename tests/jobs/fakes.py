@@ -16,15 +16,15 @@ from typing import Any
 import trio
 
 from yard.admission import Assignment
-from yard.config import AppConfig, JobsConfig
+from yard.config import JobsConfig
 from yard.core.events import Outcome
 from yard.core.views import QueuedView
 from yard.errors import Rejected
-from yard.http.proxy import ProxyRequest, UpstreamError
 from yard.http.runtime import JobService
 from yard.jobs.service import Jobs
 from yard.jobs.store import JobStore
 from yard.jobs.upstream import UpstreamResponseLike
+from yard.upstream import ProxyRequest, UpstreamError
 
 EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the wall clock at virtual time 0
 
@@ -288,7 +288,7 @@ def proxy_request(
         headers=[(b"content-type", b"application/json")],
         body=body,
         backend="tts",
-        app=AppConfig(name=app, key=f"key-{app}", default_priority=50.0, max_priority=100.0),
+        app=app,
         priority=priority,
         start_by=start_by,
         allow_late=allow_late,

@@ -9,8 +9,9 @@
   kernel is ready (the hot path's largest cost after parsing).
 - ``gateway``: the data plane: ``/v1/*`` and ``/backends/NAME/PATH`` as a raw
   ASGI app that reads, checks, schedules and streams requests.
-- ``proxy``: :class:`~yard.http.proxy.ProxyRequest`, :func:`~yard.http.proxy.forward`
-  and the upstream keep-alive pool (its own small HTTP/1.1 client).
+- ``intake``: reading a request: API key, priority, deadline, ``model``.
+(The upstream client, :func:`yard.upstream.forward` and its keep-alive pool,
+lives outside this package: the job service uses it too.)
 - ``app``: the whole ASGI app (data plane in front of the Quart control plane:
   ``/healthz``, jobs, dashboard, metrics, admin) and :func:`~yard.http.app.serve_app`.
 - ``errors``: yard's own errors in the OpenAI shape.

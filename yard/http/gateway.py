@@ -13,7 +13,7 @@ One request, in order:
 2. route: ``model`` (JSON body or multipart form field) -> backend, or the
    backend named in ``/backends/NAME/...``;
 3. ``Prefer: respond-async`` -> hand it to the job service (202), else
-4. ``engine.submit`` -> wait for dispatch -> :func:`yard.http.proxy.forward`
+4. ``engine.submit`` -> wait for dispatch -> :func:`yard.upstream.forward`
    -> stream back -> ``admission.report``;
 5. the metrics hook (``runtime.observe_request``, left there by
    ``yard.observe.register``) hears the outcome, queue wait and latency.
@@ -53,8 +53,8 @@ from yard.http.intake import (
     too_large,
     without_connection_options,
 )
-from yard.http.proxy import HOP_BY_HOP, Headers, ProxyRequest, UpstreamError
 from yard.http.runtime import Runtime
+from yard.upstream import HOP_BY_HOP, Headers, ProxyRequest, UpstreamError
 
 if TYPE_CHECKING:
     from yard.engine import Admission
@@ -158,7 +158,7 @@ class Gateway:
         admission = engine.submit(
             backend=request.backend,
             priority=request.priority,
-            app=request.app.name,
+            app=request.app,
             request_id=request_id,
             start_by=request.start_by,
             allow_late=request.allow_late,
@@ -410,7 +410,7 @@ class Gateway:
             headers=forwarded,
             body=body,
             backend=backend_config.name,
-            app=app,
+            app=app.name,
             priority=clamp_priority(config, app, priority),
             start_by=parse_start_by(engine.now(), start_by, start_within),
             allow_late=flag(allow_late, "X-Yard-Allow-Late"),

@@ -21,7 +21,7 @@ from urllib.parse import unquote
 
 from yard.config import AppConfig, Config
 from yard.http.errors import ApiError
-from yard.http.proxy import Headers
+from yard.upstream import Headers
 
 _DISPOSITION_NAME = re.compile(rb'(?:^|;)\s*name="([^"]*)"', re.IGNORECASE)
 

@@ -31,9 +31,9 @@ from pathlib import Path
 import trio
 
 from yard.config import JobsConfig
-from yard.http.proxy import UpstreamPool
 from yard.jobs.service import EngineLike, Jobs
 from yard.jobs.store import JobStore
+from yard.upstream import UpstreamPool
 
 __all__ = ["JOBS_FILE", "JobStore", "Jobs", "JobsConfig", "open_jobs"]
 

@@ -6,7 +6,7 @@ only then enqueues it into the engine, exactly like a synchronous request
 (same queue, same priority order); the proxy answers 202. A runner task per
 job holds its :class:`~yard.engine.Admission`: it waits for the dispatch,
 marks the job running (durably, before a byte goes upstream), forwards the
-request with the gateway's :func:`~yard.http.proxy.forward`, reads the whole
+request with the gateway's :func:`~yard.upstream.forward`, reads the whole
 answer (up to ``max_result_bytes``), stores it and reports the outcome.
 
 Rules it keeps:
@@ -37,7 +37,6 @@ from yard.admission import AdmissionLike, Assignment, UpstreamLost, run_turn
 from yard.config import JobsConfig
 from yard.core.views import QueuedView
 from yard.errors import Rejected
-from yard.http.proxy import ProxyRequest, UpstreamError, UpstreamPool
 from yard.jobs.restore import restore
 from yard.jobs.store import (
     JobError,
@@ -51,6 +50,7 @@ from yard.jobs.store import (
 )
 from yard.jobs.upstream import ResultTooLarge, Upstream, fetch, pooled
 from yard.jobs.views import job_json, rfc3339
+from yard.upstream import ProxyRequest, UpstreamError, UpstreamPool
 
 log = logging.getLogger("yard.jobs")
 
@@ -260,7 +260,7 @@ class Jobs:
         try:
             job = await self._insert(job_id, request, start_by, rerun_safe, now_wall, quota)
         except QuotaExceeded as exc:
-            raise self._over_quota(request.app.name, exc, now_wall) from None
+            raise self._over_quota(request.app, exc, now_wall) from None
         # On disk first, then into the queue: a crash in between leaves a
         # queued job that the next start enqueues. So does a stop that began
         # while it was being written: it is accepted, and waits for the restart.
@@ -284,7 +284,7 @@ class Jobs:
     ) -> JobRecord:
         return await self.store.insert(
             job_id=job_id,
-            app=request.app.name,
+            app=request.app,
             model=request.model or request.backend,
             backend=request.backend,
             priority=request.priority,

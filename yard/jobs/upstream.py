@@ -3,7 +3,7 @@
 :func:`fetch` sends a stored request to the backend a job was dispatched to
 and reads the whole answer into a :class:`~yard.jobs.store.StoredResult`, up
 to ``max_result_bytes``. The transport is an :data:`Upstream`: the gateway's
-:func:`yard.http.proxy.forward` over its connection pool in production, a fake
+:func:`yard.upstream.forward` over its connection pool in production, a fake
 in tests.
 """
 
@@ -13,13 +13,12 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
-from yard.config import AppConfig
-from yard.http.proxy import ProxyRequest, UpstreamPool, forward
 from yard.jobs.store import JobRecord, StoredRequest, StoredResult
+from yard.upstream import ProxyRequest, UpstreamPool, forward
 
 
 class UpstreamResponseLike(Protocol):
-    """What a runner reads of :class:`yard.http.proxy.UpstreamResponse`."""
+    """What a runner reads of :class:`yard.upstream.UpstreamResponse`."""
 
     status: int
     headers: list[tuple[bytes, bytes]]
@@ -28,7 +27,7 @@ class UpstreamResponseLike(Protocol):
 
 
 Upstream = Callable[[ProxyRequest, str], AbstractAsyncContextManager[UpstreamResponseLike]]
-"""Sends a request to a backend's base URL: :func:`yard.http.proxy.forward`
+"""Sends a request to a backend's base URL: :func:`yard.upstream.forward`
 (with the gateway's pool), or a fake in tests. Raises ``UpstreamError``."""
 
 
@@ -63,10 +62,7 @@ async def fetch(
         headers=[*stored.headers, (b"x-yard-request-id", job.id.encode())],
         body=stored.body,
         backend=job.backend,
-        # forward() does not look at the app; the record only names it.
-        app=AppConfig(
-            name=job.app, key="", default_priority=job.priority, max_priority=job.priority
-        ),
+        app=job.app,
         priority=job.priority,
         start_by=None,
         allow_late=job.allow_late,

@@ -1,18 +1,22 @@
-"""The upstream side of the proxy: one request to a backend, streamed back.
+"""yard's upstream client: one request to a backend, its response streamed back.
 
 :class:`ProxyRequest` is a client request after yard has read and checked it
 (route, app, priority, deadline). :func:`forward` sends it to a backend and
 yields the response as it arrives: status and headers first, then the body
-chunk by chunk, never buffered. The synchronous proxy and the job runner both
-call it.
+chunk by chunk, never buffered. The gateway (``yard.http``) and the job
+service (``yard.jobs``) both call it; it knows neither.
 
 Rules this module keeps:
 
 - Bodies are bytes and go through unchanged, in both directions.
 - It never retries. A pooled keep-alive connection is checked before it is
   reused (a closed one is dropped), so that a request is written at most once.
-- It speaks HTTP/1.1 to backends with a small parser of its own (h11 cost a
-  third of the proxy's time per request); the client side is still h11.
+- Responses are read with :class:`yard.http.wire.ClientConnection`, the same
+  sans-I/O HTTP/1.1 code as the server side (h11 cost a third of the proxy's
+  time per request). What a backend sends that could not go on to a client
+  as a well-formed response (conflicting framing, a line break in a header,
+  a status below 100, a head over 64 KiB) is an :class:`UpstreamError`
+  before the client sees any of it.
 - A connection goes back to the pool only after a complete, reusable exchange;
   anything else (an error, a cancel, a response not read to the end) closes it.
 """
@@ -23,15 +27,11 @@ import functools
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import trio
 
-from yard.http import sockio
-
-if TYPE_CHECKING:
-    from yard.config import AppConfig
+from yard.http import sockio, wire
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -70,7 +70,7 @@ class ProxyRequest:
         with ``x-yard-request-id`` added.
     body: the request body, exactly as received.
     backend: the backend that serves it.
-    app: the app that sent it.
+    app: the name of the app that sent it.
     priority: its base priority, already clamped to the app's range.
     start_by: latest start on the engine clock, or None.
     allow_late: run it even when the deadline cannot be met.
@@ -84,7 +84,7 @@ class ProxyRequest:
     headers: Headers
     body: bytes
     backend: str
-    app: AppConfig
+    app: str
     priority: float
     start_by: float | None
     allow_late: bool
@@ -101,8 +101,10 @@ class ProxyRequest:
 class UpstreamError(Exception):
     """The backend could not be reached, or its connection broke.
 
-    response_started: the backend had already sent the status line and
-        headers (so the client may already have received bytes).
+    response_started: the response had been handed to the caller (status
+        and headers), so its client may already have received bytes. A
+        response found broken before that (its head, or the part of its
+        body that came with the head) raises with False.
     """
 
     def __init__(self, detail: str, *, response_started: bool) -> None:
@@ -137,19 +139,18 @@ def _origin(base_url: str) -> _Origin:
 
 class _Connection:
     """One HTTP/1.1 connection to a backend: a trio socket stream and the
-    bytes read from it that nobody consumed yet."""
+    state of its responses."""
 
-    __slots__ = ("buffer", "eof", "stream")
+    __slots__ = ("stream", "wire")
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
-        self.buffer = bytearray()
-        self.eof = False
+        self.wire = wire.ClientConnection(max_head=_HEAD_LIMIT)
 
     def is_reusable(self) -> bool:
         # A keep-alive connection the server closed (idle timeout, restart)
         # reads as "readable" (EOF); one with stray bytes is unusable too.
-        return not self.buffer and not self.stream.socket.is_readable()
+        return self.wire.reusable and not self.stream.socket.is_readable()
 
     async def send(self, data: Sequence[bytes]) -> None:
         # One write for small requests (each write wakes the backend); large
@@ -162,32 +163,8 @@ class _Connection:
                 await sockio.send_all(self.stream, piece)
 
     async def fill(self) -> None:
-        """Read more bytes into the buffer; sets ``eof`` when the peer closed."""
-        data = await sockio.receive_some(self.stream, _READ_SIZE)
-        if data:
-            self.buffer += data
-        else:
-            self.eof = True
-
-
-class _Malformed(Exception):
-    """The backend's bytes are not HTTP/1.1 as yard understands it."""
-
-
-def _parse_head(head: bytes) -> tuple[int, bytes, Headers, bool]:
-    """Status line and headers -> (status, reason, headers, http/1.1?)."""
-    lines = head.split(b"\r\n")
-    version, _, rest = lines[0].partition(b" ")
-    code, _, reason = rest.partition(b" ")
-    if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit():
-        raise _Malformed(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
-    headers: Headers = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name[-1:] in (b" ", b"\t") or name[:1] in (b" ", b"\t"):
-            raise _Malformed(f"malformed header line: {line[:80]!r}")
-        headers.append((name.lower(), value.strip(b" \t")))
-    return int(code), reason, headers, version == b"HTTP/1.1"
+        """Read more bytes for the response (``b""`` when the peer closed)."""
+        self.wire.receive_data(await sockio.receive_some(self.stream, _READ_SIZE))
 
 
 class UpstreamPool:
@@ -252,130 +229,79 @@ class UpstreamPool:
             lines.append(b"\r\n")
             try:
                 await conn.send([b"".join(lines), body])
-                response = await UpstreamResponse.read_head(conn, method == b"HEAD")
+                response = await UpstreamResponse.read_head(conn, method)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 raise UpstreamError(
                     f"connection to the backend broke: {exc}", response_started=False
                 ) from exc
-            except _Malformed as exc:
+            except wire.ProtocolError as exc:
                 raise UpstreamError(
-                    f"the backend did not answer in HTTP/1.1: {exc}", response_started=False
+                    f"the backend's answer cannot be passed on: {exc}", response_started=False
                 ) from exc
             yield response
         finally:
-            if response is not None and response.complete and response.reusable:
+            if response is not None and response.complete and conn.wire.reusable:
                 self._release(origin, conn)
             else:
                 conn.stream.socket.close()
 
 
 _HEAD_LIMIT = 64 * 1024
+"""The longest response head accepted from a backend, as for clients."""
 
 
 class UpstreamResponse:
     """A backend's response: status and headers now, body as it arrives.
 
-    Framing follows RFC 9112 section 6: no body for HEAD, 1xx, 204 and 304;
-    chunked transfer coding; Content-Length; otherwise until the backend
-    closes the connection.
+    Framing is RFC 9112 section 6 as :class:`yard.http.wire.ClientConnection`
+    reads it: no body for HEAD, 1xx, 204 and 304; chunked transfer coding;
+    Content-Length; otherwise until the backend closes the connection.
     """
 
-    __slots__ = (
-        "_chunk_left",
-        "_conn",
-        "_mode",
-        "_remaining",
-        "complete",
-        "headers",
-        "reason",
-        "reusable",
-        "status",
-    )
+    __slots__ = ("_conn", "_next", "complete", "headers", "reason", "status")
 
-    def __init__(
-        self,
-        conn: _Connection,
-        status: int,
-        reason: bytes,
-        headers: Headers,
-        keep_alive: bool,
-        head_only: bool,
-    ) -> None:
+    def __init__(self, conn: _Connection, head: wire.Response) -> None:
         self._conn = conn
-        self.status = status
-        self.reason = reason
-        self.headers = headers
+        self.status = head.status
+        self.reason = head.reason
+        self.headers = head.headers
         self.complete = False
-        self._remaining = 0
-        self._chunk_left = 0
-        length: bytes | None = None
-        chunked = False
-        close = not keep_alive
-        for name, value in headers:
-            if name == b"content-length":
-                if length is not None and value != length:
-                    raise _Malformed("conflicting Content-Length headers")
-                length = value
-            elif name == b"transfer-encoding":
-                chunked = value.lower().rsplit(b",", 1)[-1].strip() == b"chunked"
-                if not chunked:
-                    close = True
-            elif name == b"connection":
-                tokens = {t.strip().lower() for t in value.split(b",")}
-                if b"close" in tokens:
-                    close = True
-                elif b"keep-alive" in tokens and not keep_alive:
-                    close = False
-        if head_only or status in (204, 304):
-            self._mode = "none"
+        # What of the body came with the head (so the head can go on with
+        # it in one write), or its end.
+        self._next: bytes | None = None
+        event = conn.wire.next_event()
+        if type(event) is wire.Data:
+            self._next = event.data
+        elif type(event) is wire.EndOfMessage:
             self.complete = True
-        elif chunked:
-            self._mode = "chunked"
-        elif length is not None:
-            if not length.isdigit():
-                raise _Malformed(f"bad Content-Length {length[:40]!r}")
-            self._mode = "length"
-            self._remaining = int(length)
-            self.complete = self._remaining == 0
-        else:
-            self._mode = "close"
-            close = True
-        self.reusable = not close
 
     @classmethod
-    async def read_head(cls, conn: _Connection, head_only: bool) -> UpstreamResponse:
+    async def read_head(cls, conn: _Connection, method: bytes) -> UpstreamResponse:
+        """Read the response to the ``method`` request just sent on ``conn``."""
+        conn.wire.request_sent(method)
         while True:
-            end = conn.buffer.find(b"\r\n\r\n")
-            while end < 0:
-                if len(conn.buffer) > _HEAD_LIMIT:
-                    raise _Malformed("response head larger than 64 KiB")
-                if conn.eof:
-                    raise _Malformed(
-                        "the backend closed the connection without answering"
-                        if not conn.buffer
-                        else "the backend closed the connection in the middle of its answer"
-                    )
-                await conn.fill()
-                end = conn.buffer.find(b"\r\n\r\n")
-            head = bytes(conn.buffer[:end])
-            del conn.buffer[: end + 4]
-            status, reason, headers, keep_alive = _parse_head(head)
-            if 100 <= status < 200:
-                if status == 101:
-                    raise _Malformed("the backend switched protocols, which yard does not proxy")
-                continue  # 100 Continue, 103 Early Hints: the real answer follows
-            return cls(conn, status, reason, headers, keep_alive, head_only)
+            event = conn.wire.next_event()
+            if type(event) is wire.Response:
+                return cls(conn, event)
+            await conn.fill()
+
+    @property
+    def reusable(self) -> bool:
+        """Whether the connection can carry another request: the response
+        ended, the backend keeps the connection and sent nothing more."""
+        return self.complete and self._conn.wire.reusable
 
     def buffered(self) -> bool:
         """Whether more of the body (or its end) has already arrived, so the
         next chunk is available without waiting."""
-        return self.complete or bool(self._conn.buffer)
+        return self.complete or self._next is not None or self._conn.wire.buffered > 0
 
     def chunks(self) -> UpstreamResponse:
         """The body, chunk by chunk as the backend sends it (``async for``).
 
         Raises :class:`UpstreamError` (``response_started=True``) if the
-        connection breaks before the body is complete.
+        connection breaks before the body is complete, or the body breaks
+        its framing.
         """
         return self
 
@@ -385,89 +311,29 @@ class UpstreamResponse:
     async def __anext__(self) -> bytes:
         # A plain iterator, not an async generator: leaving the loop early
         # (client gone) must not leave a generator for the GC to finalize.
+        data = self._next
+        if data is not None:
+            self._next = None
+            return data
+        conn = self._conn
         try:
             while not self.complete:
-                data = self._take()
-                if data:
-                    return data
-                if self.complete:
-                    break
-                if self._conn.eof:
-                    if self._mode == "close":
-                        self.complete = True
-                        break
-                    raise UpstreamError(
-                        "the backend closed the connection before its answer was complete",
-                        response_started=True,
-                    )
-                await self._conn.fill()
+                event = conn.wire.next_event()
+                if type(event) is wire.Data:
+                    return event.data
+                if event is wire.NEED_DATA:
+                    await conn.fill()
+                else:
+                    self.complete = True
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise UpstreamError(
                 f"connection to the backend broke mid-response: {exc}", response_started=True
             ) from exc
-        except _Malformed as exc:
+        except wire.ProtocolError as exc:
             raise UpstreamError(
                 f"the backend's response is malformed: {exc}", response_started=True
             ) from exc
         raise StopAsyncIteration
-
-    def _take(self) -> bytes:
-        """Body bytes available in the buffer now (b"" if none yet)."""
-        buf = self._conn.buffer
-        if not buf:
-            return b""
-        mode = self._mode
-        if mode == "length":
-            n = min(self._remaining, len(buf))
-            data = bytes(buf[:n])
-            del buf[:n]
-            self._remaining -= n
-            self.complete = self._remaining == 0
-            return data
-        if mode == "close":
-            data = bytes(buf)
-            buf.clear()
-            return data
-        # chunked: gather what is here of as many chunks as are complete.
-        out = bytearray()
-        while buf:
-            if self._chunk_left > 0:
-                n = min(self._chunk_left, len(buf))
-                out += buf[:n]
-                del buf[:n]
-                self._chunk_left -= n
-                if self._chunk_left == 0:
-                    self._chunk_left = -1  # the CRLF after the data is next
-                continue
-            line_end = buf.find(b"\r\n")
-            if line_end < 0:
-                if len(buf) > 4096:
-                    raise _Malformed("chunk size line too long")
-                break
-            if self._chunk_left == -1:
-                if line_end != 0:
-                    raise _Malformed("missing CRLF after chunk data")
-                del buf[:2]
-                self._chunk_left = 0
-                continue
-            if self._chunk_left == -2:
-                # Trailers: skip header lines up to the empty one.
-                del buf[: line_end + 2]
-                if line_end == 0:
-                    self.complete = True
-                    break
-                continue
-            size_text = bytes(buf[:line_end]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise _Malformed(f"bad chunk size {size_text[:20]!r}") from None
-            del buf[: line_end + 2]
-            if size == 0:
-                self._chunk_left = -2
-            else:
-                self._chunk_left = size
-        return bytes(out)
 
     async def read(self) -> bytes:
         """The whole body (for callers that store it, like jobs)."""
