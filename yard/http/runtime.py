@@ -13,11 +13,16 @@ synchronous one, then handed over as a :class:`~yard.upstream.ProxyRequest`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+import trio
 
 if TYPE_CHECKING:
     from yard.config import Config
     from yard.engine import Engine
+    from yard.http.gateway import RequestHook
+    from yard.ports import ProfileStore
+    from yard.supervisor import Supervisor
     from yard.upstream import ProxyRequest, UpstreamPool
 
 RUNTIME_KEY = "yard.runtime"
@@ -38,29 +43,52 @@ class JobService(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeterInfo:
+    """Which memory meter yard reads, for the parts that show it.
+
+    mode: ``nvml``, ``drm``, ``nvml+drm``, ``apple`` or ``host-only``.
+    detail: the meter's sentence (which GPUs, through what; or why host-only).
+    """
+
+    mode: str
+    detail: str
+
+
 @dataclass(kw_only=True)
 class Runtime:
     """The parts of one running yard.
 
     config: the loaded configuration.
     engine: the scheduler loop (``yard.engine.Engine``).
-    launcher: the supervisor that starts backends (for logs and status), if any.
+    launcher: the supervisor that starts backends (its processes and logs),
+        or None where nothing real is launched (tests).
     jobs: the job service, or None when jobs are not available (the proxy
         then answers ``Prefer: respond-async`` with 501).
     started_at: wall-clock time (``time.time()``) yard started serving.
     upstream: the connection pool every call to a backend goes through.
     urls: where the HTTP server listens, once it does (``["http://127.0.0.1:8080"]``).
-    extras: room for the parts to share small things without new fields.
+    stopping: set when yard begins to shut down; endless streams (dashboard
+        events, log tails) end then instead of holding the shutdown's grace.
+    http_done: set once the HTTP server has stopped (its grace is over).
+    profiles: the profile store (``DELETE /admin/profiles/NAME``), if any.
+    meter: which memory meter yard reads (status, ``/metrics``), if any.
+    observe_request: the metrics hook the gateway calls for each proxied
+        request (left here by ``yard.observe.register``), if any.
     """
 
     config: Config
     engine: Engine
-    launcher: Any = None
+    launcher: Supervisor | None = None
     jobs: JobService | None = None
     started_at: float = 0.0
     upstream: UpstreamPool = field(default_factory=lambda: _default_pool())
     urls: list[str] = field(default_factory=list)
-    extras: dict[str, Any] = field(default_factory=dict)
+    stopping: trio.Event = field(default_factory=trio.Event)
+    http_done: trio.Event = field(default_factory=trio.Event)
+    profiles: ProfileStore | None = None
+    meter: MeterInfo | None = None
+    observe_request: RequestHook | None = None
 
 
 def _default_pool() -> UpstreamPool:
