@@ -40,7 +40,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -187,7 +187,7 @@ async def _serve(
         stack.callback(meter.close)
         nursery = await stack.enter_async_context(trio.open_nursery())
         supervisor = Supervisor(config)
-        shutdown.attach(nursery.cancel_scope, supervisor)
+        shutdown.attach(nursery.cancel_scope, hurry=supervisor.hurry)
         watcher: trio.CancelScope = await nursery.start(_watch_signals, signals, shutdown)
         try:
             await nursery.start(_supervise, supervisor, watcher)
@@ -448,13 +448,14 @@ class Shutdown:
         self.requested = trio.Event()
         self.signals = 0
         self._scope: trio.CancelScope | None = None
-        self._supervisor: Supervisor | None = None
+        self._hurry: Callable[[], None] | None = None
         self._serving = False
 
-    def attach(self, everything: trio.CancelScope, supervisor: Supervisor) -> None:
-        """The scope that holds every part of yard, and its supervisor."""
+    def attach(self, everything: trio.CancelScope, *, hurry: Callable[[], None]) -> None:
+        """The scope that holds every part of yard, and what skips the
+        backends' grace (the supervisor's ``hurry``)."""
         self._scope = everything
-        self._supervisor = supervisor
+        self._hurry = hurry
 
     def serving(self) -> None:
         """Yard serves: from now on the first signal is a graceful stop."""
@@ -476,8 +477,8 @@ class Shutdown:
         )
         if self._scope is not None:
             self._scope.cancel()
-        if self._supervisor is not None:
-            self._supervisor.hurry()
+        if self._hurry is not None:
+            self._hurry()
 
 
 async def _watch_signals(

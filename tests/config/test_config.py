@@ -10,6 +10,7 @@ import pytest
 from yard import cli
 from yard.config import (
     DEFAULT_STARTUP_TIMEOUT_S,
+    SERVER_KEYS,
     Config,
     ConfigError,
     JobsConfig,
@@ -618,8 +619,7 @@ def test_yard_check_prints_every_error_and_exits_1(
     err = capsys.readouterr().err.splitlines()
     assert err == [
         f"{path}: server.lisen: unknown key; did you mean 'listen'? (known here: "
-        "listen, data_dir, admin_key, admin_key_env, max_body_bytes, default_priority, "
-        "stop_grace_s, log_level, allow_anonymous)",
+        f"{', '.join(SERVER_KEYS)})",
         f'{path}: backends.b.command: is missing: the argv to start it, e.g. ["llama-server", ...]',
         "2 errors",
     ]

@@ -196,15 +196,15 @@ async def test_a_signal_during_start_up_stops_yard_with_nothing_left(tmp_path: P
         assert _survivors(groups)
         async with _yard(tmp_path, config) as second:
             # Its first log line (the meter's) comes once it catches signals,
-            # before it serves: one signal then cancels the start-up, and the
-            # orphans are still reaped.
+            # usually well before it serves: one signal then cancels the
+            # start-up (test_serve_shutdown pins that without timing), and
+            # the orphans are still reaped.
             log = tmp_path / "yard.log"
             await wait_until(lambda: " yard." in log.read_text())
             second.send_signal(signal.SIGTERM)
             await second.wait()
             assert second.returncode == 0
         assert _survivors(groups) == []
-        assert "yard is serving" not in log.read_text()
 
 
 async def test_sighup_stops_yard_like_sigterm_leaving_no_backend_behind(tmp_path: Path) -> None:
