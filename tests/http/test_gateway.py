@@ -7,9 +7,11 @@ import json
 from collections.abc import AsyncIterator
 
 import httpx
+import pytest
 import trio
 
 from tests.http.conftest import APPS, Gateway, GatewayFactory, make_config, open_raw
+from tests.http.upstream import Scripted, serve_scripted
 from yard.engine import Rejected
 from yard.observe.metrics import REQUESTS
 
@@ -513,3 +515,85 @@ async def test_every_proxied_request_counts_in_yard_requests_total(gw: Gateway) 
     await gw.client.post("/v1/chat/completions", json={**CHAT, "model": "tiny-alias"})
     await gw.client.post("/v1/chat/completions", json={**CHAT, "model": "tiny-alias"})
     assert count() == before + 2
+
+
+# -- backends that lie ---------------------------------------------------------
+
+OK_HEAD = b"HTTP/1.1 200 OK\r\n"
+
+
+async def _scripted_gateway(gateway_factory: GatewayFactory, answer: bytes) -> Gateway:
+    """A gateway whose ``llm`` backend answers every request with ``answer``."""
+    gw = await gateway_factory()
+    scripted = await gateway_factory.nursery.start(serve_scripted, Scripted(answer))
+    gw.engine.base_urls["llm"] = scripted.base_url
+    return gw
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(
+            OK_HEAD + b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n"
+            b"5\r\nhello\r\n0\r\n\r\n",
+            id="chunked and a length",
+        ),
+        pytest.param(OK_HEAD + b"X-A: a\rb\r\nContent-Length: 2\r\n\r\nok", id="CR in a header"),
+        pytest.param(OK_HEAD + b"X-A: a\x00b\r\nContent-Length: 2\r\n\r\nok", id="NUL in a header"),
+        pytest.param(b"HTTP/1.1 099 Odd\r\nContent-Length: 2\r\n\r\nok", id="status below 100"),
+        pytest.param(
+            OK_HEAD + b"X-Big: " + b"a" * 100_000 + b"\r\nContent-Length: 2\r\n\r\nok",
+            id="head over 64 KiB",
+        ),
+        pytest.param(
+            OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", id="bad chunk with the head"
+        ),
+    ],
+)
+async def test_a_backend_answer_that_breaks_http_is_a_502_backend_failed(
+    gateway_factory: GatewayFactory, answer: bytes
+) -> None:
+    gw = await _scripted_gateway(gateway_factory, answer)
+    async with gw.client:
+        response = await gw.client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "backend_failed")
+    assert "x-big" not in response.headers
+    (admission,) = gw.engine.admissions
+    assert admission.reports[0][0] == "upstream_lost"
+
+
+async def test_a_body_shorter_than_its_length_is_a_clean_cut(
+    gateway_factory: GatewayFactory,
+) -> None:
+    gw = await _scripted_gateway(gateway_factory, OK_HEAD + b"Content-Length: 10\r\n\r\nshort")
+    async with gw.client:
+        with pytest.raises(httpx.RemoteProtocolError, match=r"complete message"):
+            await gw.client.post("/v1/chat/completions", json=CHAT)
+    await gw.engine.wait_settled(gw.engine.admissions[0])
+    assert gw.engine.admissions[0].reports[0][0] == "error"
+
+
+async def test_a_body_longer_than_its_length_is_cut_at_the_length(
+    gateway_factory: GatewayFactory,
+) -> None:
+    gw = await _scripted_gateway(gateway_factory, OK_HEAD + b"Content-Length: 2\r\n\r\nhello")
+    async with gw.client:
+        response = await gw.client.post("/v1/chat/completions", json=CHAT)
+    assert (response.status_code, response.content) == (200, b"he")
+    assert response.headers["content-length"] == "2"
+
+
+async def test_a_backend_cookie_named_like_yards_session_never_reaches_the_client(
+    gateway_factory: GatewayFactory,
+) -> None:
+    gw = await _scripted_gateway(
+        gateway_factory,
+        OK_HEAD + b"Set-Cookie: yard_admin=stolen; Path=/\r\nSet-Cookie: theirs=1\r\n"
+        b"Set-Cookie:  Yard_Admin =x\r\nContent-Length: 2\r\n\r\nok",
+    )
+    async with gw.client:
+        response = await gw.client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200
+    assert response.headers.get_list("set-cookie") == ["theirs=1"]

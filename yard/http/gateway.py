@@ -54,6 +54,7 @@ from yard.http.intake import (
     without_connection_options,
 )
 from yard.http.runtime import Runtime
+from yard.observe.auth import COOKIE as SESSION_COOKIE
 from yard.upstream import HOP_BY_HOP, Headers, ProxyRequest, UpstreamError
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ _DROPPED = HOP_BY_HOP | {b"host", b"content-length", b"prefer"}
 _RESPONSE_DROPPED = HOP_BY_HOP | {b"x-accel-buffering"}
 _ACCEL = (b"x-accel-buffering", b"no")
 _JSON_CT = b"application/json"
+_SESSION = SESSION_COOKIE.encode().lower()
 
 
 class _ClientGone(Exception):
@@ -503,11 +505,15 @@ class Gateway:
 
 
 def _response_headers(headers: Headers) -> Headers:
-    """A backend's response headers as they go to the client."""
+    """A backend's response headers as they go to the client: without
+    hop-by-hop headers, and without a cookie that would stand in for yard's
+    own dashboard session (a backend must not log a browser in, or out)."""
     kept = [h for h in headers if h[0] not in _RESPONSE_DROPPED]
     for name, value in headers:
         if name == b"connection":
             kept = without_connection_options(kept, value)
+        elif name == b"set-cookie" and value.partition(b"=")[0].strip().lower() == _SESSION:
+            kept = [h for h in kept if h[0] != b"set-cookie" or h[1] != value]
     return kept
 
 
