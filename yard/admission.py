@@ -80,15 +80,18 @@ class Assignment:
 class AdmissionBook:
     """The engine's book of the requests it holds: each live Admission by
     request id, how many wait (queued, or lost awaiting a verdict), how many
-    are in flight, and how many ended by outcome (``ok``, ``error``,
-    ``rejected``, ``cancelled``). Only Admissions' moves write it."""
+    are in flight, both also by app (``queued_by_app``, ``inflight_by_app``:
+    apps with none are left out), and how many ended by outcome (``ok``,
+    ``error``, ``rejected``, ``cancelled``). Only Admissions' moves write it."""
 
-    __slots__ = ("_live", "inflight", "outcomes", "queued")
+    __slots__ = ("_live", "inflight", "inflight_by_app", "outcomes", "queued", "queued_by_app")
 
     def __init__(self) -> None:
         self._live: dict[str, Admission] = {}
         self.queued = 0
         self.inflight = 0
+        self.queued_by_app: dict[str, int] = {}
+        self.inflight_by_app: dict[str, int] = {}
         self.outcomes: dict[str, int] = {}
 
     def get(self, request_id: str) -> Admission | None:
@@ -104,6 +107,7 @@ class AdmissionBook:
             raise ValueError(f"request id {admission.request_id!r} is already in use")
         self._live[admission.request_id] = admission
         self.queued += 1
+        _add(self.queued_by_app, admission.app, 1)
 
     def close(self, rejected: Rejected) -> None:
         """End every live admission with ``rejected`` (yard is stopping); not
@@ -113,20 +117,35 @@ class AdmissionBook:
             admission._end_quietly(rejected)
         self.queued = 0
         self.inflight = 0
+        self.queued_by_app.clear()
+        self.inflight_by_app.clear()
 
     def _moved(self, admission: Admission, old: State, new: State, outcome: str | None) -> None:
+        app = admission.app
         if old == "dispatched":
             self.inflight -= 1
+            _add(self.inflight_by_app, app, -1)
         else:
             self.queued -= 1
+            _add(self.queued_by_app, app, -1)
         if new == "dispatched":
             self.inflight += 1
+            _add(self.inflight_by_app, app, 1)
         elif new in _WAITING:
             self.queued += 1
+            _add(self.queued_by_app, app, 1)
         else:
             del self._live[admission.request_id]
             if outcome is not None:
                 self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+def _add(counts: dict[str, int], app: str, delta: int) -> None:
+    left = counts.get(app, 0) + delta
+    if left:
+        counts[app] = left
+    else:
+        del counts[app]
 
 
 class Admission:
@@ -145,6 +164,7 @@ class Admission:
         "_send",
         "_state",
         "_wakeup",
+        "app",
         "arrived_at",
         "backend",
         "queued_s",
@@ -159,12 +179,14 @@ class Admission:
         arrived_at: float,
         send: Callable[[Event], None],
         book: AdmissionBook | None,
+        app: str = "",
     ) -> None:
         """send: hands an event to the core (the engine's). book: the engine's
         book, which the caller enters this admission in (None: never entered,
-        for one refused at once)."""
+        for one refused at once). app: the app the request belongs to."""
         self._send = send
         self._book = book
+        self.app = app
         self.request_id = request_id
         self.backend = backend
         self.arrived_at = arrived_at

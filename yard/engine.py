@@ -43,7 +43,7 @@ import math
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
@@ -149,6 +149,10 @@ class EngineStatistics:
         verdict); inflight: requests dispatched and not yet reported.
     backends_running: backend processes the engine holds (starting, ready, stopping).
     events, decisions: how many the loop has handled and carried out.
+    queued_by_app, inflight_by_app: queue_length and inflight by app (apps with
+        none left out).
+    refusals: requests refused or ended unserved, by app, then by code: the
+        core's rejections and the engine's own ``app_queue_full``.
     """
 
     requests: Mapping[str, int]
@@ -166,6 +170,9 @@ class EngineStatistics:
     backends_running: int
     events: int
     decisions: int
+    queued_by_app: Mapping[str, int] = field(default_factory=dict)
+    inflight_by_app: Mapping[str, int] = field(default_factory=dict)
+    refusals: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 class _Backend:
@@ -209,6 +216,9 @@ class Engine:
     log_size: how many recent decisions :meth:`decisions` keeps.
     shutdown_grace_s: on shutdown, how long stopping the backends may take.
     subscriber_buffer: decisions a live subscriber may fall behind before it is dropped.
+    max_queued: per app, the most of its requests that may wait at once
+        (``[apps.NAME] max_queued``); :meth:`submit` refuses one more. Apps not
+        in it have no limit of their own.
 
     Start it with ``await nursery.start(engine.run)``; it is ready for
     :meth:`submit` once that returns, and serves until cancelled.
@@ -228,8 +238,14 @@ class Engine:
         log_size: int = 1000,
         shutdown_grace_s: float = 30.0,
         subscriber_buffer: int = 1000,
+        max_queued: Mapping[str, int] | None = None,
     ) -> None:
         self._scheduler = scheduler
+        self._max_queued = dict(max_queued or {})
+        # Per app with a max_queued: a moving mean of its requests' queue wait,
+        # for the Retry-After of a refusal.
+        self._app_wait_s: dict[str, float] = {}
+        self._refusals: dict[str, dict[str, int]] = {}
         self._launcher = launcher
         self._meter = meter
         self._profiles = profiles
@@ -303,7 +319,17 @@ class Engine:
         before now (a job restored after a restart); ``requeued`` for one that was
         already requeued once. Never blocks. After shutdown the admission is already
         rejected (503, ``shutting_down``).
+
+        Raises :class:`Rejected` (429 ``app_queue_full``, with a Retry-After) when
+        ``app`` already has its ``max_queued`` requests waiting; nothing is
+        entered then. A restored request (``arrived_at`` given) was admitted
+        before, so it is counted but never refused.
         """
+        limit = self._max_queued.get(app)
+        if limit is not None and arrived_at is None and not self._closed:
+            waiting = self._book.queued_by_app.get(app, 0)
+            if waiting >= limit:
+                raise self._queue_full(app, waiting, limit)
         if request_id is None:
             request_id = uuid.uuid4().hex
         now = trio.current_time()
@@ -313,6 +339,7 @@ class Engine:
             arrived_at=now if arrived_at is None else arrived_at,
             send=self._send_event,
             book=None if self._closed else self._book,
+            app=app,
         )
         self._submitted += 1
         if self._closed:
@@ -331,6 +358,26 @@ class Engine:
         )
         self._deliver(event, now)
         return admission
+
+    def _queue_full(self, app: str, waiting: int, limit: int) -> Rejected:
+        self._refused(app, "app_queue_full")
+        # A place frees when one of the app's requests starts: with ``waiting``
+        # of them waiting about W each, one starts every W / waiting seconds
+        # (Little's law). 1 s before any of them has started.
+        mean_wait = self._app_wait_s.get(app)
+        retry = 1.0 if mean_wait is None else min(60.0, max(1.0, mean_wait / max(1, waiting)))
+        return Rejected(
+            status=429,
+            code="app_queue_full",
+            message=f"app {app!r} already has {waiting} requests waiting, the most "
+            f"[apps.{app}] max_queued = {limit} allows; try again after Retry-After "
+            "seconds, once some of them have started",
+            retry_after_s=retry,
+        )
+
+    def _refused(self, app: str, code: str) -> None:
+        counts = self._refusals.setdefault(app, {})
+        counts[code] = counts.get(code, 0) + 1
 
     def send(self, event: Event) -> None:
         """Send an event to the core (admin events: AdminLoad, AdminPin, ...)."""
@@ -378,6 +425,9 @@ class Engine:
             backends_running=len(self._backends),
             events=self._events,
             decisions=self._decisions,
+            queued_by_app=dict(self._book.queued_by_app),
+            inflight_by_app=dict(self._book.inflight_by_app),
+            refusals={app: dict(codes) for app, codes in self._refusals.items()},
         )
 
     def backend_log(self, backend: str) -> list[str]:
@@ -566,13 +616,19 @@ class Engine:
             backend=decision.backend,
             base_url=record.process.base_url,
         )
-        admission._dispatched(assignment, now)
+        if admission._dispatched(assignment, now) and admission.app in self._max_queued:
+            mean = self._app_wait_s.get(admission.app)
+            waited = admission.queued_s
+            self._app_wait_s[admission.app] = (
+                waited if mean is None else mean + 0.2 * (waited - mean)
+            )
 
     def _apply_reject(self, decision: Reject, now: float) -> None:
         self._rejects[decision.code] = self._rejects.get(decision.code, 0) + 1
         admission = self._book.get(decision.request_id)
         if admission is None:
             return
+        self._refused(admission.app, decision.code)
         admission._reject(
             Rejected(
                 status=decision.status,

@@ -206,6 +206,11 @@ async def _serve(
             logs=supervisor,
             start_timeout_s=start_timeout,
             shutdown_grace_s=max(30.0, 2 * config.server.stop_grace_s),
+            max_queued={
+                app.name: app.max_queued
+                for app in config.apps.values()
+                if app.max_queued is not None
+            },
         )
         nursery.start_soon(log_decisions, engine, engine.subscribe(logged_kinds()), stop)
         await nursery.start(engine.run)

@@ -227,6 +227,34 @@ def _queue(status: Json) -> Table | Text:
     return table
 
 
+def _apps(status: Json) -> Table | None:
+    apps = status.get("apps", [])
+    if not apps:
+        return None
+    table = Table(title="Apps", title_justify="left", expand=True)
+    for column in ("app", "queued", "served now", "weight", "refused"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("models", overflow="fold")
+    for app in apps:
+        refused = app.get("refused") or {}
+        table.add_row(
+            Text(app.get("name", ""), style="bold"),
+            _of_limit(app.get("queued", 0), app.get("max_queued")),
+            _of_limit(app.get("inflight", 0), app.get("max_concurrent")),
+            f"{app['weight']:g}" if app.get("weight") is not None else "-",
+            ", ".join(f"{code} {count}" for code, count in sorted(refused.items())) or "-",
+            ", ".join(app["models"]) if app.get("models") is not None else "all",
+        )
+    return table
+
+
+def _of_limit(count: int, limit: int | None) -> Text:
+    """``3/20`` (red at the limit), or ``3`` without one."""
+    if limit is None:
+        return Text(str(count))
+    return Text(f"{count}/{limit}", style="red" if count >= limit else "")
+
+
 def _decisions(status: Json, limit: int) -> Table | Text:
     decisions = status.get("decisions", [])[:limit]
     if not decisions:
@@ -286,6 +314,9 @@ def render(status: Json, console: Console, *, decisions: int = 15) -> None:
     console.print(_devices(status))
     console.print(_backends(status))
     console.print(_queue(status))
+    apps = _apps(status)
+    if apps is not None:
+        console.print(apps)
     console.print(_decisions(status, decisions))
     console.print(_failures(status))
     console.print(_profiles(status))

@@ -157,14 +157,28 @@ class Gateway:
         if is_async:
             return await self._submit_job(request, rerun_safe, send)
         engine = self.runtime.engine
-        admission = engine.submit(
-            backend=request.backend,
-            priority=request.priority,
-            app=request.app,
-            request_id=request_id,
-            start_by=request.start_by,
-            allow_late=request.allow_late,
-        )
+        try:
+            admission = engine.submit(
+                backend=request.backend,
+                priority=request.priority,
+                app=request.app,
+                request_id=request_id,
+                start_by=request.start_by,
+                allow_late=request.allow_late,
+            )
+        except Rejected as exc:
+            # Refused before it was queued (the app's max_queued).
+            if self._observe is not None:
+                self._observe(
+                    model=request.model or "",
+                    backend=request.backend,
+                    outcome=exc.code,
+                    queued_s=None,
+                    latency_s=None,
+                )
+            return await _send_error(
+                send, exc.status, exc.code, exc.message, request_id, None, exc.retry_after_s
+            )
         finished = False
         disconnect = (scope.get("extensions") or {}).get("yard.disconnect")
         try:

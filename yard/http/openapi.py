@@ -68,6 +68,7 @@ ERROR_CODES = (
     "job_expired",
     "job_too_large",
     "too_many_jobs",
+    "app_queue_full",
     "job_storage_full",
     "result_too_large",
     "jobs_unavailable",
@@ -300,6 +301,28 @@ _SCHEMAS: dict[str, Schema] = {
             "failures": {"type": "array", "items": {"type": "object"}},
             "profiles": {"type": "array", "items": {"type": "object"}},
             "statistics": {"type": "object"},
+            "apps": {
+                "type": "array",
+                "description": "Each app's limits, requests waiting and served now, and "
+                "refusals by code.",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "queued", "inflight", "refused"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "models": {"type": _nullable("array"), "items": {"type": "string"}},
+                        "max_queued": {"type": _nullable("integer")},
+                        "max_concurrent": {"type": _nullable("integer")},
+                        "weight": {"type": "number"},
+                        "queued": {"type": "integer"},
+                        "inflight": {"type": "integer"},
+                        "refused": {
+                            "type": "object",
+                            "additionalProperties": {"type": "integer"},
+                        },
+                    },
+                },
+            },
         },
     },
     "BackendAction": {
@@ -390,7 +413,11 @@ def _proxied(summary: str, *, body: bool) -> Schema:
         "404": _error("`model_not_found` or `backend_not_found`."),
         "409": _error("`deadline_infeasible`: the deadline cannot be met."),
         "413": _error("`body_too_large` (server.max_body_bytes), `job_too_large`."),
-        "429": _error("`too_many_jobs`: the app's job quota (jobs.max_jobs_per_app) is used."),
+        "429": _error(
+            "`too_many_jobs`: the app's job quota (jobs.max_jobs_per_app) is used; "
+            "`app_queue_full`: the app has [apps.NAME] max_queued requests waiting "
+            "(`Retry-After`)."
+        ),
         "502": _error("`backend_failed`: the backend died or answered something that is not HTTP."),
         "503": _error("`does_not_fit`, `queue_full`, `shutting_down`."),
         "504": _error("`deadline_missed`."),

@@ -21,6 +21,9 @@ The series:
   ``yard_submitted_total``, ``yard_deadline_misses_total``,
   ``yard_requeues_total``, ``yard_inflight``,
   ``yard_proxy_latency_seconds{backend}``.
+- apps: ``yard_refusals_total{app,reason}`` (refused or ended unserved, by
+  error code: ``app_queue_full``, ``queue_full``, ``deadline_missed``, ...),
+  ``yard_app_queued{app}``, ``yard_app_inflight{app}``.
 - backends: ``yard_loads_total``, ``yard_load_failures_total``,
   ``yard_load_seconds{backend}``, ``yard_stops_total``,
   ``yard_evictions_total``, ``yard_ooms_total``, ``yard_backends_running``,
@@ -54,7 +57,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from yard.core.views import Snapshot
-    from yard.engine import LoggedDecision
+    from yard.engine import EngineStatistics, LoggedDecision
 
 BACKEND_STATES = ("stopped", "starting", "ready", "busy", "draining", "stopping", "failed")
 
@@ -291,6 +294,7 @@ class EngineCollector(Collector):
         for code, count in sorted(stats.rejects.items()):
             rejects.add_metric([code], count)
         yield rejects
+        yield from _apps(stats)
         counters = {
             "submitted": (stats.submitted, "Requests handed to the engine."),
             "loads": (stats.loads, "Backend starts ordered."),
@@ -315,6 +319,28 @@ class EngineCollector(Collector):
             gauge = GaugeMetricFamily(f"yard_{name}", text)
             gauge.add_metric([], value)
             yield gauge
+
+
+def _apps(stats: EngineStatistics) -> Iterator[Metric]:
+    """Refusals and waiting / served requests by app (apps with none left out)."""
+    refusals = CounterMetricFamily(
+        "yard_refusals",
+        "Requests refused or ended unserved, by app and reason (the error code: "
+        "app_queue_full, queue_full, deadline_missed, ...).",
+        labels=["app", "reason"],
+    )
+    for app, codes in sorted(stats.refusals.items()):
+        for code, count in sorted(codes.items()):
+            refusals.add_metric([app, code], count)
+    yield refusals
+    for name, counts, text in (
+        ("queued", stats.queued_by_app, "Requests of the app waiting (max_queued counts these)."),
+        ("inflight", stats.inflight_by_app, "Requests of the app being served."),
+    ):
+        gauge = GaugeMetricFamily(f"yard_app_{name}", text, labels=["app"])
+        for app, count in sorted(counts.items()):
+            gauge.add_metric([app], count)
+        yield gauge
 
 
 class DecisionMetrics:

@@ -272,6 +272,28 @@ def _statistics_json(statistics: object) -> Json:
     }
 
 
+def apps_json(limits: Mapping[str, Json], statistics: Json) -> list[Json]:
+    """Each app's limits (``limits``: name -> its ``models``, ``max_queued``,
+    ``max_concurrent`` and ``weight`` from the configuration) with its
+    requests waiting (``queued``) and being served (``inflight``) now and its
+    refusals by code (``refused``), from the engine's statistics. Apps seen by
+    the engine but not configured (``local``) come last, without limits."""
+    queued = statistics.get("queued_by_app", {})
+    inflight = statistics.get("inflight_by_app", {})
+    refused = statistics.get("refusals", {})
+    seen = [name for name in (*queued, *inflight, *refused) if name not in limits]
+    return [
+        {
+            "name": name,
+            **limits.get(name, {}),
+            "queued": queued.get(name, 0),
+            "inflight": inflight.get(name, 0),
+            "refused": dict(refused.get(name, {})),
+        }
+        for name in (*limits, *dict.fromkeys(seen))
+    ]
+
+
 def build_status(
     engine: EngineSource,
     *,

@@ -13,7 +13,7 @@ from quart import current_app, request
 
 from yard.observe import auth
 from yard.observe.metrics import DecisionMetrics, new_registry
-from yard.observe.report import EngineSource, Json, build_status
+from yard.observe.report import EngineSource, Json, apps_json, build_status
 
 if TYPE_CHECKING:
     from yard.http.runtime import MeterInfo, Runtime
@@ -39,6 +39,8 @@ class Observer:
         (dashboard events, log tails) at once instead of holding the
         shutdown's grace (None: they end only when cancelled).
     meter_info: which memory meter yard reads, when it reads one.
+    apps: app name -> its limits (``models``, ``max_queued``,
+        ``max_concurrent``, ``weight``), shown with its counts.
     session_ttl_s: how long a dashboard login lasts.
     login_max_bytes: largest login form body.
     failures_before_delay, failure_max_delay_s: how wrong admin keys are
@@ -56,6 +58,7 @@ class Observer:
     profiles: ProfileForgetter | None = None
     shutdown: trio.Event | None = None
     meter_info: MeterInfo | None = None
+    apps: Mapping[str, Json] = field(default_factory=dict)
     session_ttl_s: float = 12 * 3600.0
     login_max_bytes: int = 4096
     failures_before_delay: int = 5
@@ -89,6 +92,15 @@ class Observer:
             profiles=runtime.profiles,
             shutdown=runtime.stopping,
             meter_info=runtime.meter,
+            apps={
+                name: {
+                    "models": None if app.models is None else list(app.models),
+                    "max_queued": app.max_queued,
+                    "max_concurrent": app.max_concurrent,
+                    "weight": app.weight,
+                }
+                for name, app in config.apps.items()
+            },
             session_ttl_s=config.server.dashboard_session_ttl_s,
             login_max_bytes=config.server.dashboard_login_max_bytes,
             failures_before_delay=config.server.admin_failures_before_delay,
@@ -119,6 +131,7 @@ class Observer:
         meter = self.meter()
         if meter is not None:
             document["meter"] = meter
+        document["apps"] = apps_json(self.apps, document["statistics"])
         return document
 
     def refusal(self) -> auth.Refusal | None:
