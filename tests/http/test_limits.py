@@ -448,6 +448,11 @@ async def test_over_the_cap_only_healthz_and_the_admin_key_are_served_then_all_i
                 assert got.startswith(b"HTTP/1.1 503 ")
                 assert b"retry-after: 1" in got
                 assert _error_code(got) == "too_many_connections"
+                # A head that is not there whole at once does not hold the
+                # reserve: it is refused at once.
+                for _ in range(3):
+                    got = await _read_to_close(await send(b"GET /healthz HTTP/1.1\r\n"))
+                    assert got.startswith(b"HTTP/1.1 503 ")
                 # The reserve serves the health check and the admin key (once).
                 got = await _read_to_close(await send(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"))
                 assert got.startswith(b"HTTP/1.1 200 ")

@@ -217,10 +217,29 @@ class Connection:
         self.wire.receive_data(b"")
         return True
 
+    def _take_waiting(self) -> None:
+        """Read into the parser what the client has sent so far, without
+        waiting."""
+        try:
+            while data := sockio.read_now(self.stream, _READ):
+                self.wire.receive_data(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        if data is not None:
+            self.hang_up()
+            self.wire.receive_data(b"")
+
     async def _next_request(self) -> wire.Event | wire.Signal | None:
         """The next request's head (or what ends the connection); None when
         it did not come in time."""
         conn = self.wire
+        if self.restricted:
+            # From the reserve: only a head that is here whole at once (it
+            # was when the connection was accepted, TCP_DEFER_ACCEPT), so
+            # that heads that trickle in cannot hold the reserve.
+            self._take_waiting()
+            event = conn.next_event()
+            return None if event is wire.NEED_DATA else event
         event = conn.next_event()
         if event is not wire.NEED_DATA:
             return event  # pipelined, already here
@@ -315,6 +334,15 @@ class Connection:
             return
         await self.write(data)
 
+    async def _refuse(self) -> None:
+        await self.error(
+            503,
+            "too_many_connections",
+            f"yard has {self.server.max_connections} connections open, its limit "
+            "(server.max_connections); retry shortly, or reuse a connection",
+            retry_after_s=1.0,
+        )
+
     # -- the requests ------------------------------------------------------------
 
     async def serve(self) -> None:
@@ -341,7 +369,9 @@ class Connection:
                 await self.error(*protocol_failure(exc))
                 return
             if event is None:
-                if self.wire.buffered:
+                if self.restricted:
+                    await self._refuse()
+                elif self.wire.buffered:
                     await self.error(
                         408,
                         "request_timeout",
@@ -353,13 +383,7 @@ class Connection:
                 return  # ConnectionClosed
             self._requests += 1
             if self.restricted and not server.may_use_reserve(event):
-                await self.error(
-                    503,
-                    "too_many_connections",
-                    f"yard has {server.max_connections} connections open, its limit "
-                    "(server.max_connections); retry shortly, or reuse a connection",
-                    retry_after_s=1.0,
-                )
+                await self._refuse()
                 return
             try:
                 keep = await self._request(event)
