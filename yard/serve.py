@@ -413,6 +413,7 @@ async def _serve_http(
             shutdown_trigger=stop.wait,
             graceful_s=server.stop_grace_s,
             listeners=listeners,
+            server_config=server,
             task_status=task_status,
         )
     finally:
