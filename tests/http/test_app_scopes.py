@@ -60,8 +60,12 @@ async def test_a_model_outside_the_scope_is_not_found_like_an_unknown_one(
     gw, _ = scoped
     hidden = await gw.client.post("/v1/chat/completions", json=chat("tiny"), headers=GUEST)
     unknown = await gw.client.post("/v1/chat/completions", json=chat("nothing"), headers=GUEST)
-    assert error(hidden) == error(unknown)[:2] + (error(unknown)[2].replace("nothing", "tiny"),)
-    assert error(hidden)[:2] == (404, "model_not_found")
+    assert error(hidden) == (
+        404,
+        "model_not_found",
+        "the model tiny does not exist in this yard; GET /v1/models lists them",
+    )
+    assert error(unknown)[2] == error(hidden)[2].replace("tiny", "nothing")
     allowed = await gw.client.post("/v1/chat/completions", json=chat("tiny-alias"), headers=GUEST)
     assert allowed.status_code == 200
     # Another app without a scope reaches every model.
