@@ -26,18 +26,16 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import trio
 
 from yard.http import sockio, wire
-from yard.http.asgi import Scope
+from yard.http.asgi import ASGIApp, Scope
 from yard.http.errors import error_body, error_headers
 from yard.http.exchange import Exchange, protocol_failure
-
-if TYPE_CHECKING:
-    from yard.http.server import Server
+from yard.http.limits import Limits
 
 log = logging.getLogger("yard.http.server")
 
@@ -55,6 +53,21 @@ def refusal(code: str, message: str, retry_after_s: float) -> bytes:
     fields = (*error_headers(body, retry_after_s), _CLOSE)
     head = b"".join(b"%s: %s\r\n" % field for field in fields)
     return b"HTTP/1.1 503 Service Unavailable\r\n%s\r\n%s" % (head, body)
+
+
+class Host(Protocol):
+    """What a connection needs of its server (:class:`yard.http.server.Server`)."""
+
+    app: ASGIApp
+    limits: Limits
+    closing: bool
+    address: tuple[str, int] | None
+    lifespan_state: dict[str, Any]
+    connections: set[Connection]
+    nursery: trio.Nursery | None
+    max_connections: int
+
+    def may_use_reserve(self, request: wire.Request) -> bool: ...
 
 
 class Connection:
@@ -77,7 +90,7 @@ class Connection:
 
     def __init__(
         self,
-        server: Server,
+        server: Host,
         stream: trio.SocketStream,
         client: tuple[str, int] | None,
         *,
@@ -96,7 +109,7 @@ class Connection:
         limits = server.limits
         self._keep_alive_s = limits.keep_alive_s
         self._head_timeout_s = limits.head_timeout_s
-        self._body_timeout_s = limits.body_timeout_s
+        self.body_timeout_s = limits.body_timeout_s
         self._send_timeout_s = limits.send_timeout_s
         self._requests = 0
         self._may_read = trio.Event()
@@ -273,7 +286,7 @@ class Connection:
             event = self.wire.next_event()
             if event is not wire.NEED_DATA:
                 return event
-            if not await self._receive(trio.current_time() + self._body_timeout_s):
+            if not await self._receive(trio.current_time() + self.body_timeout_s):
                 return None
 
     async def _drain_request(self) -> bool:

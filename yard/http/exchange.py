@@ -15,13 +15,12 @@ Extensions (in ``scope["extensions"]``):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
+
+import trio
 
 from yard.http import wire
 from yard.http.asgi import Message
-
-if TYPE_CHECKING:
-    from yard.http.connection import Connection
 
 _CODES = {
     400: "malformed_request",
@@ -41,6 +40,29 @@ def protocol_failure(exc: wire.ProtocolError) -> tuple[int, str, str]:
     )
 
 
+_BodyEvent = wire.Event | wire.Signal
+
+
+class Channel(Protocol):
+    """What an exchange needs of its connection
+    (:class:`yard.http.connection.Connection`)."""
+
+    wire: wire.ServerConnection
+    gone: bool
+    gone_event: trio.Event
+    body_timeout_s: float
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def body_event(self) -> _BodyEvent | None: ...
+
+    def start_watching(self) -> None: ...
+
+    def stop_watching(self) -> None: ...
+
+    def hang_up(self) -> None: ...
+
+
 class Exchange:
     """One request/response on a connection: the ASGI receive and send.
 
@@ -51,7 +73,7 @@ class Exchange:
 
     __slots__ = ("body_done", "conn", "failure", "head_only", "held", "started")
 
-    def __init__(self, conn: Connection, head_only: bool) -> None:
+    def __init__(self, conn: Channel, head_only: bool) -> None:
         self.conn = conn
         self.head_only = head_only
         self.body_done = False
@@ -80,7 +102,7 @@ class Exchange:
                 self.failure = (
                     408,
                     "request_timeout",
-                    f"the request body made no progress for {conn.server.limits.body_timeout_s:g}"
+                    f"the request body made no progress for {conn.body_timeout_s:g}"
                     " s (server.body_timeout_s); send the body without pauses",
                 )
                 return {"type": "http.disconnect"}
