@@ -190,10 +190,11 @@ async def test_a_signal_during_start_up_stops_yard_with_nothing_left(tmp_path: P
                 await _wait_healthy(client)
                 await _load_both(client)
             groups = _backend_groups(tmp_path)
-            # Killed outright: its backends are orphans, reaped by the next yard.
+            # Killed outright: its backends are orphans, reaped by the next
+            # yard (one that writes to its closed pipe may die of SIGPIPE
+            # first: gone either way).
             proc.kill()
             await proc.wait()
-        assert _survivors(groups)
         async with _yard(tmp_path, config) as second:
             # Its first log line (the meter's) comes once it catches signals,
             # usually well before it serves: one signal then cancels the
