@@ -2,7 +2,7 @@
 
 The rules a connection keeps:
 
-- **Every wait on the client has a limit** (:class:`yard.http.server.Limits`):
+- **Every wait on the client has a limit** (:class:`yard.http.limits.Limits`):
   a new connection's first request head must be in within
   ``head_timeout_s``; between requests the connection may stay idle for
   ``keep_alive_s``, and once a head's first byte is there the rest of it
@@ -19,6 +19,9 @@ The rules a connection keeps:
   the connection closes; never the 500 of an app that saw its client go.
 - **A hang-up is seen at once**, also while the app works (see
   :class:`Connection`).
+- **The reserve cannot be held by slow heads.** A connection accepted over
+  the server's cap takes only a head that is there whole at once, and
+  serves one request (``/healthz`` or the admin key's), then closes.
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ websockets: yard listens on loopback or behind a reverse proxy.
 
 Its rooms, one per role:
 
-- this module: :class:`Limits`, the accept loop and its connection cap
-  (:class:`Server`), :func:`serve` (the lifecycle);
+- this module: the accept loop and its connection cap (:class:`Server`),
+  :func:`serve` (the lifecycle);
+- :mod:`yard.http.limits`: :class:`Limits`, what a client may hold;
 - :mod:`yard.http.connection`: one client connection, its requests in turn,
   its time limits and the hang-up watch;
 - :mod:`yard.http.exchange`: one request/response, the ASGI ``receive`` and
@@ -27,8 +28,9 @@ Its rooms, one per role:
 What a client may hold is bounded (:class:`Limits`): time for a head, for a
 body's progress, for a write's progress, idle time between requests, and
 the number of open connections. Past ``max_connections`` a small reserve
-still serves ``GET /healthz`` and requests with the admin key; past the
-reserve a connection is answered 503 and closed at once, without a task.
+still serves ``GET /healthz`` and requests with the admin key (a head that
+is there whole at once, one request per connection); past the reserve a
+connection is answered 503 and closed at once, without a task.
 """
 
 from __future__ import annotations
