@@ -1077,6 +1077,8 @@ class ClientConnection:
             raise
 
     def _read_head(self) -> Event | Signal:
+        if self._pos == len(self._buf) and not self._eof:
+            return NEED_DATA
         while True:
             head = self._parse_head()
             if head is None:
@@ -1139,6 +1141,29 @@ class ClientConnection:
         """One response head (a 1xx too), or None while it is incomplete."""
         buf = self._buf
         pos = self._pos
+        # The fast path: CRLF lines, all well-formed, found with one search.
+        # (Anything else, a bare LF included, fails a check here and takes
+        # the exact path below, which reads heads the way h11 does.)
+        end = buf.find(b"\r\n\r\n", pos)
+        if 0 <= end - pos <= self._max_head:
+            nl = buf.find(b"\n", pos, end + 2)  # the status line's end
+            match = _STATUS_LINE_CRLF.fullmatch(buf, pos, nl)
+            if match is not None and (
+                nl > end or _FIELDS_CRLF.fullmatch(buf, nl + 1, end + 2) is not None
+            ):
+                self._pos = end + 4
+                version, status, reason = match.groups()
+                headers = (
+                    [
+                        (name.lower(), value.strip(b" \t"))
+                        for name, _, value in [
+                            line.partition(b":") for line in buf[nl + 1 : end].split(b"\r\n")
+                        ]
+                    ]
+                    if nl < end
+                    else []
+                )
+                return version, int(status), reason or b"", headers
         end = _head_end(buf, pos)
         if end < 0 or end - pos > self._max_head:
             pending = len(buf) - pos
@@ -1152,24 +1177,6 @@ class ClientConnection:
                 )
             return None
         self._pos = end + (2 if buf[end + 1] == 10 else 3)
-        # The fast path: CRLF lines, all well-formed.
-        nl = buf.find(b"\n", pos, end + 1)
-        match = _STATUS_LINE_CRLF.fullmatch(buf, pos, nl)
-        if match is not None and (
-            nl == end or _FIELDS_CRLF.fullmatch(buf, nl + 1, end + 1) is not None
-        ):
-            version, status, reason = match.groups()
-            headers = (
-                [
-                    (name.lower(), value.strip(b" \t"))
-                    for name, _, value in [
-                        line.partition(b":") for line in buf[nl + 1 : end - 1].split(b"\r\n")
-                    ]
-                ]
-                if end > nl
-                else []
-            )
-            return version, int(status), reason or b"", headers
         text = buf[pos : end + 1].replace(b"\r\n", b"\n")
         if _BAD_BYTE.search(text) is not None:
             raise ProtocolError("a CR, NUL, VT or FF in the response head")
