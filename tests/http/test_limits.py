@@ -490,3 +490,37 @@ def test_the_cap_is_lowered_to_fit_the_open_file_limit(monkeypatch: pytest.Monke
     # Each connection may hold a backend connection too; 128 kept for the rest.
     assert connection_cap(5000, 8) == (1024 - 128) // 2 - 8
     assert connection_cap(100, 8) == 100
+
+
+async def test_at_the_cap_a_connection_still_waiting_for_its_head_makes_room() -> None:
+    from yard.http.server import open_listeners
+
+    server = Server(cast(ASGIApp, _echo), limits=Limits(max_connections=3, reserved_connections=1))
+    listeners = await open_listeners("127.0.0.1", 0)
+    port = listeners[0].socket.getsockname()[1]
+    slow: list[trio.SocketStream] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            server.nursery = nursery
+            nursery.start_soon(server.accept_and_serve, listeners[0])
+            try:
+                # Three slowloris heads fill the cap (oldest first).
+                for _ in range(3):
+                    stream = await trio.open_tcp_stream("127.0.0.1", port)
+                    slow.append(stream)
+                    await stream.send_all(b"POST /login HTTP/1.1\r\n")
+                    await trio.testing.wait_all_tasks_blocked(0.05)
+                assert len(server.connections) == 3
+                # A whole request is served: the oldest slow head made room.
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                slow.append(stream)
+                await stream.send_all(b"GET /v1/x HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                got = await _read_to_close(stream)
+                assert got.startswith(b"HTTP/1.1 200 ")
+                assert got.endswith(b"GET /v1/x 0")
+                assert await _read_to_close(slow[0]) == b""  # closed, unanswered
+            finally:
+                for stream in slow:
+                    stream.socket.close()
+                listeners[0].socket.close()
+                nursery.cancel_scope.cancel()

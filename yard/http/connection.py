@@ -109,6 +109,9 @@ class Connection:
         self.idle_since: float | None = None
         """Set while waiting for a request none of which has arrived yet
         (such a connection is closed at once at shutdown)."""
+        self.waiting_since: float | None = None
+        """Set while waiting for a request's head (none of it, or part): the
+        server may close such a connection to make room at its cap."""
         limits = server.limits
         self._keep_alive_s = limits.keep_alive_s
         self._head_timeout_s = limits.head_timeout_s
@@ -265,12 +268,13 @@ class Connection:
         else:
             deadline = now + self._keep_alive_s
         self.idle_since = None if conn.buffered else now
+        self.waiting_since = now
         while True:
             if not await self._receive(deadline):
                 return None
             event = conn.next_event()
             if event is not wire.NEED_DATA:
-                self.idle_since = None
+                self.idle_since = self.waiting_since = None
                 return event
             if self.idle_since is not None and conn.buffered:
                 # A head has begun: it has head_timeout_s from its first byte.

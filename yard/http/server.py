@@ -117,6 +117,7 @@ class Server:
         self._accept_scopes: set[trio.CancelScope] = set()
         self._accept_failed = _Throttled(_LOG_EVERY_S)
         self._refused = _Throttled(_LOG_EVERY_S)
+        self._evicted = _Throttled(_LOG_EVERY_S)
         self._refusal = refusal(
             "too_many_connections",
             f"yard has {self.max_connections} connections open, its limit "
@@ -130,6 +131,30 @@ class Server:
         if request.method in (b"GET", b"HEAD") and request.target.partition(b"?")[0] == b"/healthz":
             return True
         return self._admin_key is not None and bearer_matches(request.headers, self._admin_key)
+
+    def _make_room(self) -> bool:
+        """At the cap: close the connection that has waited longest for a
+        request head (idle between requests, or a head still incomplete), so
+        that one whose request is here (TCP_DEFER_ACCEPT) is served instead.
+        False when every connection is busy with a request."""
+        oldest: Connection | None = None
+        oldest_since = math.inf
+        for conn in self.connections:
+            since = conn.waiting_since
+            if since is not None and since < oldest_since:
+                oldest, oldest_since = conn, since
+        if oldest is None:
+            return False
+        oldest.waiting_since = None
+        oldest.stream.socket.close()
+        oldest.hang_up()
+        self._evicted.log(
+            logging.WARNING,
+            "at server.max_connections (%d): closed the connection waiting longest for a "
+            "request to serve a new one",
+            self.max_connections,
+        )
+        return True
 
     def close_idle(self) -> None:
         """At shutdown: close connections waiting for their next request."""
@@ -203,7 +228,7 @@ class Server:
             if scope.cancelled_caught:
                 return
             open_now = len(self.connections)
-            if open_now < self.max_connections:
+            if open_now < self.max_connections or self._make_room():
                 restricted = False
                 break
             if open_now < self.max_connections + self.limits.reserved_connections:
