@@ -492,7 +492,18 @@ def test_the_cap_is_lowered_to_fit_the_open_file_limit(monkeypatch: pytest.Monke
     assert connection_cap(100, 8) == 100
 
 
-async def test_at_the_cap_a_connection_still_waiting_for_its_head_makes_room() -> None:
+@pytest.mark.parametrize(
+    "slow_request",
+    [
+        pytest.param(b"POST /login HTTP/1.1\r\n", id="head"),
+        pytest.param(
+            b"POST /login HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nab", id="body"
+        ),
+    ],
+)
+async def test_at_the_cap_the_connection_waiting_longest_on_its_client_makes_room(
+    slow_request: bytes,
+) -> None:
     from yard.http.server import open_listeners
 
     server = Server(cast(ASGIApp, _echo), limits=Limits(max_connections=3, reserved_connections=1))
@@ -504,14 +515,14 @@ async def test_at_the_cap_a_connection_still_waiting_for_its_head_makes_room() -
             server.nursery = nursery
             nursery.start_soon(server.accept_and_serve, listeners[0])
             try:
-                # Three slowloris heads fill the cap (oldest first).
+                # Three slowloris heads (or bodies) fill the cap, oldest first.
                 for _ in range(3):
                     stream = await trio.open_tcp_stream("127.0.0.1", port)
                     slow.append(stream)
-                    await stream.send_all(b"POST /login HTTP/1.1\r\n")
+                    await stream.send_all(slow_request)
                     await trio.testing.wait_all_tasks_blocked(0.05)
                 assert len(server.connections) == 3
-                # A whole request is served: the oldest slow head made room.
+                # A whole request is served: the oldest slow one made room.
                 stream = await trio.open_tcp_stream("127.0.0.1", port)
                 slow.append(stream)
                 await stream.send_all(b"GET /v1/x HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")

@@ -110,8 +110,9 @@ class Connection:
         """Set while waiting for a request none of which has arrived yet
         (such a connection is closed at once at shutdown)."""
         self.waiting_since: float | None = None
-        """Set while waiting for a request's head (none of it, or part): the
-        server may close such a connection to make room at its cap."""
+        """Set while waiting on the client for a request's head (none of it,
+        or part) or for more of its body: the server may close such a
+        connection to make room at its cap (the longest waiting first)."""
         limits = server.limits
         self._keep_alive_s = limits.keep_alive_s
         self._head_timeout_s = limits.head_timeout_s
@@ -293,8 +294,12 @@ class Connection:
             event = self.wire.next_event()
             if event is not wire.NEED_DATA:
                 return event
-            if not await self._receive(trio.current_time() + self.body_timeout_s):
-                return None
+            self.waiting_since = now = trio.current_time()
+            try:
+                if not await self._receive(now + self.body_timeout_s):
+                    return None
+            finally:
+                self.waiting_since = None
 
     async def _drain_request(self) -> bool:
         """Read what the app left of the request body, so the connection can

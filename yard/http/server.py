@@ -133,10 +133,10 @@ class Server:
         return self._admin_key is not None and bearer_matches(request.headers, self._admin_key)
 
     def _make_room(self) -> bool:
-        """At the cap: close the connection that has waited longest for a
-        request head (idle between requests, or a head still incomplete), so
-        that one whose request is here (TCP_DEFER_ACCEPT) is served instead.
-        False when every connection is busy with a request."""
+        """At the cap: close the connection that has waited longest on its
+        client (for a request head, idle between requests, or for more of a
+        body), so that one whose request is here (TCP_DEFER_ACCEPT) is
+        served instead. False when no connection waits on its client."""
         oldest: Connection | None = None
         oldest_since = math.inf
         for conn in self.connections:
