@@ -153,8 +153,9 @@ class ServerConfig:
     send_timeout_s: how long a client may take none of its answer before the
         request ends as cancelled (as if it had hung up).
     max_connections: client connections served at once (lowered at start
-        to fit the open-file limit); over it only ``/healthz`` and the admin
-        key are served.
+        to fit the open-file limit); at it, the connection waiting longest on
+        its client makes room, and when none waits only ``/healthz`` and the
+        admin key are served.
     reserved_connections: connections over ``max_connections`` kept for
         ``/healthz`` and the admin key; past them a connection gets 503.
     """
