@@ -83,6 +83,27 @@ def test_eviction_stops_the_cheapest_idle_backends_and_only_as_many_as_needed() 
     assert h.stops() == ["b", "c"]
 
 
+def test_eviction_drops_a_cheap_victim_that_a_later_bigger_one_made_spare() -> None:
+    # small (4 GiB) is the cheapest to reload per GiB, so it is picked first; it
+    # is not enough, so large (16 GiB) is picked too, and large alone is enough:
+    # small must stay loaded. (Stop no more than needed.)
+    h = Harness(
+        [
+            BackendSpec(name="small", gpus=("gpu0",)),
+            BackendSpec(name="large", gpus=("gpu0",)),
+            BackendSpec(name="new", gpus=("gpu0",)),
+        ],
+        devices=(gpu(gib=24), host()),
+        profiles={"small": (4, 1, 2), "large": (16, 1, 20), "new": (14, 1, 5)},
+    )
+    for name in ("small", "large"):
+        h.load(name, f"r-{name}")
+        h.finish(f"r-{name}")
+    # 24 - 4.4 - 17.6 = 2 GiB free; new needs 15.4: small frees 4.4, large 17.6
+    h.arrive("r", "new", at=1)
+    assert h.stops() == ["large"]
+
+
 def test_eviction_prefers_backends_nobody_waits_for() -> None:
     h = Harness(
         [BackendSpec(name=n, gpus=("gpu0",), slots=1) for n in ("a", "b", "big")],
