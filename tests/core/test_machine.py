@@ -17,7 +17,10 @@ Invariants:
   service times bounded);
 - a backend started for waiting requests serves one before it is evicted,
   unless nobody waits for it any more;
-- the same events at the same times give the same decisions.
+- the same events at the same times give the same decisions;
+- incremental planning (a round revisits only what an event can change) gives
+  the same decisions and the same views, on every step, as a scheduler that
+  plans every waiting backend afresh on every event.
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ class CoreMachine(RuleBasedStateMachine):
         super().__init__()
         backends = (*BACKENDS, FRESH) if self.faulty else BACKENDS
         self.s = Scheduler(DEVICES, backends, self.config)
+        self.reference = Scheduler(DEVICES, backends, self.config, replan_everything=True)
         self.now = 0.0
         self.fed: list[tuple[float, Event]] = []
         self.log: list[tuple[float, Decision]] = []
@@ -149,6 +153,8 @@ class CoreMachine(RuleBasedStateMachine):
     def feed(self, event: Event) -> None:
         self.fed.append((self.now, event))
         out = self.s.handle(event, self.now)
+        expected = self.reference.handle(event, self.now)
+        assert out == expected, f"incremental planning differs from a full re-plan: {event!r}"
         self.log.extend((self.now, d) for d in out)
         for d in out:
             self.carry_out(d)
@@ -365,6 +371,12 @@ class CoreMachine(RuleBasedStateMachine):
     @invariant()
     def nothing_went_wrong_in_the_engine(self) -> None:
         assert not self.problems, self.problems
+
+    @invariant()
+    def incremental_planning_matches_a_full_replan(self) -> None:
+        # Views carry every backend's and request's reason (the plan's words), the
+        # states and the estimated starts: all must match the reference's.
+        assert self.s.snapshot(self.now) == self.reference.snapshot(self.now)
 
     @invariant()
     def memory_is_never_over_committed(self) -> None:

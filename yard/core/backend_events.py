@@ -109,6 +109,7 @@ def raise_profile(core: Core, b: Backend, why: str, out: list[Decision]) -> None
         return
     b.profile = new
     core.forget_fit(b)
+    core.room_version += 1
     before = (old.gpu_bytes, old.host_bytes)
     after = (new.gpu_bytes, new.host_bytes)
     reason = reasons.profile_raised(b.name, why, before, after)
@@ -165,7 +166,7 @@ def memory(core: Core, ev: MemoryMeasured, out: list[Decision]) -> None:
     dev.used = ev.used_bytes
     foreign = max(0, ev.used_bytes - total)
     if foreign != dev.foreign or changed:
-        core.epoch += 1
+        core.touched_devices.add(ev.device)
     dev.foreign = foreign
     usable = dev.spec.usable_bytes
     committed = sum(o.held(ev.device) for o in core.occupants(ev.device))

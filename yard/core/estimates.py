@@ -67,6 +67,15 @@ def overtake_denied(
     return reasons.overtake_denied(victim.name, hi, swap.name, start_by - now, load_s(swap, config))
 
 
+def overtake_until(victim: Backend, swap: Backend, config: SchedulerConfig) -> float | None:
+    """Until when :func:`overtake_denied` lets a request for ``victim`` go ahead
+    of the swap to ``swap`` (None: no deadline waits for the swap, always)."""
+    start_by = swap.queue.earliest_start_by()
+    if start_by is None:
+        return None
+    return start_by - load_s(swap, config) - service_hi(victim, config)
+
+
 def start_cost(
     b: Backend, now: float, config: SchedulerConfig, free_wait: Callable[[], float]
 ) -> tuple[float, str]:

@@ -44,6 +44,7 @@ Rules
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -116,6 +117,64 @@ class Room:
     evict_order: list[Backend] = field(default_factory=list)
 
 
+@dataclass(slots=True, eq=False)
+class Reads:
+    """What a plan read that can change without a change of states or memory.
+
+    refusals: each backend it considered as a victim, and why it refused it
+        (None: it did not); :func:`refusal` tells it again.
+    orders: for each option, the backends it went through in eviction order,
+        in that order.
+    evicts: it chose victims (``victims``), whose queues, slots and service
+        times decide how they make room.
+    until: the latest time at which its swap batching still holds (a victim's
+        request would no longer end before the swap's latest start after it).
+    devices: the devices whose memory figures it weighed (their names), and
+        those where it asked whether a load runs (:func:`loading` of them).
+    """
+
+    refusals: list[tuple[Backend, str | None]] = field(default_factory=list)
+    orders: list[list[Backend]] = field(default_factory=list)
+    evicts: bool = False
+    victims: set[str] = field(default_factory=set)
+    until: float = math.inf
+    devices: set[str] = field(default_factory=set)
+
+    def backends(self) -> frozenset[str]:
+        names = {o.name for o, _ in self.refusals}
+        for order in self.orders:
+            names.update(o.name for o in order)
+        return frozenset(names)
+
+
+def loading(device: str) -> str:
+    """The key under which :class:`Reads` notes that a plan asked whether a
+    load runs on ``device``."""
+    return "load:" + device
+
+
+def evict_key(o: Backend) -> tuple[bool, bool, float, float, str]:
+    """Eviction order: idle before busy, nobody waiting before waited for, then
+    the lowest GreedyDual-Size credit, the longest unused, the name."""
+    return (o.busy(), o.queue.size > 0, o.credit, o.last_used, o.name)
+
+
+def refusal(
+    o: Backend, o_head: Req | None, head: Req | None, taken: set[str], boost: float
+) -> str | None:
+    """Why ``o`` (whose best waiting request is ``o_head``) may not make room
+    for ``head`` (None: it may)."""
+    if o.pinned:
+        return reasons.not_a_victim_pinned(o.name)
+    if o.state not in LOADED:
+        return reasons.not_a_victim_state(o.name, o.state.value)
+    if o.name in taken:
+        return reasons.not_a_victim_taken(o.name)
+    if outranks(o_head, head, boost):
+        return reasons.not_a_victim_outranks(o.name)
+    return None
+
+
 def survey(devices: Iterable[str], backends: Iterable[Backend]) -> Room:
     """Who holds what, now."""
     room = Room()
@@ -140,7 +199,7 @@ def survey(devices: Iterable[str], backends: Iterable[Backend]) -> Room:
             elif b.state is BackendState.STARTING:
                 room.loading.setdefault(d, b)
         room.held[b.name] = held
-    occupying.sort(key=lambda o: (o.busy(), o.queue.size > 0, o.credit, o.last_used, o.name))
+    occupying.sort(key=evict_key)
     room.evict_order = occupying
     return room
 
@@ -201,12 +260,67 @@ def best_plan(
     devices: Mapping[str, Device],
     config: SchedulerConfig,
     now: float,
+    reads: Reads | None = None,
 ) -> Plan | None:
-    """The best of the plans for each of ``options`` (None: there are none)."""
+    """The best of the plans for each of ``options`` (None: there are none).
+
+    ``reads``, if given, collects what the choice rests on (see :class:`Reads`):
+    a plan that waits (a load runs there, memory is being freed) wins over any
+    eviction whatever the victims' usage, so then only its own reads count;
+    otherwise every option's do, since one may overtake another.
+    """
+    best: Plan | None = None
+    best_reads: Reads | None = None
+    every: list[Reads] = []
+    for gpus, need in options:
+        mine = Reads()
+        plan = plan_on(
+            b, head, gpus, need, booked, claimed, taken, room, devices, config, now, mine
+        )
+        every.append(mine)
+        if best is None or plan.key() < best.key():
+            best, best_reads = plan, mine
+    if reads is not None and best is not None and best_reads is not None:
+        for r in [best_reads] if best.status == Outcome.WAIT else every:
+            reads.refusals.extend(r.refusals)
+            reads.orders.extend(r.orders)
+            reads.evicts = reads.evicts or r.evicts
+            reads.victims.update(r.victims)
+            reads.until = min(reads.until, r.until)
+        for r in every:  # memory freed anywhere may let an option start
+            reads.devices.update(r.devices)
+    return best
+
+
+def blocked_at_once(
+    b: Backend,
+    options: Sequence[tuple[tuple[str, ...], Mapping[str, int]]],
+    claimed: set[str],
+    room: Room,
+    reads: Reads,
+) -> Plan | None:
+    """The plan :func:`best_plan` would return when every option stops at its
+    first check (a device claimed this round, or another load running there),
+    without working out the rest; None if some option goes further. ``reads``
+    collects the devices where it asked whether a load runs."""
     best: Plan | None = None
     for gpus, need in options:
-        plan = plan_on(b, head, gpus, need, booked, claimed, taken, room, devices, config, now)
-        if best is None or plan.key() < best.key():
+        plan: Plan | None = None
+        for d in gpus or (HOST,):
+            if d in claimed:
+                if best is None:
+                    plan = Plan(b, gpus, Outcome.BLOCKED, reasons.claimed(d), need=need)
+                break
+            reads.devices.add(loading(d))
+            loader = room.loading.get(d)
+            if loader is not None and loader is not b:
+                if best is None or best.status != Outcome.WAIT:
+                    text = reasons.one_load_at_a_time(d, loader.name)
+                    plan = Plan(b, gpus, Outcome.WAIT, text, need=need)
+                break
+        else:
+            return None
+        if plan is not None:
             best = plan
     return best
 
@@ -223,6 +337,7 @@ def plan_on(
     devices: Mapping[str, Device],
     config: SchedulerConfig,
     now: float,
+    reads: Reads | None = None,
 ) -> Plan:
     """The plan to load ``b`` on ``gpus`` for ``head`` (its best waiting request,
     None for a pinned or asked-for load), needing ``need`` per device, after what
@@ -230,14 +345,18 @@ def plan_on(
     (victims)."""
     primary = gpus or (HOST,)
     devs = (*gpus, HOST)
+    if reads is None:
+        reads = Reads()
     for d in primary:
         if d in claimed:
             return Plan(b, gpus, Outcome.BLOCKED, reasons.claimed(d), need=need)
+        reads.devices.add(loading(d))
         loader = room.loading.get(d)
         if loader is not None and loader is not b:
             return Plan(
                 b, gpus, Outcome.WAIT, reasons.one_load_at_a_time(d, loader.name), need=need
             )
+    reads.devices.update(devs)
     where = "+".join(primary)
     # Who must go: on exclusive devices everybody; for a first (measured) load
     # everybody on its devices; next to a backend whose footprint is unknown,
@@ -258,17 +377,13 @@ def plan_on(
         eventual[d] = free_now[d] + room.freeing[d]
         deficit[d] = need[d] - eventual[d]
     boost = config.deadline_boost
+    order: list[Backend] = []
+    reads.orders.append(order)
 
     def eligible(o: Backend) -> str | None:
-        if o.pinned:
-            return reasons.not_a_victim_pinned(o.name)
-        if o.state not in LOADED:
-            return reasons.not_a_victim_state(o.name, o.state.value)
-        if o.name in taken:
-            return reasons.not_a_victim_taken(o.name)
-        if outranks(room.heads[o.name], head, boost):
-            return reasons.not_a_victim_outranks(o.name)
-        return None
+        why_not = refusal(o, room.heads[o.name], head, taken, boost)
+        reads.refusals.append((o, why_not))
+        return why_not
 
     def free(o: Backend, sign: int) -> None:
         held = room.held[o.name]
@@ -292,6 +407,13 @@ def plan_on(
     if any(x > 0 for x in deficit.values()):
         blockers: list[str] = []
         greedy: list[Backend] = []
+        # Which of them it reaches, and in which order, counts: every backend
+        # holding memory here, including those after the ones it stops at.
+        order.extend(
+            o
+            for o in room.evict_order
+            if o is not b and o not in chosen and any(room.held[o.name].get(d) for d in devs)
+        )
         for o in room.evict_order:
             if o is b or o in chosen:
                 continue
@@ -329,9 +451,12 @@ def plan_on(
             for o in room.evict_order
             if o.state is BackendState.STOPPING and any(d in o.devices for d in devs)
         ]
+        order.extend(o for o in room.evict_order if o.name in stopping)
         text = reasons.wait_for_stopping(stopping, where)
         return Plan(b, gpus, Outcome.WAIT, text, need=need, slack=slack)
-    return _evict(b, head, gpus, need, chosen, slack, free_now, config, now)
+    reads.evicts = True
+    reads.victims.update(o.name for o in chosen)
+    return _evict(b, head, gpus, need, chosen, slack, free_now, config, now, reads)
 
 
 def _evict(
@@ -344,6 +469,7 @@ def _evict(
     free_now: dict[str, int],
     config: SchedulerConfig,
     now: float,
+    reads: Reads,
 ) -> Plan:
     """The plan that makes room by stopping, draining or (batching) first serving
     the ``chosen`` victims."""
@@ -361,6 +487,10 @@ def _evict(
             and head.overtakes < config.batch_bound
             and estimates.overtake_denied(o, b, now, config) is None
         )
+        if batching:
+            until = estimates.overtake_until(o, b, config)
+            if until is not None:
+                reads.until = min(reads.until, until)
         if o.queue.size > 0 and (fresh or batching):
             plan.pending.append(o)
             if batching and head is not None:

@@ -84,9 +84,8 @@ def arrived(core: Core, ev: RequestArrived, now: float, out: list[Decision]) -> 
             core.timers.set(req.urgent_at, Timer.URGENT, rid, req.gen)
         core.timers.set(ev.start_by, Timer.DEADLINE, rid, req.gen)
     core.requests[rid] = req
-    if not b.queue.size:
-        core.epoch += 1
     b.queue.push(req)
+    core.touched.add(b.name)
     core.queued += 1
 
 
@@ -100,8 +99,7 @@ def cancelled(core: Core, ev: RequestCancelled, now: float) -> None:
         b = core.backends[req.backend]
         b.running.pop(req.id, None)
         b.last_used = now
-        if not b.running:
-            core.epoch += 1
+        core.touched.add(b.name)
     req.state = ReqState.DONE
     del core.requests[req.id]
 
@@ -130,8 +128,7 @@ def finished(core: Core, ev: RequestFinished, now: float) -> None:
     b.running.pop(req.id, None)
     b.served += 1
     b.last_used = now
-    if not b.running:
-        core.epoch += 1
+    core.touched.add(b.name)
     req.state = ReqState.DONE
     del core.requests[req.id]
 
@@ -148,6 +145,7 @@ def timer(core: Core, due: Due, now: float, out: list[Decision]) -> None:
     b = core.backends[req.backend]
     if due.kind is Timer.URGENT:
         b.queue.make_urgent(req)
+        core.touched.add(b.name)
     elif due.kind is Timer.DEADLINE:
         if not req.allow_late:
             why = core.waiting_reason(req, now, ahead=0)

@@ -88,7 +88,6 @@ sentences) and :mod:`~yard.core.views` (the read-only records).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 
 from yard.core import backend_events, estimates, reasons, request_events, views
@@ -110,9 +109,9 @@ from yard.core.events import (
     RequestFinished,
     Tick,
 )
-from yard.core.lifecycle import BackendState, Move
-from yard.core.placement import Outcome, Plan
-from yard.core.queue import Req, ReqState, RequestQueue, order_key
+from yard.core.lifecycle import BackendState
+from yard.core.planning import Planner
+from yard.core.queue import Req, ReqState, RequestQueue
 from yard.core.records import Backend, Device
 from yard.core.spec import HOST, BackendSpec, DeviceSpec, Profile, SchedulerConfig
 from yard.core.state import Core
@@ -128,6 +127,9 @@ class Scheduler:
     devices: the memory pools (``host`` is added with unlimited size if absent).
     backends: every backend it may start; names must be unique.
     config: the policy's knobs.
+    replan_everything: plan every backend waiting for a load afresh on every
+        event instead of only what the event can change (slower; the reference
+        the incremental planning is tested against).
     """
 
     def __init__(
@@ -135,6 +137,8 @@ class Scheduler:
         devices: Sequence[DeviceSpec],
         backends: Sequence[BackendSpec],
         config: SchedulerConfig | None = None,
+        *,
+        replan_everything: bool = False,
     ) -> None:
         self.config = config if config is not None else SchedulerConfig()
         devs: dict[str, Device] = {}
@@ -162,7 +166,7 @@ class Scheduler:
         self._booted = False
         self._handled = 0  # events handled: views cached between two events stay valid
         self._order_cache: tuple[int, list[Req], dict[str, int], dict[str, int]] | None = None
-        self._planned: tuple[object, ...] | None = None
+        self._planner = Planner(self._core, replan_everything=replan_everything)
 
     # -- the one entry point ---------------------------------------------------
 
@@ -173,15 +177,16 @@ class Scheduler:
         self._handled += 1
         if not self._booted:
             self._booted = True
+            core.room_version += 1
             for b in core.backends.values():
                 if b.pinned:
                     b.want_load = True
         for due in core.timers.due(now, core.timer_live):
             request_events.timer(core, due, now, out)
-        if not isinstance(
-            event, RequestArrived | RequestFinished | RequestCancelled | MemoryMeasured | Tick
+        if isinstance(
+            event, ProfileMeasured | AdminLoad | AdminUnload | AdminPin | AdminForgetProfile
         ):
-            core.epoch += 1
+            core.room_version += 1  # a profile, an operator's wish
         match event:
             case RequestArrived():
                 request_events.arrived(core, event, now, out)
@@ -268,11 +273,11 @@ class Scheduler:
     def _pass(self, now: float, out: list[Decision]) -> None:
         """What the state now allows: loads first (starts, evictions, drains),
         then dispatches to ready backends, then idle bookkeeping."""
-        self._plan_all(now, out)
+        self._planner.round(now, out)
         # Plan again only when an overtake used up a swap's allowance: its
         # victim must start draining now.
         if self._dispatch_all(now, out):
-            self._plan_all(now, out)
+            self._planner.round(now, out)
             self._dispatch_all(now, out)
         self._settle(now, out)
 
@@ -298,15 +303,13 @@ class Scheduler:
                     if estimates.overtake_denied(b, swap, now, c):
                         # No longer worth it: time passed since the plan let
                         # it batch. Planned again, the victim drains now.
-                        core.epoch += 1
+                        core.touched.add(head.backend)
                         any_sent = True
                         break
                     head.overtakes += 1
-                    core.epoch += 1
+                    core.touched.add(head.backend)
                 else:
                     head = None
-                if not b.running:
-                    core.epoch += 1  # idle -> busy
                 core.unqueue(req)
                 req.state = ReqState.RUNNING
                 req.dispatched_at = now
@@ -351,116 +354,6 @@ class Scheduler:
                         core.timers.set(now + ttl, Timer.IDLE, b.name, b.idle_token)
             else:
                 b.idle_since = None
-
-    def _plan_all(self, now: float, out: list[Decision]) -> None:
-        """Plan the loads for the backends that wait for one, best request first,
-        and carry out what the plans say (start, stop, drain, let serve first)."""
-        core = self._core
-        cands = [
-            b
-            for b in core.backends.values()
-            if b.state in (BackendState.STOPPED, BackendState.FAILED, BackendState.STOPPING)
-            and (b.queue.size or b.want_load)
-        ]
-        victim_of: dict[str, Req] = {}
-        taken: set[str] = set()
-        if not cands:
-            self._reprieve(taken, victim_of)
-            self._planned = None
-            return
-        # What a plan reads besides the epoch: the heads of the backends waiting
-        # for a load, and for every other backend with waiting requests how its
-        # head ranks among those (whether it may be evicted for them). A
-        # dispatch on a loaded backend that leaves all of that alone does not
-        # re-plan. (Which idle victim goes first is revisited on the next
-        # change of states, memory or heads.)
-        boost = core.config.deadline_boost
-        heads = [b.queue.head() for b in cands]
-        keys = sorted(order_key(h, boost) for h in heads if h is not None)
-        signature = (
-            core.epoch,
-            tuple(
-                (b.name, h.id, h.urgent) if h else (b.name,)
-                for b, h in zip(cands, heads, strict=True)
-            ),
-            tuple(
-                (b.name, bisect.bisect_left(keys, order_key(h, boost)))
-                for b in core.backends.values()
-                if b.queue.size and b not in cands and (h := b.queue.head()) is not None
-            ),
-        )
-        if signature == self._planned:
-            return  # same inputs, same plan: it was carried out already
-        room = core.survey()
-
-        def rank(b: Backend) -> tuple[int, tuple[float, float, str]]:
-            head = room.heads[b.name]
-            if b.want_load or head is None:
-                return (0, (0.0, 0.0, b.name))
-            return (1, order_key(head, boost))
-
-        cands.sort(key=rank)
-        booked: dict[str, int] = {}
-        claimed: set[str] = set()
-        for b in cands:
-            head = room.heads[b.name]
-            if b.state is BackendState.STOPPING:
-                b.wait_reason = reasons.waiting_for_stop(b.name)
-                continue
-            plan = core.best_plan(b, head, booked, claimed, taken, now, room)
-            if plan is None:
-                b.wait_reason = reasons.no_place(b.name)
-                continue
-            b.wait_reason = plan.reason
-            if plan.status == Outcome.START:
-                core.start(plan, now, out)
-                claimed.update(b.primary)
-                room = core.survey()
-                continue
-            if plan.status == Outcome.BLOCKED:
-                continue
-            self._carry_out(plan, head, victim_of, out)
-            if plan.stop:
-                room = core.survey()
-            taken.update(v.name for v in plan.victims)
-            for d, n in plan.need.items():
-                booked[d] = booked.get(d, 0) + n
-            claimed.update(plan.gpus or (HOST,))
-        self._reprieve(taken, victim_of)
-        self._planned = signature
-
-    def _carry_out(
-        self, plan: Plan, head: Req | None, victim_of: dict[str, Req], out: list[Decision]
-    ) -> None:
-        """Make room as an evicting plan says: stop the idle victims, drain the
-        busy ones, let the pending ones serve first."""
-        core = self._core
-        b = plan.backend
-        for v in plan.stop:
-            core.inflation = max(core.inflation, v.credit)
-            core.stop(v, reasons.stopping_for_room(b.name, plan.room, core.load_s(v)), out)
-        for v in plan.drain:
-            if v.state is BackendState.READY:
-                core.transition(v, Move.DRAIN, reasons.draining_for_room(b.name, plan.room))
-            v.drain_reason = "swap"
-        for v in plan.pending:
-            if v.state is BackendState.DRAINING and v.drain_reason == "swap":
-                core.transition(v, Move.UNDRAIN, reasons.serving_before_swap(b.name))
-                v.drain_reason = None
-            if head is not None:
-                victim_of[v.name] = head
-
-    def _reprieve(self, taken: set[str], victim_of: dict[str, Req]) -> None:
-        core = self._core
-        for b in core.backends.values():
-            if (
-                b.state is BackendState.DRAINING
-                and b.drain_reason == "swap"
-                and b.name not in taken
-            ):
-                core.transition(b, Move.UNDRAIN, "ready again: the swap no longer needs its memory")
-                b.drain_reason = None
-        core.victim_of = victim_of
 
     def _positions(self) -> tuple[list[Req], dict[str, int], dict[str, int]]:
         """The dispatch order, each request's place in it and among the requests

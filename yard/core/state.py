@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from yard.core import estimates, placement, reasons, views
 from yard.core.decisions import Decision, Reject, Requeue, StartBackend, StopBackend
 from yard.core.lifecycle import OCCUPYING, BackendState, Move, move
-from yard.core.placement import Plan, Room
+from yard.core.placement import Plan, Reads, Room, loading
 from yard.core.queue import Req, ReqState
 from yard.core.records import Backend, Device
 from yard.core.spec import HOST, Profile, SchedulerConfig
@@ -34,6 +34,18 @@ class Core:
 
     victim_of: per backend a swap will evict, the waiting request the swap is for.
     inflation: GreedyDual-Size "L", the credit of the last backend evicted.
+    room_version: moves whenever the machine changes in a way every plan may
+        read: a profile, who is pinned or wanted loaded. Planning starts afresh
+        when it moved.
+    transitions: counts the lifecycle moves (a round that makes one plans the
+        backends after it afresh).
+    touched: the backends whose state, queue or usage (slots, service times,
+        credit) changed since the last planning round; the round revisits only the plans
+        that read them (see :mod:`yard.core.planning`).
+    touched_devices: what changed on the devices since the last planning round:
+        a device's name for its memory figures (held, freed, foreign, who holds
+        it), :func:`~yard.core.placement.loading` of it for whether a load runs
+        there.
     """
 
     config: SchedulerConfig
@@ -44,9 +56,10 @@ class Core:
     timers: Timers = field(default_factory=Timers)
     victim_of: dict[str, Req] = field(default_factory=dict)
     inflation: float = 0.0
-    # Planning is skipped when nothing it reads changed: ``epoch`` moves with
-    # every such change, and the heads of the queues are compared.
-    epoch: int = 0
+    room_version: int = 0
+    transitions: int = 0
+    touched: set[str] = field(default_factory=set)
+    touched_devices: set[str] = field(default_factory=set)
     options_cache: dict[str, Options] = field(default_factory=dict)
     fit_cache: dict[str, tuple[bool, str]] = field(default_factory=dict)
 
@@ -55,12 +68,11 @@ class Core:
         queue = self.backends[req.backend].queue
         queue.removed()
         self.queued -= 1
-        if not queue.size:
-            self.epoch += 1
+        self.touched.add(req.backend)
 
     def end(self, req: Req, status: int, code: str, message: str, out: list[Decision]) -> None:
         """End a queued, running or lost request with an error."""
-        self.epoch += 1
+        self.touched.add(req.backend)
         if req.state is ReqState.QUEUED:
             self.unqueue(req)
         else:
@@ -91,11 +103,20 @@ class Core:
             self.timers.set(req.urgent_at, Timer.URGENT, req.id, req.gen)
         b.queue.push(req)
         self.queued += 1
+        self.touched.add(b.name)
         reason = f"{req.id}: back in the queue at its old place (once): {why}"
         out.append(Requeue(request_id=req.id, reason=reason))
 
     def transition(self, b: Backend, m: Move, reason: str) -> None:
-        self.epoch += 1
+        """Move ``b`` through its lifecycle table (an illegal move raises)."""
+        self.transitions += 1
+        self.touched.add(b.name)
+        # What plans weigh on its devices: the memory held or being freed there
+        # (and who occupies it), and whether a load runs there.
+        if m in (Move.STOP, Move.STOPPED, Move.EXITED, Move.START_FAILED):
+            self.touched_devices.update(b.devices)
+        if m in (Move.READY, Move.STOPPED, Move.EXITED, Move.START_FAILED):
+            self.touched_devices.update(loading(d) for d in b.devices)
         b.state = move(b.name, b.state, m)
         b.reason = reason
 
@@ -177,7 +198,10 @@ class Core:
         taken: set[str],
         now: float,
         room: Room | None = None,
+        reads: Reads | None = None,
     ) -> Plan | None:
+        """``b``'s best plan after what a round ``booked``, ``claimed`` and
+        ``taken`` (see :func:`yard.core.placement.best_plan`)."""
         return placement.best_plan(
             b,
             head,
@@ -189,6 +213,7 @@ class Core:
             self.devices,
             self.config,
             now,
+            reads,
         )
 
     def waiting_reason(self, req: Req, now: float, ahead: int) -> str:
@@ -221,6 +246,8 @@ class Core:
         self.transition(b, Move.START, f"loading: {why}")
         b.gpus = plan.gpus
         b.devices = (*plan.gpus, HOST)
+        self.touched_devices.update(b.devices)
+        self.touched_devices.update(loading(d) for d in b.devices)
         b.reserved = {} if measure else dict(plan.need)
         b.live = {}
         b.measuring = measure

@@ -1,0 +1,381 @@
+"""Planning the loads: which waiting backend loads next, where, and who makes room.
+
+A round takes the backends that wait for a load (stopped, failed or stopping,
+with requests waiting or wanted loaded), best waiting request first, and asks
+:mod:`yard.core.placement` for each one's plan after what the backends before
+it booked (memory), claimed (devices) and took (victims); then it carries the
+plan out: start, stop or drain the victims, let pending victims serve first.
+
+Rounds are incremental. A plan is a function of the backend's waiting head, what
+the backends before it booked, claimed and took, and what it read of the rest:
+the memory figures of the devices it weighed, whether a load runs where it
+looked, the backends it considered as victims (their state, their best waiting
+request, their place in the eviction order) and, when it evicts, its victims'
+usage and the clock (batching holds until a known time). The event handlers
+note what they change (``Core.touched``: a backend's state, queue or usage;
+``Core.touched_devices``: a device's memory or loads), and a round plans afresh
+only:
+
+- every backend, when a profile or an operator's wish changed (``room_version``);
+- a backend whose state or head changed (an arrival that ranks first, a cancel,
+  urgency), and every backend whose place in the order moved with it;
+- a backend whose plan read something noted since, where reading it again gives
+  another answer (a victim now refused, the eviction order changed);
+- an evicting plan whose own queue or victims were touched, or whose batching
+  the clock has run out;
+- every backend after one whose new plan books, claims or takes otherwise, or
+  that carried something out in this round.
+
+All other plans are reused as they are, with their effects on the frontier.
+
+The result is the same as planning every backend afresh on every event:
+``tests/core/test_machine.py`` (Hypothesis) and ``tests/core/test_planning.py``
+(a seeded busy GPU of eight models) check exactly that after every event,
+against a scheduler made with ``replan_everything=True``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from yard.core import placement, reasons
+from yard.core.decisions import Decision
+from yard.core.lifecycle import BackendState, Move
+from yard.core.placement import Outcome, Plan, Reads, Room, evict_key, refusal
+from yard.core.queue import Req, order_key
+from yard.core.records import Backend
+from yard.core.spec import HOST
+from yard.core.state import Core
+
+_WAITING_FOR_LOAD = (BackendState.STOPPED, BackendState.FAILED, BackendState.STOPPING)
+
+
+@dataclass(slots=True, eq=False)
+class _Frontier:
+    """What the backends planned so far in a round booked, claimed and took."""
+
+    booked: dict[str, int] = field(default_factory=dict)
+    claimed: set[str] = field(default_factory=set)
+    taken: set[str] = field(default_factory=set)
+
+    def copy(self) -> _Frontier:
+        return _Frontier(dict(self.booked), set(self.claimed), set(self.taken))
+
+    def same(self, other: _Frontier) -> bool:
+        return (
+            self.booked == other.booked
+            and self.claimed == other.claimed
+            and self.taken == other.taken
+        )
+
+
+@dataclass(slots=True, eq=False)
+class _Step:
+    """One backend's place in a round and what its plan was."""
+
+    backend: Backend
+    state: BackendState
+    head: Req | None
+    urgent: bool
+    overtakes: int
+    plan: Plan | None  # None: it is still stopping, or has no place on this machine
+    reads: Reads
+    names: frozenset[str]  # the backends in reads
+    before: _Frontier  # the frontier it was planned after
+    after: _Frontier | None  # the frontier after it, if its plan changed it
+
+
+_CLOCK_MARGIN_S = 1e-3
+"""Batching is planned again this long before the clock could end it (the
+comparison in :func:`~yard.core.estimates.overtake_denied` rounds differently)."""
+
+_EMPTY = _Frontier()
+"""The frontier before the first plan of a round (never changed: plans copy it)."""
+
+
+def _is_waiting(b: Backend) -> bool:
+    return b.state in _WAITING_FOR_LOAD and bool(b.queue.size or b.want_load)
+
+
+class Planner:
+    """Plans and carries out loads, one round per pass of the scheduler.
+
+    replan_everything: plan every waiting backend afresh in every round (the
+    reference the incremental rounds are tested against; slower).
+    """
+
+    def __init__(self, core: Core, *, replan_everything: bool = False) -> None:
+        self._core = core
+        self._everything = replan_everything
+        self._version = -1  # room_version the steps were planned at (-1: plan afresh)
+        self._steps: list[_Step] = []
+        self._order: list[Backend] = []  # the steps' backends
+        self._index: dict[str, int] = {}  # backend -> its step
+        self._readers: dict[str, set[int]] = {}  # backend -> the steps that read it
+        self._weighers: dict[str, set[int]] = {}  # device -> the steps that weighed its memory
+        self._evicting: set[int] = set()  # the steps that chose victims
+        self._effects: list[int] = []  # the steps that booked, claimed or took
+
+    def round(self, now: float, out: list[Decision]) -> None:
+        """Plan the loads and carry out what the plans say."""
+        core = self._core
+        touched = core.touched
+        full = self._everything or core.room_version != self._version
+        old = self._steps
+        if full:
+            cands = self._ordered([b for b in core.backends.values() if _is_waiting(b)])
+        elif self._order_kept(touched):
+            cands = self._order
+        else:
+            cands = self._ordered(
+                [b for b in self._order if _is_waiting(b)]
+                + [
+                    core.backends[n]
+                    for n in sorted(touched)
+                    if n not in self._index and _is_waiting(core.backends[n])
+                ]
+            )
+        dirty = set() if full else self._dirty(touched, now)
+        for device in core.touched_devices:
+            dirty.update(self._weighers.get(device, ()))
+        touched.clear()
+        core.touched_devices.clear()
+        start = core.transitions
+        index = {} if full else self._index
+        steps: list[_Step] = []
+        fresh: list[int] = []
+        frontier = _EMPTY
+        room: Room | None = None
+        last_dirty = max(dirty, default=-1)
+        for i, b in enumerate(cands):
+            k = index.get(b.name)
+            prev = old[k] if k is not None and k not in dirty else None
+            if (
+                k is not None
+                and prev is not None
+                and core.transitions == start
+                and (frontier is prev.before or frontier.same(prev.before))
+            ):
+                if k > last_dirty and cands[i:] == self._order[k:]:
+                    # The rest is as it was: replay what changed the frontier.
+                    for e in self._effects:
+                        if e >= k:
+                            self._replay(old[e], out)
+                            frontier = old[e].after or frontier
+                    steps.extend(old[k:])
+                    break
+                steps.append(prev)
+                if prev.after is not None:
+                    self._replay(prev, out)
+                    frontier = prev.after
+                continue
+            if room is None:
+                room = core.survey()
+            step, room = self._plan(b, frontier, room, now, out)
+            steps.append(step)
+            fresh.append(i)
+            if step.after is not None:
+                frontier = step.after
+        self._keep(steps, cands, fresh)
+        victim_of: dict[str, Req] = {}
+        for e in self._effects:
+            st = steps[e]
+            if st.head is not None and st.plan is not None and st.plan.status == Outcome.EVICT:
+                for v in st.plan.pending:
+                    victim_of[v.name] = st.head
+        self._reprieve(frontier.taken, victim_of)
+        # What this round carried out is in core.touched and touched_devices:
+        # the next round revisits the plans that read it.
+        self._version = core.room_version
+
+    def _keep(self, steps: list[_Step], order: list[Backend], fresh: list[int]) -> None:
+        """Remember this round's steps and the indexes into them."""
+        reindex = order is not self._order or len(steps) != len(self._steps)
+        old = self._steps
+        self._steps = steps
+        if reindex:
+            self._order = list(order)
+            self._index = {b.name: k for k, b in enumerate(order)}
+            self._readers = {}
+            self._weighers = {}
+            self._evicting = set()
+            for k, st in enumerate(steps):
+                for name in st.names:
+                    self._readers.setdefault(name, set()).add(k)
+                for device in st.reads.devices:
+                    self._weighers.setdefault(device, set()).add(k)
+                if st.reads.evicts:
+                    self._evicting.add(k)
+            self._effects = [k for k, st in enumerate(steps) if st.after is not None]
+            return
+        effects_changed = False
+        for k in fresh:
+            before, now_ = old[k], steps[k]
+            for name in before.names - now_.names:
+                self._readers[name].discard(k)
+            for name in now_.names - before.names:
+                self._readers.setdefault(name, set()).add(k)
+            for device in before.reads.devices - now_.reads.devices:
+                self._weighers[device].discard(k)
+            for device in now_.reads.devices - before.reads.devices:
+                self._weighers.setdefault(device, set()).add(k)
+            if now_.reads.evicts:
+                self._evicting.add(k)
+            else:
+                self._evicting.discard(k)
+            effects_changed = effects_changed or (before.after is None) != (now_.after is None)
+        if effects_changed:
+            self._effects = [k for k, st in enumerate(steps) if st.after is not None]
+
+    def _ordered(self, cands: list[Backend]) -> list[Backend]:
+        boost = self._core.config.deadline_boost
+
+        def rank(b: Backend) -> tuple[int, tuple[float, float, str]]:
+            head = b.queue.head() if b.queue.size else None
+            if b.want_load or head is None:
+                return (0, (0.0, 0.0, b.name))
+            return (1, order_key(head, boost))
+
+        return sorted(cands, key=rank)
+
+    def _order_kept(self, touched: set[str]) -> bool:
+        """Whether no touched backend joined, left or moved in the order."""
+        for name in touched:
+            b = self._core.backends[name]
+            k = self._index.get(name)
+            if k is None:
+                if _is_waiting(b):
+                    return False
+                continue
+            if not _is_waiting(b) or _head_changed(b, self._steps[k]):
+                return False
+        return True
+
+    def _dirty(self, touched: set[str], now: float) -> set[int]:
+        """The steps whose own inputs changed: their head, what they read of a
+        touched backend, or (evicting) their own queue, their victims and the
+        clock."""
+        dirty: set[int] = set()
+        steps = self._steps
+        for k in self._evicting:
+            st = steps[k]
+            if (
+                st.backend.name in touched
+                or not touched.isdisjoint(st.reads.victims)
+                or now >= st.reads.until - _CLOCK_MARGIN_S
+            ):
+                dirty.add(k)
+        boost = self._core.config.deadline_boost
+        for name in touched:
+            for k in self._readers.get(name, ()):
+                if k not in dirty and not _still_reads(self._steps[k], name, boost):
+                    dirty.add(k)
+            own = self._index.get(name)
+            if own is not None and _head_changed(self._steps[own].backend, self._steps[own]):
+                dirty.add(own)
+        return dirty
+
+    def _plan(
+        self, b: Backend, frontier: _Frontier, room: Room, now: float, out: list[Decision]
+    ) -> tuple[_Step, Room]:
+        """Plan ``b`` afresh after ``frontier`` and carry the plan out."""
+        core = self._core
+        head = room.heads[b.name]
+        urgent = head.urgent if head is not None else False
+        overtakes = head.overtakes if head is not None else 0
+        if b.state is BackendState.STOPPING:
+            b.wait_reason = reasons.waiting_for_stop(b.name)
+            step = _Step(
+                b, b.state, head, urgent, overtakes, None, Reads(), frozenset(), frontier, None
+            )
+            return step, room
+        reads = Reads()
+        plan = placement.blocked_at_once(b, core.options(b), frontier.claimed, room, reads)
+        if plan is None:
+            reads = Reads()
+            plan = core.best_plan(
+                b, head, frontier.booked, frontier.claimed, frontier.taken, now, room, reads
+            )
+        names = reads.backends()
+        step = _Step(b, b.state, head, urgent, overtakes, plan, reads, names, frontier, None)
+        if plan is None:
+            b.wait_reason = reasons.no_place(b.name)
+            return step, room
+        b.wait_reason = plan.reason
+        if plan.status == Outcome.START:
+            core.start(plan, now, out)
+            step.after = frontier.copy()
+            step.after.claimed.update(b.primary)
+            return step, core.survey()
+        if plan.status == Outcome.BLOCKED:
+            return step, room
+        # Waiting or evicting, it holds its place: what it needs is booked and its
+        # devices claimed, so that nothing ranked lower is placed there first.
+        self._carry_out(plan, head, out)
+        after = frontier.copy()
+        after.taken.update(v.name for v in plan.victims)
+        for d, n in plan.need.items():
+            after.booked[d] = after.booked.get(d, 0) + n
+        after.claimed.update(plan.gpus or (HOST,))
+        step.after = after
+        return step, core.survey() if plan.stop else room
+
+    def _replay(self, step: _Step, out: list[Decision]) -> None:
+        """Carry out a reused evicting plan again (it changes nothing: its
+        victims already drain or serve first)."""
+        if step.plan is not None and step.plan.status == Outcome.EVICT:
+            self._carry_out(step.plan, step.head, out)
+
+    def _carry_out(self, plan: Plan, head: Req | None, out: list[Decision]) -> None:
+        """Make room as an evicting plan says: stop the idle victims, drain the
+        busy ones, let the pending ones serve first."""
+        core = self._core
+        b = plan.backend
+        for v in plan.stop:
+            core.inflation = max(core.inflation, v.credit)
+            core.stop(v, reasons.stopping_for_room(b.name, plan.room, core.load_s(v)), out)
+        for v in plan.drain:
+            if v.state is BackendState.READY:
+                core.transition(v, Move.DRAIN, reasons.draining_for_room(b.name, plan.room))
+            v.drain_reason = "swap"
+        for v in plan.pending:
+            if v.state is BackendState.DRAINING and v.drain_reason == "swap":
+                core.transition(v, Move.UNDRAIN, reasons.serving_before_swap(b.name))
+                v.drain_reason = None
+
+    def _reprieve(self, taken: set[str], victim_of: dict[str, Req]) -> None:
+        """Backends drained for a swap that no plan needs any more serve again."""
+        core = self._core
+        for b in core.backends.values():
+            if (
+                b.state is BackendState.DRAINING
+                and b.drain_reason == "swap"
+                and b.name not in taken
+            ):
+                core.transition(b, Move.UNDRAIN, "ready again: the swap no longer needs its memory")
+                b.drain_reason = None
+        core.victim_of = victim_of
+
+
+def _still_reads(step: _Step, name: str, boost: float) -> bool:
+    """Whether what ``step``'s plan read of backend ``name`` is still so."""
+    for o, why_not in step.reads.refusals:
+        if o.name == name:
+            o_head = o.queue.head() if o.queue.size else None
+            if refusal(o, o_head, step.head, step.before.taken, boost) != why_not:
+                return False
+    for order in step.reads.orders:
+        if any(o.name == name for o in order) and sorted(order, key=evict_key) != order:
+            return False
+    return True
+
+
+def _head_changed(b: Backend, step: _Step) -> bool:
+    """Whether ``b``'s own step is stale: its state, its head or the head's
+    urgency or overtakes changed."""
+    if b.state is not step.state:
+        return True
+    head = b.queue.head() if b.queue.size else None
+    if head is not step.head:
+        return True
+    return head is not None and (head.urgent != step.urgent or head.overtakes != step.overtakes)
