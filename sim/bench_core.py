@@ -7,6 +7,12 @@ call is timed. Several backends share two GPUs and host memory, so swaps,
 drains and evictions happen along the way. Target: median under 50 us at
 10,000 waiting, and figures that grow slowly with the queue.
 
+The model-zoo case: 10, 25 and 50 backends on two GPUs where one fits per GPU,
+most with requests waiting, a quarter of arrivals with a start-by, 10,000 waiting.
+Every event may change which backend should be loaded next, so it shows how the
+cost of planning grows with the number of configured backends. Target: median
+under 50 us and p99 under 500 us with 50 backends.
+
 Run: ``python -m sim bench`` (or ``python -m sim.bench_core``).
 """
 
@@ -16,6 +22,7 @@ import heapq
 import itertools
 import random
 import statistics
+import sys
 import time
 
 from yard.core import (
@@ -59,12 +66,43 @@ BACKENDS: dict[str, tuple[tuple[str, ...], int, tuple[int, int, float], float, i
 }
 
 
+_Backends = dict[str, tuple[tuple[str, ...], int, tuple[int, int, float], float, int]]
+
+ZOO_SIZES = (10, 25, 50)
+ZOO_QUEUED = 10_000
+ZOO_DEADLINE_SHARE = 0.25
+
+
+def zoo(count: int) -> _Backends:
+    """``count`` models on both GPUs, 14 GiB each (one fits per 24 GiB GPU), with
+    load and service times and a popularity (a long tail) drawn from a fixed seed."""
+    rng = random.Random(count)
+    return {
+        f"m{i:02d}": (
+            ("gpu0", "gpu1"),
+            rng.choice((1, 2, 4)),
+            (14, 2, round(rng.uniform(4.0, 30.0), 1)),
+            round(rng.uniform(1.0, 12.0), 1),
+            max(1, round(100 / (i + 1) ** 0.7)),
+        )
+        for i in range(count)
+    }
+
+
 class _Bench:
-    def __init__(self, queued: int, rng: random.Random) -> None:
+    def __init__(
+        self,
+        queued: int,
+        rng: random.Random,
+        backends: _Backends = BACKENDS,
+        deadline_share: float = 0.1,
+    ) -> None:
         self.rng = rng
+        self.backends = backends
+        self.deadline_share = deadline_share
         specs = [
             BackendSpec(name=n, gpus=g, slots=s, idle_ttl_s=300.0)
-            for n, (g, s, _p, _svc, _w) in BACKENDS.items()
+            for n, (g, s, _p, _svc, _w) in backends.items()
         ]
         self.s = Scheduler(
             DEVICES, specs, SchedulerConfig(queue_limit=queued * 2 + 100, batch_bound=4)
@@ -77,9 +115,9 @@ class _Bench:
         self.timings: list[float] = []  # CPU time of this thread, us
         self.walls: list[float] = []  # wall time, us (includes being preempted)
         self.timing = False
-        self.names = list(BACKENDS)
-        self.weights = [w for (_g, _s, _p, _svc, w) in BACKENDS.values()]
-        for name, (_g, _s, (gpu, hst, load), _svc, _w) in BACKENDS.items():
+        self.names = list(backends)
+        self.weights = [w for (_g, _s, _p, _svc, w) in backends.values()]
+        for name, (_g, _s, (gpu, hst, load), _svc, _w) in backends.items():
             self.feed(
                 ProfileMeasured(
                     backend=name,
@@ -108,18 +146,19 @@ class _Bench:
 
     def carry_out(self, d: Decision) -> None:
         if isinstance(d, StartBackend):
-            self.later(BACKENDS[d.backend][2][2], BackendReady(backend=d.backend))
+            self.later(self.backends[d.backend][2][2], BackendReady(backend=d.backend))
             self.loaded[d.backend] = d.gpus
         elif isinstance(d, StopBackend):
             self.loaded.pop(d.backend, None)
             self.later(1.0, BackendStopped(backend=d.backend))
         elif isinstance(d, Dispatch):
-            mean = BACKENDS[d.backend][3]
+            mean = self.backends[d.backend][3]
             self.later(self.rng.expovariate(1 / mean), RequestFinished(request_id=d.request_id))
 
     def arrive(self) -> None:
         rid = f"r{next(self.ids)}"
-        start_by = self.now + self.rng.uniform(60, 3_600) if self.rng.random() < 0.1 else None
+        deadline = self.rng.random() < self.deadline_share
+        start_by = self.now + self.rng.uniform(60, 3_600) if deadline else None
         self.feed(
             RequestArrived(
                 request_id=rid,
@@ -133,7 +172,7 @@ class _Bench:
     def reading(self) -> None:
         dev = self.rng.choice(DEVICES)
         backends = tuple(
-            (n, int(BACKENDS[n][2][1 if dev.name == HOST else 0]) * GIB)
+            (n, int(self.backends[n][2][1 if dev.name == HOST else 0]) * GIB)
             for n, gpus in sorted(self.loaded.items())
             if dev.name == HOST or dev.name in gpus
         )
@@ -185,29 +224,56 @@ class _Bench:
         return self.timings, self.walls
 
 
-def main() -> None:
-    """Print per-event cost of ``Scheduler.handle`` at three queue lengths."""
+def _row(label: int, cpu: list[float], wall: list[float]) -> str:
+    q = statistics.quantiles(cpu, n=100)
+    w = statistics.quantiles(wall, n=100)
+    return (
+        f"{label:>7} {len(cpu):>7} {statistics.median(cpu):>10.1f} {q[89]:>8.1f} "
+        f"{q[98]:>8.1f} {max(cpu):>8.0f} {statistics.median(wall):>9.1f} {w[98]:>9.1f}"
+    )
+
+
+_HEADER = (
+    f"{'median us':>10} {'p90 us':>8} {'p99 us':>8} {'max us':>8} {'wall med':>9} {'wall p99':>9}"
+)
+
+
+def main(cases: str = "all") -> None:
+    """Print per-event cost of ``Scheduler.handle`` at three queue lengths, then
+    for the model zoo at three numbers of backends (``cases``: ``all``, ``queue``
+    or ``zoo``)."""
+    if cases != "zoo":
+        _queue_case()
+    if cases != "queue":
+        _zoo_case()
+
+
+def _queue_case() -> None:
     print("core benchmark: Scheduler.handle() per event, queue held at N waiting")
     print("(CPU time of the calling thread; wall median and p99 include preemption)")
-    print(
-        f"{'N':>7} {'events':>7} {'median us':>10} {'p90 us':>8} {'p99 us':>8} "
-        f"{'max us':>8} {'wall med':>9} {'wall p99':>9}"
-    )
+    print(f"{'N':>7} {'events':>7} {_HEADER}")
     views: list[tuple[int, float, float]] = []
     for n in SIZES:
         bench = _Bench(n, random.Random(SEED))
         cpu, wall = bench.run()
-        q = statistics.quantiles(cpu, n=100)
-        w = statistics.quantiles(wall, n=100)
-        print(
-            f"{n:>7} {len(cpu):>7} {statistics.median(cpu):>10.1f} {q[89]:>8.1f} "
-            f"{q[98]:>8.1f} {max(cpu):>8.0f} {statistics.median(wall):>9.1f} {w[98]:>9.1f}"
-        )
+        print(_row(n, cpu, wall))
         views.append((n, *bench.views()))
     print("views (O(n), between events): snapshot(limit=200), then explain() of 100 requests")
     for n, snap_ms, explain_us in views:
         print(f"{n:>7} snapshot {snap_ms:8.1f} ms   explain {explain_us:8.1f} us each")
 
 
+def _zoo_case() -> None:
+    print(
+        f"model zoo: B backends on two GPUs (one fits per GPU), {ZOO_QUEUED:,} waiting, "
+        f"{ZOO_DEADLINE_SHARE:.0%} of arrivals with a start-by"
+    )
+    print(f"{'B':>7} {'events':>7} {_HEADER}")
+    for count in ZOO_SIZES:
+        bench = _Bench(ZOO_QUEUED, random.Random(SEED), zoo(count), ZOO_DEADLINE_SHARE)
+        cpu, wall = bench.run()
+        print(_row(count, cpu, wall))
+
+
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "all")
