@@ -1,7 +1,7 @@
 """The proxy benchmark: ``make bench`` / ``python -m bench``.
 
 It runs the real ``yard serve`` (one backend: the minimal upstream of
-:mod:`bench.upstream`, started and health-checked by yard itself) and, beside
+:mod:`yard.testing.fake`, started and health-checked by yard itself) and, beside
 it, a second instance of the same upstream reached directly. Both are driven
 by the same load generator in separate processes (``wrk`` when it is
 installed, else :mod:`bench.load`), rounds interleaved so that a noisy
@@ -138,14 +138,14 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="yard-bench-"))
     direct_proc = subprocess.Popen(
-        [PY, "-m", "bench.upstream", "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        [PY, "-m", "yard.testing.fake", "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
     yard_proc: subprocess.Popen[bytes] | None = None
     try:
         assert direct_proc.stdout is not None
         direct_base = direct_proc.stdout.readline().split()[-1]
         port = _free_port()
-        command = [PY, "-m", "bench.upstream", "--port", "{port}"]
+        command = [PY, "-m", "yard.testing.fake", "--port", "{port}"]
         config = work / "yard.toml"
         config.write_text(
             f'[server]\nlisten = "127.0.0.1:{port}"\ndata_dir = "{work / "data"}"\n'

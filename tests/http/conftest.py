@@ -13,7 +13,6 @@ import pytest
 import trio
 
 from tests.http.fakes import FakeEngine
-from tests.http.upstream import Upstream, serve_upstream
 from yard.config import AppConfig, BackendConfig, Config, ServerConfig
 from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
@@ -21,6 +20,8 @@ from yard.http.app import create_app, create_control_app, serve_app
 from yard.http.gateway import ASGIApp, RequestHook
 from yard.http.gateway import Gateway as GatewayApp
 from yard.http.runtime import JobService, Runtime
+from yard.testing.fake import FakeBackend as Upstream
+from yard.testing.fake import serve_fake as serve_upstream
 
 
 def make_config(

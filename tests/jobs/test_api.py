@@ -16,7 +16,6 @@ import httpx
 import pytest
 import trio
 
-from tests.jobs.backend import Backend, audio_bytes, serve_backend
 from tests.jobs.fakes import FakeEngine
 from yard.config import AppConfig, BackendConfig, Config, ServerConfig, load_config
 from yard.core.spec import SchedulerConfig
@@ -25,6 +24,9 @@ from yard.http.app import create_app, serve_app
 from yard.http.runtime import Runtime
 from yard.jobs import JobsConfig, open_jobs
 from yard.jobs.service import Jobs
+from yard.testing.fake import FakeBackend as Backend
+from yard.testing.fake import audio_bytes
+from yard.testing.fake import serve_fake as serve_backend
 
 RADIO = {"authorization": "Bearer key-radio"}
 GAMES = {"authorization": "Bearer key-games"}
