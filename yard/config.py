@@ -292,6 +292,15 @@ class JobsConfig:
         ended and not yet expired); one more is refused with 429.
     max_stored_bytes_per_app: how many bytes one app's jobs may keep (request
         bodies until they end, then result bodies); past it, 507.
+    batch_max_file_bytes: the largest file ``POST /v1/files`` takes (413 above).
+    batch_max_files_per_app: how many uploaded files one app may keep (429 above).
+    batch_max_lines: the most requests one batch input file may hold.
+    batch_max_window_s: the longest ``completion_window`` a batch may ask for
+        (any whole number of hours from ``1h`` up to this).
+    batch_queued_lines: the most lines of one batch in the queue at once; the
+        rest wait on disk and follow as these end.
+    batch_priority_drop: batch lines run this far below their app's default
+        priority while their batch is on schedule (at the default once behind).
     """
 
     result_ttl_s: float = 24 * 3600.0
@@ -302,6 +311,12 @@ class JobsConfig:
     max_wait_s: float = 300.0
     max_jobs_per_app: int = 1000
     max_stored_bytes_per_app: int = 2 * 2**30
+    batch_max_file_bytes: int = 50 * 2**20
+    batch_max_files_per_app: int = 500
+    batch_max_lines: int = 50_000
+    batch_max_window_s: float = 7 * 24 * 3600.0
+    batch_queued_lines: int = 64
+    batch_priority_drop: float = 10.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -924,7 +939,49 @@ def _jobs(r: _Reader, data: dict[str, Any], server: ServerConfig) -> JobsConfig:
             data, "jobs", "max_jobs_per_app", int, defaults.max_jobs_per_app, _positive
         ),
         max_stored_bytes_per_app=stored,
+        **_batch_keys(r, data, server, defaults),
     )
+
+
+def _batch_keys(
+    r: _Reader, data: dict[str, Any], server: ServerConfig, defaults: JobsConfig
+) -> dict[str, Any]:
+    """The ``[jobs] batch_*`` keys (the Batch API, :mod:`yard.batches`)."""
+    file_bytes = r.size(data, "jobs", "batch_max_file_bytes", defaults.batch_max_file_bytes)
+    if file_bytes == 0:
+        r.error("jobs.batch_max_file_bytes", "must be greater than 0")
+        file_bytes = defaults.batch_max_file_bytes
+    elif "batch_max_file_bytes" in data and file_bytes > server.max_body_bytes:
+        r.error(
+            "jobs.batch_max_file_bytes",
+            f"{file_bytes} is above server.max_body_bytes ({server.max_body_bytes}): a larger "
+            "upload is refused (413) before it is read; lower it or raise server.max_body_bytes",
+        )
+        file_bytes = defaults.batch_max_file_bytes
+    window = r.get(
+        data, "jobs", "batch_max_window_s", float, defaults.batch_max_window_s, _positive
+    )
+    if window < 3600.0:
+        r.error("jobs.batch_max_window_s", f"must be at least 3600 (one hour), got {window:g}")
+        window = defaults.batch_max_window_s
+    return {
+        "batch_max_file_bytes": file_bytes,
+        "batch_max_files_per_app": r.get(
+            data, "jobs", "batch_max_files_per_app", int, defaults.batch_max_files_per_app,
+            _positive,
+        ),
+        "batch_max_lines": r.get(
+            data, "jobs", "batch_max_lines", int, defaults.batch_max_lines, _positive
+        ),
+        "batch_max_window_s": window,
+        "batch_queued_lines": r.get(
+            data, "jobs", "batch_queued_lines", int, defaults.batch_queued_lines, _positive
+        ),
+        "batch_priority_drop": r.get(
+            data, "jobs", "batch_priority_drop", float, defaults.batch_priority_drop,
+            _non_negative,
+        ),
+    }
 
 
 def _scheduler(r: _Reader, data: dict[str, Any]) -> SchedulerConfig:

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import trio
 
+from yard.batches.service import open_batches
 from yard.config import Config, ConfigError, exposure, is_loopback, load_config
 from yard.core import Scheduler
 from yard.core.decisions import (
@@ -236,6 +237,9 @@ async def _serve(
         )
         runtime.jobs = jobs
         await nursery.start(jobs.run)
+        batches = await stack.enter_async_context(open_batches(jobs, config))
+        runtime.batches = batches
+        await nursery.start(batches.run)
 
         binds = await nursery.start(_serve_http, runtime, listeners, stop)
         runtime.urls = binds

@@ -17,6 +17,7 @@ import trio
 from quart import Quart
 from quart_trio import QuartTrio
 
+from yard.batches import api as batch_api
 from yard.config import ServerConfig
 from yard.http import openapi, server
 from yard.http.errors import error_body
@@ -55,6 +56,8 @@ def create_control_app(runtime: Runtime) -> Quart:
 
     openapi.register(app)  # GET /openapi.json: this API, as an OpenAPI 3.1 document
     app.register_blueprint(jobs_blueprint, url_prefix="/v1/jobs")
+    app.register_blueprint(batch_api.files, url_prefix="/v1/files")
+    app.register_blueprint(batch_api.batches, url_prefix="/v1/batches")
     register_observe(app, runtime)
     return app
 
@@ -63,7 +66,7 @@ def create_app(runtime: Runtime) -> Guard:
     """The ASGI app ``yard serve`` runs: the browser guard
     (:mod:`yard.http.guard`), then the data plane, then Quart."""
     control = cast(ASGIApp, create_control_app(runtime))
-    return guard(Gateway(runtime, control), runtime.config)
+    return guard(batch_api.route_batches(Gateway(runtime, control), control), runtime.config)
 
 
 async def serve_app(

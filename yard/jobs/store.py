@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from yard.batches.schema import MIGRATIONS as BATCH_MIGRATIONS
 from yard.db import Database, Migration
 from yard.jobs.records import (
     STATUSES,
@@ -50,6 +51,7 @@ __all__ = [
     "StoredRequest",
     "StoredResult",
     "Usage",
+    "insert_job",
 ]
 
 T = TypeVar("T")
@@ -108,6 +110,9 @@ MIGRATIONS: tuple[Migration, ...] = (
             COALESCE((SELECT length(body) FROM job_requests WHERE job_id = jobs.id), 0);
         """,
     ),
+    # The Batch API's files, batches and lines (yard.batches) live in this
+    # file too: a line becomes a job in the same transaction.
+    *BATCH_MIGRATIONS,
 )
 
 _COLUMNS = (
@@ -132,6 +137,11 @@ class JobStore:
     @property
     def path(self) -> Path:
         return self._db.path
+
+    @property
+    def database(self) -> Database:
+        """The database itself, for the Batch API's tables (:mod:`yard.batches.store`)."""
+        return self._db
 
     async def close(self) -> None:
         await self._db.close()
@@ -167,34 +177,18 @@ class JobStore:
                 usage = _usage(conn, app)
                 if usage.jobs >= quota.max_jobs or usage.bytes + size > quota.max_bytes:
                     raise QuotaExceeded(usage, quota, size)
-            conn.execute(
-                "INSERT INTO jobs (id, app, model, backend, priority, start_by, allow_late, "
-                "rerun_safe, status, created_at, request_bytes) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?)",
-                (
-                    job_id,
-                    app,
-                    model,
-                    backend,
-                    priority,
-                    start_by,
-                    int(allow_late),
-                    int(rerun_safe),
-                    created_at,
-                    size,
-                ),
-            )
-            conn.execute(
-                "INSERT INTO job_requests (job_id, method, path, query, headers, body) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    job_id,
-                    request.method,
-                    request.path,
-                    request.query,
-                    _dump_headers(request.headers),
-                    request.body,
-                ),
+            insert_job(
+                conn,
+                job_id=job_id,
+                app=app,
+                model=model,
+                backend=backend,
+                priority=priority,
+                start_by=start_by,
+                allow_late=allow_late,
+                rerun_safe=rerun_safe,
+                created_at=created_at,
+                request=request,
             )
 
         await self._db.transaction(_insert, durable=True)
@@ -408,6 +402,53 @@ class JobStore:
         rows = await self._db.fetchall("SELECT status, count(*) FROM jobs GROUP BY status")
         found = {str(status): int(cast(int, n)) for status, n in rows}
         return {status: found.get(status, 0) for status in STATUSES}
+
+
+def insert_job(
+    conn: sqlite3.Connection,
+    *,
+    job_id: str,
+    app: str,
+    model: str,
+    backend: str,
+    priority: float,
+    start_by: float | None,
+    allow_late: bool,
+    rerun_safe: bool,
+    created_at: float,
+    request: StoredRequest,
+) -> None:
+    """Write a new queued job and its request inside the caller's transaction
+    (:meth:`JobStore.insert`, and a batch line becoming a job)."""
+    conn.execute(
+        "INSERT INTO jobs (id, app, model, backend, priority, start_by, allow_late, "
+        "rerun_safe, status, created_at, request_bytes) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?)",
+        (
+            job_id,
+            app,
+            model,
+            backend,
+            priority,
+            start_by,
+            int(allow_late),
+            int(rerun_safe),
+            created_at,
+            len(request.body),
+        ),
+    )
+    conn.execute(
+        "INSERT INTO job_requests (job_id, method, path, query, headers, body) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (
+            job_id,
+            request.method,
+            request.path,
+            request.query,
+            _dump_headers(request.headers),
+            request.body,
+        ),
+    )
 
 
 def _usage(conn: sqlite3.Connection, app: str) -> Usage:

@@ -1,0 +1,68 @@
+"""Helpers for the Batch API tests: input lines, and polling a batch."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import trio
+
+ENDPOINT = "/v1/chat/completions"
+
+
+def chat_line(custom_id: str, model: str = "tiny", content: str = "hi") -> dict[str, Any]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": ENDPOINT,
+        "body": {"model": model, "messages": [{"role": "user", "content": content}]},
+    }
+
+
+def jsonl(lines: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+async def upload(client: httpx.AsyncClient, content: bytes, name: str = "in.jsonl") -> str:
+    response = await client.post(
+        "/v1/files",
+        files={"file": (name, content, "application/jsonl")},
+        data={"purpose": "batch"},
+    )
+    assert response.status_code == 200, response.text
+    return str(response.json()["id"])
+
+
+async def create(
+    client: httpx.AsyncClient, file_id: str, *, window: str = "24h", **extra: Any
+) -> dict[str, Any]:
+    response = await client.post(
+        "/v1/batches",
+        json={
+            "input_file_id": file_id,
+            "endpoint": ENDPOINT,
+            "completion_window": window,
+            **extra,
+        },
+    )
+    assert response.status_code == 200, response.text
+    batch: dict[str, Any] = response.json()
+    return batch
+
+
+async def until_ended(client: httpx.AsyncClient, batch_id: str) -> dict[str, Any]:
+    """Poll the batch until it has ended; the caller bounds the wait."""
+    while True:
+        batch: dict[str, Any] = (await client.get(f"/v1/batches/{batch_id}")).json()
+        if batch["status"] in ("completed", "failed", "expired", "cancelled"):
+            return batch
+        await trio.sleep(0.05)
+
+
+async def lines_of(client: httpx.AsyncClient, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    response = await client.get(f"/v1/files/{file_id}/content")
+    assert response.status_code == 200, response.text
+    return [json.loads(line) for line in response.content.splitlines()]

@@ -1,0 +1,255 @@
+"""The Batch API over HTTP: ``/v1/files`` and ``/v1/batches`` (Quart blueprints).
+
+- ``POST /v1/files`` (multipart: ``file``, ``purpose=batch``), ``GET /v1/files
+  [?purpose=&limit=&order=&after=]``, ``GET /v1/files/ID``, ``GET
+  /v1/files/ID/content``, ``DELETE /v1/files/ID``;
+- ``POST /v1/batches`` (``input_file_id``, ``endpoint``, ``completion_window``,
+  ``metadata``; ``Prefer: rerun-safe`` lets a line interrupted by a restart run
+  once more), ``GET /v1/batches[?after=&limit=]``, ``GET /v1/batches/ID``,
+  ``POST /v1/batches/ID/cancel``.
+
+Files and batches belong to the app whose key handed them in; to every other
+app they do not exist (404). The admin key reads every app's, and hands
+nothing in. Errors are OpenAI's shape, with ``param`` where a field is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from quart import Blueprint, Response, request
+
+from yard.batches.service import BadRequest, Batches
+from yard.batches.views import batch_json, file_json
+from yard.config import AppConfig
+from yard.errors import Rejected
+from yard.http.asgi import ASGIApp, Receive, Scope, Send
+from yard.http.errors import error_type
+from yard.http.intake import authenticate, local_app
+from yard.http.runtime import current_runtime
+
+files = Blueprint("files", __name__)
+"""Mounted at ``/v1/files``."""
+batches = Blueprint("batches", __name__)
+"""Mounted at ``/v1/batches``."""
+
+PREFIXES = ("/v1/files", "/v1/batches")
+_DIGITS = re.compile(r"[0-9]{1,5}")
+
+
+def route_batches(data_plane: ASGIApp, control: ASGIApp) -> ASGIApp:
+    """An ASGI app that sends ``/v1/files...`` and ``/v1/batches...`` to the
+    control app (these blueprints) and everything else to ``data_plane``
+    (which would take them for model requests)."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            for prefix in PREFIXES:
+                if path.startswith(prefix) and path[len(prefix) : len(prefix) + 1] in ("", "/"):
+                    return await control(scope, receive, send)
+        await data_plane(scope, receive, send)
+
+    return app
+
+
+def _error(status: int, code: str, message: str, param: str | None = None) -> Response:
+    body = {"error": {"message": message, "type": error_type(status), "code": code, "param": param}}
+    return Response(json.dumps(body), status=status, content_type="application/json")
+
+
+async def _bad_request(error: BadRequest) -> Response:
+    return _error(error.status, error.code, error.message, error.param)
+
+
+async def _rejected(error: Rejected) -> Response:
+    response = _error(error.status, error.code, error.message)
+    if error.retry_after_s is not None:
+        response.headers["retry-after"] = str(max(1, round(error.retry_after_s)))
+    return response
+
+
+for _blueprint in (files, batches):
+    _blueprint.register_error_handler(BadRequest, _bad_request)
+    _blueprint.register_error_handler(Rejected, _rejected)
+
+
+def _caller() -> tuple[Batches, AppConfig | None]:
+    """The batch service and the caller's app (None: the admin, who reads all)."""
+    runtime = current_runtime()
+    service = runtime.batches
+    if not isinstance(service, Batches):
+        raise BadRequest(
+            501, "batches_unavailable", "this yard runs without the job service; no batches"
+        )
+    config = runtime.config
+    header = request.headers.get("authorization")
+    admin_key = config.server.admin_key
+    if admin_key and header is not None:
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() == "bearer" and key.strip() == admin_key:
+            return service, None
+    if not config.apps:
+        return service, local_app(config)
+    app, _ = authenticate(config, None if header is None else header.encode("latin-1"))
+    return service, app
+
+
+def _app_only() -> tuple[Batches, AppConfig]:
+    service, app = _caller()
+    if app is None:
+        raise BadRequest(
+            403,
+            "admin_cannot_submit",
+            "files and batches belong to an app: hand them in with the app's key, not the "
+            "admin key",
+        )
+    return service, app
+
+
+def _limit(default: int, most: int) -> int:
+    text = request.args.get("limit")
+    if text is None:
+        return default
+    if not _DIGITS.fullmatch(text) or not 1 <= int(text) <= most:
+        raise BadRequest(
+            400, "invalid_limit", f"limit must be a whole number from 1 to {most}", "limit"
+        )
+    return int(text)
+
+
+# -- files ----------------------------------------------------------------
+
+
+@files.post("", strict_slashes=False)
+async def upload() -> tuple[dict[str, object], int]:
+    service, app = _app_only()
+    form = await request.form
+    uploaded = (await request.files).get("file")
+    if uploaded is None:
+        raise BadRequest(
+            400,
+            "missing_required_parameter",
+            "send the file as the multipart field 'file' (and purpose=batch)",
+            "file",
+        )
+    purpose = form.get("purpose")
+    if not purpose:
+        raise BadRequest(
+            400, "missing_required_parameter", "purpose is required: purpose=batch", "purpose"
+        )
+    content = uploaded.read()
+    name = uploaded.filename or "upload.jsonl"
+    record = await service.upload(app=app.name, purpose=purpose, filename=name, content=content)
+    return file_json(record), 200
+
+
+@files.get("", strict_slashes=False)
+async def list_files() -> dict[str, object]:
+    service, app = _caller()
+    limit = _limit(10_000, 10_000)
+    order = request.args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise BadRequest(400, "invalid_order", "order must be asc or desc", "order")
+    after = request.args.get("after") or None
+    after_seq = None
+    if after is not None:
+        after_seq = (await service.file(after, app=None if app is None else app.name)).seq
+    page = await service.store.list_files(
+        app=None if app is None else app.name,
+        purpose=request.args.get("purpose") or None,
+        limit=limit + 1,
+        after_seq=after_seq,
+        ascending=order == "asc",
+    )
+    data = [file_json(f) for f in page[:limit]]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": len(page) > limit,
+    }
+
+
+@files.get("/<file_id>")
+async def get_file(file_id: str) -> dict[str, object]:
+    service, app = _caller()
+    return file_json(await service.file(file_id, app=None if app is None else app.name))
+
+
+@files.get("/<file_id>/content")
+async def file_content(file_id: str) -> Response:
+    service, app = _caller()
+    record = await service.file(file_id, app=None if app is None else app.name)
+    content = await service.store.content(record.id)
+    if content is None:  # pragma: no cover - deleted between the two reads
+        raise BadRequest(404, "file_not_found", f"no file {file_id!r} for this API key")
+    return Response(content, status=200, content_type="application/octet-stream")
+
+
+@files.delete("/<file_id>")
+async def delete_file(file_id: str) -> dict[str, object]:
+    service, app = _caller()
+    record = await service.file(file_id, app=None if app is None else app.name)
+    deleted = await service.store.delete_file(record.id)
+    return {"id": record.id, "object": "file", "deleted": deleted}
+
+
+# -- batches ----------------------------------------------------------------
+
+
+@batches.post("", strict_slashes=False)
+async def create_batch() -> tuple[dict[str, object], int]:
+    service, app = _app_only()
+    payload = await request.get_json(force=True, silent=True)
+    if not isinstance(payload, dict):
+        raise BadRequest(
+            400,
+            "invalid_request",
+            "send a JSON object: input_file_id, endpoint, completion_window (and metadata)",
+        )
+    prefer = request.headers.get("prefer", "")
+    tokens = {t.strip().split("=")[0].lower() for t in prefer.replace(";", ",").split(",")}
+    batch = await service.create(
+        app=app,
+        input_file_id=payload.get("input_file_id"),
+        endpoint=payload.get("endpoint"),
+        completion_window=payload.get("completion_window"),
+        metadata=payload.get("metadata"),
+        rerun_safe="rerun-safe" in tokens,
+    )
+    return batch_json(batch, counts=(0, 0)), 200
+
+
+@batches.get("", strict_slashes=False)
+async def list_batches() -> dict[str, object]:
+    service, app = _caller()
+    owner = None if app is None else app.name
+    limit = _limit(20, 100)
+    after = request.args.get("after") or None
+    before_seq = None if after is None else (await service.get(after, app=owner)).seq
+    page = await service.store.list_batches(app=owner, limit=limit + 1, before_seq=before_seq)
+    data = [batch_json(b, counts=await service.counts(b)) for b in page[:limit]]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": len(page) > limit,
+    }
+
+
+@batches.get("/<batch_id>")
+async def get_batch(batch_id: str) -> dict[str, object]:
+    service, app = _caller()
+    batch = await service.get(batch_id, app=None if app is None else app.name)
+    return batch_json(batch, counts=await service.counts(batch))
+
+
+@batches.post("/<batch_id>/cancel")
+async def cancel_batch(batch_id: str) -> dict[str, object]:
+    service, app = _caller()
+    batch = await service.cancel(batch_id, app=None if app is None else app.name)
+    return batch_json(batch, counts=await service.counts(batch))

@@ -1,0 +1,532 @@
+"""The Batch API's side of the job database: files, batches and their lines.
+
+Rules this module keeps:
+
+- An upload, a new batch, and every change that decides what a restart does
+  (a batch's lines written, a line becoming a job, a line's outcome, the
+  final files) is one durable transaction.
+- A line becomes a job (:func:`yard.jobs.store.insert_job`) in the same
+  transaction that records its ``job_id``: after any crash a line is either
+  a job or not, never two.
+- A line's outcome is written once (``WHERE outcome IS NULL``).
+- A batch ends once: its final status is a conditional update.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from typing import cast
+
+from yard.batches.records import (
+    BatchError,
+    BatchRecord,
+    BatchStatus,
+    FileRecord,
+    LineRecord,
+    ParsedLine,
+)
+from yard.db import Database
+from yard.jobs.store import JobRecord, JobStore, StoredRequest, insert_job
+
+_FILE_COLUMNS = "seq, id, app, purpose, filename, bytes, created_at"
+_BATCH_COLUMNS = (
+    "seq, id, app, endpoint, input_file_id, completion_window, metadata, priority, "
+    "rerun_safe, status, created_at, expires_at, in_progress_at, finalizing_at, "
+    "completed_at, failed_at, expired_at, cancelling_at, cancelled_at, errors, "
+    "output_file_id, error_file_id, total, completed, failed"
+)
+_LINE_COLUMNS = "batch_id, idx, line, custom_id, model, backend, job_id, outcome"
+_UNENDED = "('validating', 'in_progress', 'finalizing', 'cancelling')"
+
+
+class FileLimit(Exception):
+    """The app keeps as many files as it may."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(f"{count} files")
+        self.count = count
+
+
+class BatchStore:
+    """Files, batches and lines, in the job store's database."""
+
+    def __init__(self, jobs: JobStore) -> None:
+        self.jobs = jobs
+        self._db: Database = jobs.database
+
+    # -- files ---------------------------------------------------------------
+
+    async def add_file(
+        self,
+        *,
+        file_id: str,
+        app: str,
+        purpose: str,
+        filename: str,
+        content: bytes,
+        created_at: float,
+        max_files: int | None = None,
+    ) -> FileRecord:
+        """Store a file durably. ``max_files``: raise :class:`FileLimit` if the
+        app already keeps that many files of this purpose."""
+
+        def _add(conn: sqlite3.Connection) -> None:
+            if max_files is not None:
+                (count,) = conn.execute(
+                    "SELECT count(*) FROM files WHERE app = ? AND purpose = ?", (app, purpose)
+                ).fetchone()
+                if int(count) >= max_files:
+                    raise FileLimit(int(count))
+            _insert_file(conn, file_id, app, purpose, filename, content, created_at)
+
+        await self._db.transaction(_add, durable=True)
+        record = await self.file(file_id)
+        assert record is not None
+        return record
+
+    async def file(self, file_id: str) -> FileRecord | None:
+        row = await self._db.fetchone(f"SELECT {_FILE_COLUMNS} FROM files WHERE id = ?", (file_id,))
+        return None if row is None else _file(row)
+
+    async def content(self, file_id: str) -> bytes | None:
+        row = await self._db.fetchone(
+            "SELECT body FROM file_contents WHERE file_id = ?", (file_id,)
+        )
+        return None if row is None else bytes(cast(bytes, row[0]))
+
+    async def list_files(
+        self,
+        *,
+        app: str | None,
+        purpose: str | None,
+        limit: int,
+        after_seq: int | None,
+        ascending: bool,
+    ) -> list[FileRecord]:
+        where: list[str] = []
+        params: list[object] = []
+        if app is not None:
+            where.append("app = ?")
+            params.append(app)
+        if purpose is not None:
+            where.append("purpose = ?")
+            params.append(purpose)
+        if after_seq is not None:
+            where.append("seq > ?" if ascending else "seq < ?")
+            params.append(after_seq)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        order = "ASC" if ascending else "DESC"
+        rows = await self._db.fetchall(
+            f"SELECT {_FILE_COLUMNS} FROM files {clause} ORDER BY seq {order} LIMIT ?",
+            (*params, limit),
+        )
+        return [_file(row) for row in rows]
+
+    async def delete_file(self, file_id: str) -> bool:
+        changed = await self._db.execute("DELETE FROM files WHERE id = ?", (file_id,), durable=True)
+        return changed == 1
+
+    # -- batches -------------------------------------------------------------
+
+    async def add_batch(
+        self,
+        *,
+        batch_id: str,
+        app: str,
+        endpoint: str,
+        input_file_id: str,
+        completion_window: str,
+        metadata: dict[str, str] | None,
+        priority: float,
+        rerun_safe: bool,
+        created_at: float,
+        expires_at: float,
+    ) -> BatchRecord:
+        """Record a new batch as ``validating``, durably."""
+        await self._db.execute(
+            "INSERT INTO batches (id, app, endpoint, input_file_id, completion_window, "
+            "metadata, priority, rerun_safe, status, created_at, expires_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'validating', ?, ?)",
+            (
+                batch_id,
+                app,
+                endpoint,
+                input_file_id,
+                completion_window,
+                None if metadata is None else json.dumps(metadata),
+                priority,
+                int(rerun_safe),
+                created_at,
+                expires_at,
+            ),
+            durable=True,
+        )
+        batch = await self.batch(batch_id)
+        assert batch is not None
+        return batch
+
+    async def batch(self, batch_id: str) -> BatchRecord | None:
+        row = await self._db.fetchone(
+            f"SELECT {_BATCH_COLUMNS} FROM batches WHERE id = ?", (batch_id,)
+        )
+        return None if row is None else _batch(row)
+
+    async def list_batches(
+        self, *, app: str | None, limit: int, before_seq: int | None
+    ) -> list[BatchRecord]:
+        """Batches newest first (of ``app``; None: all), older than ``before_seq``."""
+        where: list[str] = []
+        params: list[object] = []
+        if app is not None:
+            where.append("app = ?")
+            params.append(app)
+        if before_seq is not None:
+            where.append("seq < ?")
+            params.append(before_seq)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = await self._db.fetchall(
+            f"SELECT {_BATCH_COLUMNS} FROM batches {clause} ORDER BY seq DESC LIMIT ?",
+            (*params, limit),
+        )
+        return [_batch(row) for row in rows]
+
+    async def unended(self) -> list[BatchRecord]:
+        """Batches that have not ended, oldest first (for a restart)."""
+        rows = await self._db.fetchall(
+            f"SELECT {_BATCH_COLUMNS} FROM batches WHERE status IN {_UNENDED} ORDER BY seq"
+        )
+        return [_batch(row) for row in rows]
+
+    async def fail(self, batch_id: str, errors: Sequence[BatchError], *, at: float) -> bool:
+        """validating -> failed, with ``errors``."""
+        text = json.dumps(
+            [
+                {"code": e.code, "message": e.message, "param": e.param, "line": e.line}
+                for e in errors
+            ]
+        )
+        changed = await self._db.execute(
+            "UPDATE batches SET status = 'failed', failed_at = ?, errors = ? "
+            "WHERE id = ? AND status = 'validating'",
+            (at, text, batch_id),
+            durable=True,
+        )
+        return changed == 1
+
+    async def start(self, batch_id: str, lines: Sequence[ParsedLine], *, at: float) -> bool:
+        """validating -> in_progress, with its lines written (in submission
+        order), in one durable transaction. False if it was not validating
+        (cancelled meanwhile)."""
+
+        def _start(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                "UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ? "
+                "WHERE id = ? AND status = 'validating'",
+                (at, len(lines), batch_id),
+            )
+            if cursor.rowcount != 1:
+                return False
+            conn.executemany(
+                "INSERT INTO batch_lines (batch_id, idx, line, custom_id, model, backend, body) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (batch_id, i, p.line, p.custom_id, p.model, p.backend, p.body)
+                    for i, p in enumerate(lines)
+                ],
+            )
+            return True
+
+        return await self._db.transaction(_start, durable=True)
+
+    async def mark_cancelling(self, batch_id: str, *, at: float) -> bool:
+        """validating or in_progress -> cancelling."""
+        changed = await self._db.execute(
+            "UPDATE batches SET status = 'cancelling', cancelling_at = ? "
+            "WHERE id = ? AND status IN ('validating', 'in_progress')",
+            (at, batch_id),
+            durable=True,
+        )
+        return changed == 1
+
+    async def mark_finalizing(self, batch_id: str, *, at: float) -> bool:
+        """in_progress -> finalizing (a cancelling batch stays cancelling)."""
+        changed = await self._db.execute(
+            "UPDATE batches SET status = 'finalizing', finalizing_at = ? "
+            "WHERE id = ? AND status = 'in_progress'",
+            (at, batch_id),
+            durable=True,
+        )
+        return changed == 1
+
+    async def finish(
+        self,
+        batch: BatchRecord,
+        status: BatchStatus,
+        *,
+        at: float,
+        output_file_id: str,
+        error_file_id: str,
+    ) -> bool:
+        """End a batch with ``status`` (completed, expired, cancelled): write its
+        output and error files from its lines' outcomes (in input order; a file
+        only if it has lines), set its counts, forget its lines. One durable
+        transaction; False if the batch had already ended."""
+        stamp = {"completed": "completed_at", "expired": "expired_at", "cancelled": "cancelled_at"}[
+            status
+        ]
+
+        def _finish(conn: sqlite3.Connection) -> bool:
+            rows = conn.execute(
+                "SELECT outcome, output FROM batch_lines WHERE batch_id = ? ORDER BY line",
+                (batch.id,),
+            ).fetchall()
+            ok = [str(out) for outcome, out in rows if outcome == "ok"]
+            bad = [str(out) for outcome, out in rows if outcome != "ok" and out is not None]
+            cursor = conn.execute(
+                f"UPDATE batches SET status = ?, {stamp} = ?, "
+                "finalizing_at = COALESCE(finalizing_at, ?), output_file_id = ?, "
+                "error_file_id = ?, completed = ?, failed = ? "
+                f"WHERE id = ? AND status IN {_UNENDED}",
+                (
+                    status,
+                    at,
+                    at,
+                    output_file_id if ok else None,
+                    error_file_id if bad else None,
+                    len(ok),
+                    len(bad),
+                    batch.id,
+                ),
+            )
+            if cursor.rowcount != 1:
+                return False
+            for file_id, lines, name in (
+                (output_file_id, ok, "output"),
+                (error_file_id, bad, "error"),
+            ):
+                if lines:
+                    content = ("\n".join(lines) + "\n").encode()
+                    filename = f"{batch.id}_{name}.jsonl"
+                    _insert_file(conn, file_id, batch.app, "batch_output", filename, content, at)
+            conn.execute("DELETE FROM batch_lines WHERE batch_id = ?", (batch.id,))
+            return True
+
+        return await self._db.transaction(_finish, durable=True)
+
+    # -- lines ---------------------------------------------------------------
+
+    async def lines(self, batch_id: str) -> list[LineRecord]:
+        """A batch's lines in submission order (without bodies)."""
+        rows = await self._db.fetchall(
+            f"SELECT {_LINE_COLUMNS} FROM batch_lines WHERE batch_id = ? ORDER BY idx",
+            (batch_id,),
+        )
+        return [_line(row) for row in rows]
+
+    async def counts(self, batch_id: str) -> tuple[int, int, int]:
+        """(completed, failed, expired) lines of a running batch so far; the
+        expired ones are among the failed."""
+        row = await self._db.fetchone(
+            "SELECT COALESCE(SUM(outcome = 'ok'), 0), "
+            "COALESCE(SUM(outcome IN ('error', 'expired')), 0), "
+            "COALESCE(SUM(outcome = 'expired'), 0) FROM batch_lines WHERE batch_id = ?",
+            (batch_id,),
+        )
+        assert row is not None
+        return int(cast(int, row[0])), int(cast(int, row[1])), int(cast(int, row[2]))
+
+    async def submit(
+        self,
+        line: LineRecord,
+        *,
+        job_id: str,
+        app: str,
+        priority: float,
+        start_by: float | None,
+        rerun_safe: bool,
+        created_at: float,
+        path: str,
+    ) -> JobRecord | None:
+        """Make the line a queued job (its request moves from the line to the
+        job), durably. None if it already was one or has ended."""
+
+        def _submit(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "SELECT body FROM batch_lines WHERE batch_id = ? AND idx = ? "
+                "AND job_id IS NULL AND outcome IS NULL",
+                (line.batch_id, line.idx),
+            ).fetchone()
+            if row is None or row[0] is None:
+                return False
+            insert_job(
+                conn,
+                job_id=job_id,
+                app=app,
+                model=line.model,
+                backend=line.backend,
+                priority=priority,
+                start_by=start_by,
+                allow_late=False,
+                rerun_safe=rerun_safe,
+                created_at=created_at,
+                request=StoredRequest(
+                    method="POST",
+                    path=path,
+                    query="",
+                    headers=((b"content-type", b"application/json"),),
+                    body=bytes(cast(bytes, row[0])),
+                ),
+            )
+            conn.execute(
+                "UPDATE batch_lines SET job_id = ?, body = NULL WHERE batch_id = ? AND idx = ?",
+                (job_id, line.batch_id, line.idx),
+            )
+            return True
+
+        if not await self._db.transaction(_submit, durable=True):
+            return None
+        return await self.jobs.get(job_id)
+
+    async def record(self, line: LineRecord, *, outcome: str, output: str) -> bool:
+        """Store the line's outcome (``ok``, ``error``, ``expired``) and its
+        output- or error-file line, once, durably."""
+        changed = await self._db.execute(
+            "UPDATE batch_lines SET outcome = ?, output = ?, body = NULL "
+            "WHERE batch_id = ? AND idx = ? AND outcome IS NULL",
+            (outcome, output, line.batch_id, line.idx),
+            durable=True,
+        )
+        return changed == 1
+
+    async def service_times(self, backend: str, *, limit: int = 20) -> list[float]:
+        """The run times (start to end, seconds) of the latest jobs on
+        ``backend`` that succeeded: what a batch line there is expected to take."""
+        rows = await self._db.fetchall(
+            "SELECT finished_at - started_at FROM jobs WHERE backend = ? AND "
+            "started_at IS NOT NULL AND finished_at IS NOT NULL AND error_code IS NULL "
+            "AND result_status IS NOT NULL ORDER BY finished_at DESC LIMIT ?",
+            (backend, limit),
+        )
+        times = [float(cast(float, r[0])) for r in rows if r[0] is not None]
+        return [t for t in times if t >= 0]
+
+
+def _insert_file(
+    conn: sqlite3.Connection,
+    file_id: str,
+    app: str,
+    purpose: str,
+    filename: str,
+    content: bytes,
+    created_at: float,
+) -> None:
+    conn.execute(
+        "INSERT INTO files (id, app, purpose, filename, bytes, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (file_id, app, purpose, filename, len(content), created_at),
+    )
+    conn.execute("INSERT INTO file_contents (file_id, body) VALUES (?, ?)", (file_id, content))
+
+
+def _opt(value: object) -> float | None:
+    return None if value is None else float(cast(float, value))
+
+
+def _file(row: tuple[object, ...]) -> FileRecord:
+    seq, file_id, app, purpose, filename, size, created_at = row
+    return FileRecord(
+        seq=int(cast(int, seq)),
+        id=str(file_id),
+        app=str(app),
+        purpose=str(purpose),
+        filename=str(filename),
+        bytes=int(cast(int, size)),
+        created_at=float(cast(float, created_at)),
+    )
+
+
+def _errors(text: object) -> tuple[BatchError, ...]:
+    if text is None:
+        return ()
+    return tuple(
+        BatchError(
+            code=str(e["code"]),
+            message=str(e["message"]),
+            line=e.get("line"),
+            param=e.get("param"),
+        )
+        for e in json.loads(str(text))
+    )
+
+
+def _batch(row: tuple[object, ...]) -> BatchRecord:
+    (
+        seq,
+        batch_id,
+        app,
+        endpoint,
+        input_file_id,
+        window,
+        metadata,
+        priority,
+        rerun_safe,
+        status,
+        created_at,
+        expires_at,
+        in_progress_at,
+        finalizing_at,
+        completed_at,
+        failed_at,
+        expired_at,
+        cancelling_at,
+        cancelled_at,
+        errors,
+        output_file_id,
+        error_file_id,
+        total,
+        completed,
+        failed,
+    ) = row
+    return BatchRecord(
+        seq=int(cast(int, seq)),
+        id=str(batch_id),
+        app=str(app),
+        endpoint=str(endpoint),
+        input_file_id=str(input_file_id),
+        completion_window=str(window),
+        metadata=None if metadata is None else dict(json.loads(str(metadata))),
+        priority=float(cast(float, priority)),
+        rerun_safe=bool(rerun_safe),
+        status=cast(BatchStatus, str(status)),
+        created_at=float(cast(float, created_at)),
+        expires_at=float(cast(float, expires_at)),
+        in_progress_at=_opt(in_progress_at),
+        finalizing_at=_opt(finalizing_at),
+        completed_at=_opt(completed_at),
+        failed_at=_opt(failed_at),
+        expired_at=_opt(expired_at),
+        cancelling_at=_opt(cancelling_at),
+        cancelled_at=_opt(cancelled_at),
+        errors=_errors(errors),
+        output_file_id=None if output_file_id is None else str(output_file_id),
+        error_file_id=None if error_file_id is None else str(error_file_id),
+        total=int(cast(int, total)),
+        completed=int(cast(int, completed)),
+        failed=int(cast(int, failed)),
+    )
+
+
+def _line(row: tuple[object, ...]) -> LineRecord:
+    batch_id, idx, line, custom_id, model, backend, job_id, outcome = row
+    return LineRecord(
+        batch_id=str(batch_id),
+        idx=int(cast(int, idx)),
+        line=int(cast(int, line)),
+        custom_id=str(custom_id),
+        model=str(model),
+        backend=str(backend),
+        job_id=None if job_id is None else str(job_id),
+        outcome=None if outcome is None else str(outcome),
+    )

@@ -1,0 +1,170 @@
+"""A batch input file checked line by line, as OpenAI checks it.
+
+Each line is one request: ``{"custom_id": "...", "method": "POST", "url":
+"/v1/chat/completions", "body": {"model": "...", ...}}``. Problems are
+reported with OpenAI's codes and the 1-based line they are on (a batch with
+any goes ``failed`` and lists them in ``errors.data``):
+
+``empty_file``, ``too_many_tasks``, ``invalid_json_line``,
+``missing_required_parameter`` (``param`` names what), ``invalid_request``
+(a field of the wrong type), ``duplicate_custom_id``, ``invalid_method``,
+``url_mismatch`` (not the batch's endpoint), ``model_not_found`` (a model
+this yard does not serve to this app), ``request_too_large``.
+
+Pure: the caller says which models exist for the app (``route``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from yard.batches.records import BatchError, ParsedLine
+
+MAX_ERRORS = 1000
+"""The most entries a failed batch lists; the last one says how many more."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checked:
+    """The outcome: the lines in submission order (grouped by model, in the
+    order the models first appear, file order within a model), or errors."""
+
+    lines: tuple[ParsedLine, ...]
+    errors: tuple[BatchError, ...]
+
+
+def check_input(
+    content: bytes,
+    *,
+    endpoint: str,
+    route: Callable[[str], str | None],
+    max_lines: int,
+    max_request_bytes: int | None = None,
+) -> Checked:
+    """Check ``content`` (the input file) for a batch on ``endpoint``.
+
+    route: the backend serving a model for this app, or None if the app may
+        not use it (it does not exist, to this app).
+    max_lines: the most requests allowed ([jobs] batch_max_lines).
+    max_request_bytes: the largest request body a job stores, if limited.
+    """
+    texts = content.split(b"\n")
+    numbered = [(i + 1, t) for i, t in enumerate(texts) if t.strip()]
+    if not numbered:
+        return Checked(
+            lines=(),
+            errors=(BatchError(code="empty_file", message="the input file has no requests"),),
+        )
+    if len(numbered) > max_lines:
+        message = (
+            f"the input file holds {len(numbered)} requests; a batch takes at most "
+            f"{max_lines} ([jobs] batch_max_lines): split it into several batches"
+        )
+        return Checked(lines=(), errors=(BatchError(code="too_many_tasks", message=message),))
+    errors: list[BatchError] = []
+    parsed: list[ParsedLine] = []
+    seen: dict[str, int] = {}
+    for number, text in numbered:
+        line, problem = _check_line(number, text, endpoint, route, max_request_bytes)
+        if problem is None and line is not None:
+            first = seen.setdefault(line.custom_id, number)
+            if first != number:
+                problem = BatchError(
+                    code="duplicate_custom_id",
+                    message=f"custom_id {_short(line.custom_id)} is already used on line "
+                    f"{first}; each request of a batch needs its own custom_id",
+                    line=number,
+                    param="custom_id",
+                )
+        if problem is not None:
+            errors.append(problem)
+        elif line is not None:
+            parsed.append(line)
+    if errors:
+        if len(errors) > MAX_ERRORS:
+            more = len(errors) - MAX_ERRORS + 1
+            errors = errors[: MAX_ERRORS - 1]
+            errors.append(BatchError(code="too_many_errors", message=f"{more} more errors"))
+        return Checked(lines=(), errors=tuple(errors))
+    order: dict[str, int] = {}
+    for line in parsed:
+        order.setdefault(line.model, len(order))
+    ordered = sorted(parsed, key=lambda p: (order[p.model], p.line))
+    return Checked(lines=tuple(ordered), errors=())
+
+
+def _check_line(
+    number: int,
+    text: bytes,
+    endpoint: str,
+    route: Callable[[str], str | None],
+    max_request_bytes: int | None,
+) -> tuple[ParsedLine | None, BatchError | None]:
+    def fail(code: str, message: str, param: str | None = None) -> tuple[None, BatchError]:
+        return None, BatchError(code=code, message=message, line=number, param=param)
+
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return fail("invalid_json_line", "this line is not parseable as valid JSON")
+    if not isinstance(value, dict):
+        return fail("invalid_json_line", "this line is JSON but not an object")
+    for name in ("custom_id", "method", "url", "body"):
+        if name not in value:
+            return fail(
+                "missing_required_parameter",
+                f"this line has no {name!r}; every request needs custom_id, method, url and body",
+                name,
+            )
+    custom_id = value["custom_id"]
+    if not isinstance(custom_id, str) or not custom_id:
+        return fail("invalid_request", "custom_id must be a non-empty string", "custom_id")
+    method = value["method"]
+    if method != "POST":
+        return fail(
+            "invalid_method", f"method is {_short(str(method))}; batch requests are POST", "method"
+        )
+    url = value["url"]
+    if not isinstance(url, str):
+        return fail("invalid_request", "url must be a string", "url")
+    if url != endpoint:
+        return fail(
+            "url_mismatch",
+            f"url {_short(url)} is not the batch's endpoint {endpoint}; every line of a "
+            "batch goes to its endpoint",
+            "url",
+        )
+    body = value["body"]
+    if not isinstance(body, dict):
+        return fail("invalid_request", "body must be a JSON object", "body")
+    model = body.get("model")
+    if model is None:
+        return fail("missing_required_parameter", "body has no 'model'", "body.model")
+    if not isinstance(model, str):
+        return fail("invalid_request", "body.model must be a string", "body.model")
+    backend = route(model)
+    if backend is None:
+        return fail(
+            "model_not_found",
+            f"the model {_short(model)} does not exist in this yard; GET /v1/models lists them",
+            "body.model",
+        )
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    if max_request_bytes is not None and len(raw) > max_request_bytes:
+        return fail(
+            "request_too_large",
+            f"the body is {len(raw)} bytes; a job stores at most {max_request_bytes} "
+            "([jobs] max_request_bytes)",
+            "body",
+        )
+    line = ParsedLine(
+        line=number, custom_id=custom_id, model=model, backend=backend, url=url, body=raw
+    )
+    return line, None
+
+
+def _short(text: str) -> str:
+    quoted = json.dumps(text)
+    return quoted if len(quoted) <= 80 else quoted[:77] + '..."'
