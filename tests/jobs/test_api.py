@@ -25,8 +25,8 @@ from yard.http.runtime import Runtime
 from yard.jobs import JobsConfig, open_jobs
 from yard.jobs.service import Jobs
 from yard.testing.fake import FakeBackend as Backend
-from yard.testing.fake import audio_bytes
 from yard.testing.fake import serve_fake as serve_backend
+from yard.testing.payloads import audio_bytes
 
 RADIO = {"authorization": "Bearer key-radio"}
 GAMES = {"authorization": "Bearer key-games"}

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import json
 import sys
 import time
@@ -48,6 +47,8 @@ from urllib.parse import parse_qs
 import h11
 import trio
 
+from yard.testing.payloads import audio_bytes
+
 _SMALL = (
     b'{"id":"cmpl-bench","object":"chat.completion",'
     b'"choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}'
@@ -55,17 +56,6 @@ _SMALL = (
 _SMALL_HEAD = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(_SMALL))]
 _JSON = b"application/json"
 _PIECE = 65536
-
-
-def audio_bytes(n: int) -> bytes:
-    """``n`` deterministic bytes that look like nothing in particular (every
-    byte value occurs), so that any corruption shows."""
-    out = bytearray()
-    block = b"yard"
-    while len(out) < n:
-        block = hashlib.sha256(block).digest()
-        out += block
-    return bytes(out[:n])
 
 
 @dataclass
