@@ -203,8 +203,8 @@ class AppConfig:
     models: ``fnmatch`` patterns of the models it may use (``*``, ``?``,
         ``[seq]``, case-sensitive); None: every model. To this app, every
         other model does not exist.
-    max_concurrent: most of its requests served at once (None: no limit);
-        validated, not yet enforced by the scheduler.
+    max_concurrent: most of its requests served at once, on all backends
+        together (None: no limit); the rest wait in the queue.
     max_queued: most of its requests waiting at once, synchronous and jobs
         alike; one more is refused with 429 (None: only the scheduler's
         ``queue_limit``).

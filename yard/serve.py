@@ -176,7 +176,16 @@ async def _serve(
     config.server.data_dir.mkdir(parents=True, exist_ok=True)
     meter: MachineMeter = default_meter()
     devices = config.device_specs(meter.device_totals())
-    scheduler = Scheduler(devices, config.backend_specs(), config.scheduler)
+    scheduler = Scheduler(
+        devices,
+        config.backend_specs(),
+        config.scheduler,
+        max_concurrent={
+            app.name: app.max_concurrent
+            for app in config.apps.values()
+            if app.max_concurrent is not None
+        },
+    )
 
     def start_timeout(backend: str) -> float:
         profile = scheduler.profile(backend)

@@ -277,3 +277,10 @@ def held_back(name: str, swap_to: str, head_id: str, bound: int) -> str:
 
 def waiting_for_slot(name: str, busy: int, slots: int, service_s: float) -> str:
     return f"waiting for a free slot on {name} ({busy}/{slots} busy, est. {secs(service_s)})"
+
+
+def app_at_limit(app: str, serving: int, limit: int) -> str:
+    return (
+        f"app {app!r} has {serving} requests being served, the most "
+        f"[apps.{app}] max_concurrent = {limit} allows; it goes when one of them ends"
+    )

@@ -10,6 +10,10 @@ Rules it keeps
 - Requests for one backend are dispatched in the order of
   :mod:`yard.core.queue` (priority with aging, urgent deadlines first), only
   to a ``ready`` backend with a free slot.
+- An app with ``max_concurrent`` never has more requests dispatched (running,
+  or lost awaiting the backend's exit report) at once: while it has that many,
+  its waiting requests are passed over (the next request in the order that is
+  not held goes) and say why they wait.
 - Loads, evictions and swap batching follow :mod:`yard.core.placement` (its
   docstring states the rules): a backend starts only where it fits next to
   everything loaded, one load at a time per device; room is made by stopping
@@ -72,6 +76,15 @@ start-by passes ends there unless it allows lateness. The proof is in
 ``docs/wait-bound.md``; :meth:`Scheduler.wait_bound` computes ``W`` from the
 current figures and the stateful tests check that no wait exceeds it.
 
+``max_concurrent`` is outside that proof. Passing over a held request adds no
+one ahead of anybody else, so the argument for apps without the limit is
+unchanged; a request of an app with ``max_concurrent = c`` may in addition
+wait while its app's earlier requests are served, ``c`` at a time: up to about
+``ceil(q / c) * max_service_s`` more, ``q`` being that app's requests ahead of it
+(at most its ``max_queued``). The stateful tests do not check that figure;
+``tests/core/test_app_concurrency.py`` checks that the limit holds and that
+held requests are served in the end.
+
 Layout
 ------
 
@@ -88,7 +101,8 @@ sentences) and :mod:`~yard.core.views` (the read-only records).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 
 from yard.core import backend_events, estimates, reasons, request_events, views
 from yard.core.decisions import Decision, Dispatch, Flag
@@ -130,6 +144,8 @@ class Scheduler:
     replan_everything: plan every backend waiting for a load afresh on every
         event instead of only what the event can change (slower; the reference
         the incremental planning is tested against).
+    max_concurrent: per app, the most of its requests dispatched at once
+        (``[apps.NAME] max_concurrent``); apps not in it have no such limit.
     """
 
     def __init__(
@@ -139,8 +155,10 @@ class Scheduler:
         config: SchedulerConfig | None = None,
         *,
         replan_everything: bool = False,
+        max_concurrent: Mapping[str, int] | None = None,
     ) -> None:
         self.config = config if config is not None else SchedulerConfig()
+        self._max_concurrent = dict(max_concurrent or {})
         devs: dict[str, Device] = {}
         for spec in devices:
             if spec.name in devs:
@@ -287,11 +305,15 @@ class Scheduler:
         core = self._core
         c = core.config
         any_sent = False
+        # Requests dispatched per app, only while some app has a limit.
+        serving = self._serving() if self._max_concurrent else None
         for b in core.backends.values():
             if b.state is not BackendState.READY or not b.queue.size:
                 continue
             while len(b.running) < b.spec.slots:
                 req = b.queue.head()
+                if req is not None and serving is not None and self._held(req, serving):
+                    req = next((r for r in b.queue.ordered() if not self._held(r, serving)), None)
                 if req is None:
                     break
                 head = core.victim_of.get(b.name)
@@ -314,6 +336,8 @@ class Scheduler:
                 req.state = ReqState.RUNNING
                 req.dispatched_at = now
                 b.running[req.id] = req
+                if serving is not None:
+                    serving[req.app] = serving.get(req.app, 0) + 1
                 b.dispatched_since_ready += 1
                 b.last_used = now
                 b.credit = core.credit(b)
@@ -337,6 +361,20 @@ class Scheduler:
                 out.append(Dispatch(request_id=req.id, backend=b.name, reason=reason))
                 any_sent = any_sent or head is not None
         return any_sent
+
+    def _serving(self) -> dict[str, int]:
+        """Requests dispatched per app (running, or lost awaiting a verdict:
+        both hold a slot)."""
+        counts: dict[str, int] = {}
+        for b in self._core.backends.values():
+            for req in b.running.values():
+                counts[req.app] = counts.get(req.app, 0) + 1
+        return counts
+
+    def _held(self, req: Req, serving: Mapping[str, int]) -> bool:
+        """Whether ``req``'s app already has its ``max_concurrent`` dispatched."""
+        limit = self._max_concurrent.get(req.app)
+        return limit is not None and serving.get(req.app, 0) >= limit
 
     def _settle(self, now: float, out: list[Decision]) -> None:
         core = self._core
@@ -373,9 +411,16 @@ class Scheduler:
         core = self._core
         b = core.backends[req.backend]
         swap_head = core.victim_of.get(b.name)
-        return views.queued_view(
+        view = views.queued_view(
             req, b, swap_head, core.config, position, ahead, now, core.start_cost_s, costs
         )
+        limit = self._max_concurrent.get(req.app)
+        if limit is not None:
+            serving = self._serving().get(req.app, 0)
+            if serving >= limit:
+                reason = reasons.app_at_limit(req.app, serving, limit)
+                return dataclasses.replace(view, reason=reason)
+        return view
 
     def explain(self, request_id: str, now: float) -> QueuedView | None:
         """Where a waiting request stands and why it waits (None: not waiting)."""
