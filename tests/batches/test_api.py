@@ -187,6 +187,16 @@ async def test_bad_requests_get_openais_error_shape_with_the_param(tmp_path: Pat
             )
             assert wrong.status_code == 400
             assert wrong.json()["error"]["param"] == "purpose"
+            # Found by the OpenAPI fuzz test: both were 500s.
+            for raw in (
+                b"\xfc{}",
+                b'{"input_file_id": "%s", "endpoint": "/v1/completions", '
+                b'"completion_window": "1h", "metadata": {"\\ud800": "x"}}' % file_id.encode(),
+            ):
+                response = await client.post(
+                    "/v1/batches", content=raw, headers={"content-type": "application/json"}
+                )
+                assert response.status_code == 400, response.text
             async with httpx.AsyncClient(base_url=runtime.urls[0]) as nobody:
                 assert (await nobody.get("/v1/batches")).status_code == 401
 

@@ -24,7 +24,6 @@ from yard.batches.service import BadRequest, Batches
 from yard.batches.views import batch_json, file_json
 from yard.config import AppConfig
 from yard.errors import Rejected
-from yard.http.asgi import ASGIApp, Receive, Scope, Send
 from yard.http.errors import error_type
 from yard.http.intake import authenticate, local_app
 from yard.http.runtime import current_runtime
@@ -34,24 +33,7 @@ files = Blueprint("files", __name__)
 batches = Blueprint("batches", __name__)
 """Mounted at ``/v1/batches``."""
 
-PREFIXES = ("/v1/files", "/v1/batches")
 _DIGITS = re.compile(r"[0-9]{1,5}")
-
-
-def route_batches(data_plane: ASGIApp, control: ASGIApp) -> ASGIApp:
-    """An ASGI app that sends ``/v1/files...`` and ``/v1/batches...`` to the
-    control app (these blueprints) and everything else to ``data_plane``
-    (which would take them for model requests)."""
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            path: str = scope["path"]
-            for prefix in PREFIXES:
-                if path.startswith(prefix) and path[len(prefix) : len(prefix) + 1] in ("", "/"):
-                    return await control(scope, receive, send)
-        await data_plane(scope, receive, send)
-
-    return app
 
 
 def _error(status: int, code: str, message: str, param: str | None = None) -> Response:
@@ -140,7 +122,8 @@ async def upload() -> tuple[dict[str, object], int]:
             400, "missing_required_parameter", "purpose is required: purpose=batch", "purpose"
         )
     content = uploaded.read()
-    name = uploaded.filename or "upload.jsonl"
+    # Stored as UTF-8: a name with lone surrogates keeps the rest of its characters.
+    name = (uploaded.filename or "upload.jsonl").encode("utf-8", "replace").decode()
     record = await service.upload(app=app.name, purpose=purpose, filename=name, content=content)
     return file_json(record), 200
 
@@ -203,7 +186,11 @@ async def delete_file(file_id: str) -> dict[str, object]:
 @batches.post("", strict_slashes=False)
 async def create_batch() -> tuple[dict[str, object], int]:
     service, app = _app_only()
-    payload = await request.get_json(force=True, silent=True)
+    raw = await request.get_data(as_text=False)
+    try:
+        payload = json.loads(raw)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep
+        payload = None
     if not isinstance(payload, dict):
         raise BadRequest(
             400,

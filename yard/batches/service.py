@@ -521,6 +521,15 @@ async def open_batches(jobs: Jobs, config: Config) -> AsyncIterator[Batches]:
             await batches.stop()
 
 
+def _utf8(text: str) -> bool:
+    """Whether ``text`` can be stored (JSON allows lone surrogates; UTF-8 does not)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _metadata(value: object) -> dict[str, str] | None:
     """OpenAI's metadata: up to 16 string pairs, keys to 64 and values to 512
     characters. Raises :class:`BadRequest`."""
@@ -530,7 +539,12 @@ def _metadata(value: object) -> dict[str, str] | None:
         not isinstance(value, dict)
         or len(value) > 16
         or not all(
-            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
+            isinstance(k, str)
+            and isinstance(v, str)
+            and len(k) <= 64
+            and len(v) <= 512
+            and _utf8(k)
+            and _utf8(v)
             for k, v in value.items()
         )
     ):

@@ -66,7 +66,7 @@ def create_app(runtime: Runtime) -> Guard:
     """The ASGI app ``yard serve`` runs: the browser guard
     (:mod:`yard.http.guard`), then the data plane, then Quart."""
     control = cast(ASGIApp, create_control_app(runtime))
-    return guard(batch_api.route_batches(Gateway(runtime, control), control), runtime.config)
+    return guard(Gateway(runtime, control), runtime.config)
 
 
 async def serve_app(

@@ -93,6 +93,9 @@ _DROPPED = HOP_BY_HOP | {b"host", b"content-length", b"prefer"}
 # (x-accel-buffering: yard adds its own "no"; a backend's would be a second.)
 _RESPONSE_DROPPED = HOP_BY_HOP | {b"x-accel-buffering"}
 _ACCEL = (b"x-accel-buffering", b"no")
+# /v1 paths the control plane answers (the jobs and Batch APIs), not a model.
+_CONTROL_V1 = ("/v1/jobs", "/v1/files", "/v1/batches")
+_CONTROL_NAMES = frozenset({"jobs", "files", "batches"})
 _JSON_CT = b"application/json"
 _SESSION = SESSION_COOKIE.encode().lower()
 
@@ -119,7 +122,8 @@ class Gateway:
         """Route one ASGI connection event.
 
         - ``/v1/models``: the configured models (answered here);
-        - ``/v1/jobs...``: the jobs API (Quart);
+        - ``/v1/jobs...``, ``/v1/files...``, ``/v1/batches...``: the jobs and
+          Batch APIs (Quart);
         - other ``/v1/*``: routed by the ``model`` the request names, to the
           backend that serves it;
         - ``/backends/NAME/PATH``: ``PATH`` (query kept) on backend ``NAME``,
@@ -132,7 +136,7 @@ class Gateway:
         if scope["type"] == "http":
             path: str = scope["path"]
             if path.startswith("/v1/"):
-                if path.startswith("/v1/jobs") and path[8:9] in ("", "/"):
+                if path.startswith(_CONTROL_V1) and path[4:].partition("/")[0] in _CONTROL_NAMES:
                     return await self.control(scope, receive, send)
                 if (path == "/v1/models" or path.startswith("/v1/models/")) and scope["method"] in (
                     "GET",

@@ -701,7 +701,269 @@ def _paths() -> Schema:
             for method in PROXY_METHODS
         },
     }
+    paths.update(_batch_paths())
     return paths
+
+
+# -- the Batch API (yard.batches) ---------------------------------------------
+
+_BATCH_STATUSES = [
+    "validating",
+    "failed",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "expired",
+    "cancelling",
+    "cancelled",
+]
+_STAMP = {"type": _nullable("integer")}
+
+
+def _list_of(item: str) -> Schema:
+    return {
+        "type": "object",
+        "required": ["object", "data", "first_id", "last_id", "has_more"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": _ref(item)},
+            "first_id": {"type": _nullable("string")},
+            "last_id": {"type": _nullable("string")},
+            "has_more": {"type": "boolean"},
+        },
+    }
+
+
+_BATCH_SCHEMAS: dict[str, Schema] = {
+    "File": {
+        "description": "A stored file (OpenAI's file object).",
+        "type": "object",
+        "required": ["id", "object", "bytes", "created_at", "filename", "purpose", "status"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "file"},
+            "bytes": {"type": "integer"},
+            "created_at": {"type": "integer"},
+            "expires_at": _STAMP,
+            "filename": {"type": "string"},
+            "purpose": {"enum": ["batch", "batch_output"]},
+            "status": {"const": "processed"},
+            "status_details": {"type": _nullable("string")},
+        },
+    },
+    "FileList": _list_of("File"),
+    "FileDeleted": {
+        "type": "object",
+        "required": ["id", "object", "deleted"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "file"},
+            "deleted": {"type": "boolean"},
+        },
+    },
+    "FileUpload": {
+        "type": "object",
+        "required": ["file", "purpose"],
+        "properties": {
+            "file": {"type": "string", "contentMediaType": "application/octet-stream"},
+            "purpose": {"const": "batch"},
+        },
+    },
+    "BatchCreate": {
+        "type": "object",
+        "required": ["input_file_id", "endpoint", "completion_window"],
+        "properties": {
+            "input_file_id": {"type": "string"},
+            "endpoint": {
+                "enum": [
+                    "/v1/chat/completions",
+                    "/v1/completions",
+                    "/v1/embeddings",
+                    "/v1/responses",
+                    "/v1/moderations",
+                ]
+            },
+            "completion_window": {
+                "type": "string",
+                "description": 'Whole hours, 1h to jobs.batch_max_window_s ("24h").',
+            },
+            "metadata": {
+                "type": _nullable("object"),
+                "additionalProperties": {"type": "string"},
+            },
+        },
+    },
+    "Batch": {
+        "description": "A batch (OpenAI's batch object). Every line is a job of the app.",
+        "type": "object",
+        "required": ["id", "object", "endpoint", "input_file_id", "completion_window", "status"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "batch"},
+            "endpoint": {"type": "string"},
+            "errors": {
+                "type": _nullable("object"),
+                "properties": {
+                    "object": {"const": "list"},
+                    "data": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "code": {"type": "string"},
+                                "message": {"type": "string"},
+                                "param": {"type": _nullable("string")},
+                                "line": {"type": _nullable("integer")},
+                            },
+                        },
+                    },
+                },
+            },
+            "input_file_id": {"type": "string"},
+            "completion_window": {"type": "string"},
+            "status": {"enum": _BATCH_STATUSES},
+            "output_file_id": {"type": _nullable("string")},
+            "error_file_id": {"type": _nullable("string")},
+            "created_at": {"type": "integer"},
+            "in_progress_at": _STAMP,
+            "expires_at": _STAMP,
+            "finalizing_at": _STAMP,
+            "completed_at": _STAMP,
+            "failed_at": _STAMP,
+            "expired_at": _STAMP,
+            "cancelling_at": _STAMP,
+            "cancelled_at": _STAMP,
+            "request_counts": {
+                "type": "object",
+                "properties": {
+                    "total": {"type": "integer"},
+                    "completed": {"type": "integer"},
+                    "failed": {"type": "integer"},
+                },
+            },
+            "metadata": {"type": _nullable("object")},
+        },
+    },
+    "BatchList": _list_of("Batch"),
+}
+_FILE_ID = _path_param("file_id", "The file's id (`file-...`).")
+_BATCH_ID = _path_param("batch_id", "The batch's id (`batch_...`).")
+_BATCH_ERRORS = {
+    **_AUTH_ERRORS,
+    "501": _error("`batches_unavailable`: this yard runs without the job service."),
+}
+
+
+def _batch_paths() -> Schema:
+    file_404 = {"404": _error("`file_not_found`: no such file for this key.")}
+    batch_404 = {"404": _error("`batch_not_found`: no such batch for this key.")}
+    cursor = _query("after", "The last id of the previous page.")
+    return {
+        "/v1/files": {
+            "post": _op(
+                "Upload a batch input file (multipart: file, purpose=batch)",
+                {
+                    "200": _json(_ref("File"), "Stored."),
+                    "400": _error("`invalid_purpose`, `missing_required_parameter`."),
+                    "403": _error("`admin_cannot_submit`: use an app's key."),
+                    "413": _error("`file_too_large` (jobs.batch_max_file_bytes)."),
+                    "429": _error("`too_many_files` (jobs.batch_max_files_per_app)."),
+                    **_BATCH_ERRORS,
+                },
+                requestBody={
+                    "required": True,
+                    "content": {"multipart/form-data": {"schema": _ref("FileUpload")}},
+                },
+            ),
+            "get": _op(
+                "The caller's files (the admin key sees every app's)",
+                {
+                    "200": _json(_ref("FileList"), "A page of files."),
+                    "400": _error("`invalid_limit`, `invalid_order`."),
+                    **file_404,
+                    **_BATCH_ERRORS,
+                },
+                parameters=[
+                    _query("purpose", "Only files of this purpose."),
+                    _query("limit", "1 to 10000 (default 10000)."),
+                    _query("order", "asc or desc (default desc)."),
+                    cursor,
+                ],
+            ),
+        },
+        "/v1/files/{file_id}": {
+            "get": _op(
+                "A file",
+                {"200": _json(_ref("File"), "The file."), **file_404, **_BATCH_ERRORS},
+                parameters=[_FILE_ID],
+            ),
+            "delete": _op(
+                "Delete a file",
+                {"200": _json(_ref("FileDeleted"), "Deleted."), **file_404, **_BATCH_ERRORS},
+                parameters=[_FILE_ID],
+            ),
+        },
+        "/v1/files/{file_id}/content": {
+            "get": _op(
+                "A file's bytes (an output or error file: OpenAI's JSONL line format)",
+                {
+                    "200": _text("application/octet-stream", "The bytes."),
+                    **file_404,
+                    **_BATCH_ERRORS,
+                },
+                parameters=[_FILE_ID],
+            )
+        },
+        "/v1/batches": {
+            "post": _op(
+                "Create a batch (`Prefer: rerun-safe`: a line interrupted by a restart "
+                "runs once more)",
+                {
+                    "200": _json(_ref("Batch"), "Created, validating."),
+                    "400": _error(
+                        "`invalid_request`, `invalid_completion_window`, `invalid_metadata` "
+                        "(`param` names the field)."
+                    ),
+                    "403": _error("`admin_cannot_submit`: use an app's key."),
+                    **file_404,
+                    **_BATCH_ERRORS,
+                },
+                requestBody={
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("BatchCreate")}},
+                },
+            ),
+            "get": _op(
+                "The caller's batches, newest first (the admin key sees every app's)",
+                {
+                    "200": _json(_ref("BatchList"), "A page of batches."),
+                    "400": _error("`invalid_limit`."),
+                    **batch_404,
+                    **_BATCH_ERRORS,
+                },
+                parameters=[_query("limit", "1 to 100 (default 20)."), cursor],
+            ),
+        },
+        "/v1/batches/{batch_id}": {
+            "get": _op(
+                "A batch: status, request counts, output and error files",
+                {"200": _json(_ref("Batch"), "The batch."), **batch_404, **_BATCH_ERRORS},
+                parameters=[_BATCH_ID],
+            )
+        },
+        "/v1/batches/{batch_id}/cancel": {
+            "post": _op(
+                "Cancel a batch: queued lines end `batch_cancelled`, running ones finish",
+                {
+                    "200": _json(_ref("Batch"), "Cancelling (or cancelled)."),
+                    **batch_404,
+                    "409": _error("`batch_not_cancellable`: it has ended."),
+                    **_BATCH_ERRORS,
+                },
+                parameters=[_BATCH_ID],
+            )
+        },
+    }
 
 
 # What yard's HTTP server and its browser guard may answer before any route
@@ -746,7 +1008,7 @@ def document() -> Schema:
         "security": [{"apiKey": []}],
         "paths": _with_edge(_paths()),
         "components": {
-            "schemas": _SCHEMAS,
+            "schemas": {**_SCHEMAS, **_BATCH_SCHEMAS},
             "securitySchemes": {
                 "apiKey": {
                     "type": "http",
