@@ -17,6 +17,9 @@ APPS = (
     f'[apps.edge]\nkey = "{APP_KEY}"\ndefault_priority = 50\nmax_priority = 90\n\n'
     f'[apps.other]\nkey = "{OTHER_KEY}"\ndefault_priority = 50\nmax_priority = 90\n\n'
 )
+# A backend answer that breaks the protocol ends as upstream_lost: the core
+# waits lost_grace_s for an exit report (5 s by default) before its 502.
+FAST_LOST = "[scheduler]\nlost_grace_s = 0.5\n\n"
 APP = {"Authorization": f"Bearer {APP_KEY}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -27,7 +30,7 @@ def yard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Yard]:
     and the lying backend (``/backends/liar/...``)."""
     running = start_yard(
         tmp_path_factory.mktemp("yard"),
-        APPS + echo_toml() + liar_toml(),
+        APPS + echo_toml() + liar_toml() + FAST_LOST,
         server=f'admin_key = "{ADMIN_KEY}"',
     )
     try:

@@ -12,7 +12,8 @@ server can get its answer wrong:
 - ``/set-cookie``: a ``Set-Cookie`` named like yard's own session cookie
   (``--cookie``), beside a harmless one;
 - ``/garbage``: bytes that are not HTTP;
-- ``/big``: a proper 8 MiB answer (for clients that never read it).
+- ``/big``: a proper 8 MiB answer (for clients that never read it);
+- ``/hold``: a proper answer, after 5 s (to keep requests busy).
 
 Every answer closes the connection after it, so a lie never waits in a pool.
 """
@@ -24,6 +25,7 @@ import os
 import socket
 import socketserver
 import sys
+import time
 
 BIG = 8 * 2**20
 
@@ -53,6 +55,9 @@ def _answer(path: str, cookie: str) -> bytes:
         return proper + cookies + b"content-length: %d\r\n\r\n%s" % (len(ok), ok)
     if path == "/garbage":
         return b"\x00\xffTHIS IS NOT HTTP\r\n\x01\x02\r\n\r\n"
+    if path == "/hold":
+        time.sleep(5)
+        return proper + b"content-length: %d\r\n\r\n%s" % (len(ok), ok)
     if path == "/big":
         return proper + b"content-length: %d\r\n\r\n" % BIG + b"b" * BIG
     return b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
