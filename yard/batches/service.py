@@ -55,7 +55,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import trio
 
@@ -68,7 +68,7 @@ from yard.batches.records import (
     LineRecord,
 )
 from yard.batches.store import BatchStore, FileLimit
-from yard.batches.validate import check_input
+from yard.batches.validate import Checked, check_input
 from yard.batches.views import CANCELLED_MESSAGE, EXPIRED_MESSAGE, error_line, job_line
 from yard.config import AppConfig, Config
 from yard.errors import Rejected
@@ -79,6 +79,7 @@ log = logging.getLogger("yard.batches")
 
 _WINDOW = re.compile(r"([1-9][0-9]{0,5})h")
 _SERVICE_REFRESH_S = 5.0
+_INLINE_CHECK_BYTES = 256 * 2**10
 
 
 class BadRequest(Exception):
@@ -95,10 +96,18 @@ class BadRequest(Exception):
 @dataclass(slots=True)
 class _Driver:
     """A running batch: whether it is being cancelled, the service time
-    figures it uses (backend -> (mean, high, measured at))."""
+    figures it uses (backend -> (mean, high, measured?, when)), its lines
+    queued or running per backend, and an event set when one of them ends."""
 
     cancelling: bool = False
-    service: dict[str, tuple[float, float, float]] | None = None
+    service: dict[str, tuple[float, float, bool, float]] = field(default_factory=dict)
+    inflight: Counter[str] = field(default_factory=Counter)
+    ended: trio.Event = field(default_factory=trio.Event)
+
+    def line_ended(self, backend: str) -> None:
+        self.inflight[backend] -= 1
+        self.ended.set()
+        self.ended = trio.Event()
 
 
 class Batches:
@@ -350,6 +359,7 @@ class Batches:
                     continue
                 await room.acquire()
                 if line.job_id is None:
+                    await self._first_measurement(line.backend, driver)
                     submitted = await self._submit(batch, line, driver, left[line.backend])
                     left[line.backend] -= 1
                     if submitted is None:
@@ -358,8 +368,21 @@ class Batches:
                     line = submitted
                 else:
                     left[line.backend] -= 1
+                driver.inflight[line.backend] += 1
                 nursery.start_soon(self._watch, line, driver, room)
         await self._finish(batch_id, driver)
+
+    async def _first_measurement(self, backend: str, driver: _Driver) -> None:
+        """Until a run on ``backend`` has been measured, hand in no more of
+        this batch's lines there than it has slots: a line's start-by is fixed
+        when it is handed in, and the default service time may be far off."""
+        config = self.config.backends.get(backend)
+        slots = config.slots if config is not None else 1
+        while driver.inflight[backend] >= slots:
+            _, _, measured = await self._service(backend, driver, fresh=True)
+            if measured:
+                return
+            await driver.ended.wait()
 
     async def _validate(self, batch: BatchRecord) -> bool:
         """Check the input file; True if the batch is now in progress."""
@@ -381,15 +404,18 @@ class Batches:
             backend = self.config.backend_for_model(model)
             return backend.name if backend is not None and app.may_use(model) else None
 
-        checked = await trio.to_thread.run_sync(
-            lambda: check_input(
+        def check() -> Checked:
+            return check_input(
                 content,
                 endpoint=batch.endpoint,
                 route=route,
                 max_lines=self.config.jobs.batch_max_lines,
                 max_request_bytes=self.config.jobs.max_request_bytes,
             )
-        )
+
+        # A small file is checked at once; a large one off the event loop.
+        inline = len(content) <= _INLINE_CHECK_BYTES
+        checked = check() if inline else await trio.to_thread.run_sync(check)
         if checked.errors:
             await self.store.fail(batch.id, checked.errors, at=self._wall())
             return False
@@ -413,7 +439,7 @@ class Batches:
                 line, outcome="error", output=error_line(line, "batch_cancelled", CANCELLED_MESSAGE)
             )
             return None
-        mean, high = await self._service(line.backend, driver)
+        mean, high, _ = await self._service(line.backend, driver)
         now = self._wall()
         start_by = batch.expires_at - high
         if now >= start_by:
@@ -452,22 +478,23 @@ class Batches:
             await self._cancel_if_queued(job_id)
         return replace(line, job_id=job_id)
 
-    async def _service(self, backend: str, driver: _Driver) -> tuple[float, float]:
-        """(mean, high) service time of a line on ``backend``, measured from
-        the latest jobs that ran there (refreshed every few seconds)."""
-        cache = driver.service if driver.service is not None else {}
-        driver.service = cache
+    async def _service(
+        self, backend: str, driver: _Driver, *, fresh: bool = False
+    ) -> tuple[float, float, bool]:
+        """(mean, high, measured?) service time of a line on ``backend``: of
+        the latest jobs that ran there (read again every few seconds, or now if
+        ``fresh``), else ``[scheduler] default_service_s``."""
         now = self._wall()
-        known = cache.get(backend)
-        if known is not None and now - known[2] < _SERVICE_REFRESH_S:
-            return known[0], known[1]
+        known = driver.service.get(backend)
+        if known is not None and not fresh and now - known[3] < _SERVICE_REFRESH_S:
+            return known[0], known[1], known[2]
         times = await self.store.service_times(backend)
         if times:
             mean, high = sum(times) / len(times), max(times)
         else:
             mean = high = self.config.scheduler.default_service_s
-        cache[backend] = (mean, high, now)
-        return mean, high
+        driver.service[backend] = (mean, high, bool(times), now)
+        return mean, high, bool(times)
 
     async def _watch(self, line: LineRecord, driver: _Driver, room: trio.Semaphore) -> None:
         try:
@@ -486,6 +513,7 @@ class Batches:
                 # (and its place in the app's job quota).
                 await self.jobs.store.forget_result(job.id)
         finally:
+            driver.line_ended(line.backend)
             room.release()
 
     async def _finish(self, batch_id: str, driver: _Driver) -> None:
