@@ -17,9 +17,9 @@ from yard.config import AppConfig, BackendConfig, Config, ServerConfig
 from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
 from yard.http.app import create_app, create_control_app, serve_app
-from yard.http.gateway import ASGIApp, RequestHook
+from yard.http.gateway import ASGIApp
 from yard.http.gateway import Gateway as GatewayApp
-from yard.http.runtime import JobService, Runtime
+from yard.http.runtime import JobService, RequestHook, Runtime
 from yard.testing.fake import FakeBackend as Upstream
 from yard.testing.fake import serve_fake as serve_upstream
 
@@ -80,6 +80,7 @@ class GatewayFactory:
             started_at=1_700_000_000.0,
         )
         self.runtimes.append(runtime)
+        app: ASGIApp
         if observe is None:
             app = create_app(runtime)
         else:

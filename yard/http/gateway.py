@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -53,7 +53,7 @@ from yard.http.intake import (
     too_large,
     without_connection_options,
 )
-from yard.http.runtime import Runtime
+from yard.http.runtime import RequestHook, Runtime
 from yard.observe.auth import COOKIE as SESSION_COOKIE
 from yard.upstream import HOP_BY_HOP, Headers, ProxyRequest, UpstreamError
 
@@ -65,27 +65,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class RequestHook(Protocol):
-    """What the gateway calls once per proxied request as it ends
-    (``yard.observe.observe_request``, left in ``runtime.observe_request``).
-
-    outcome: ``ok``, ``error`` (the response was cut), ``cancelled`` (the
-        client left, or yard is stopping), or the code it was rejected with.
-    queued_s: arrival to dispatch; None when it was never dispatched.
-    latency_s: dispatch to the end of the response; None unless proxied.
-    """
-
-    def __call__(
-        self,
-        *,
-        model: str,
-        backend: str,
-        outcome: str,
-        queued_s: float | None,
-        latency_s: float | None,
-    ) -> None: ...
 
 
 # Request headers yard consumes and never passes on.

@@ -21,13 +21,33 @@ if TYPE_CHECKING:
     from yard.batches.service import Batches
     from yard.config import Config
     from yard.engine import Engine
-    from yard.http.gateway import RequestHook
     from yard.ports import ProfileStore
     from yard.supervisor import Supervisor
     from yard.upstream import ProxyRequest, UpstreamPool
 
 RUNTIME_KEY = "yard.runtime"
 """Where the runtime sits in ``app.extensions`` (and ``app.config``)."""
+
+
+class RequestHook(Protocol):
+    """What the gateway calls once per proxied request as it ends
+    (``yard.observe.observe_request``, left in ``runtime.observe_request``).
+
+    outcome: ``ok``, ``error`` (the response was cut), ``cancelled`` (the
+        client left, or yard is stopping), or the code it was rejected with.
+    queued_s: arrival to dispatch; None when it was never dispatched.
+    latency_s: dispatch to the end of the response; None unless proxied.
+    """
+
+    def __call__(
+        self,
+        *,
+        model: str,
+        backend: str,
+        outcome: str,
+        queued_s: float | None,
+        latency_s: float | None,
+    ) -> None: ...
 
 
 class JobService(Protocol):
