@@ -14,9 +14,14 @@ Rules
   backend, the foreign use seen by the meter and the device's reserve. One
   load at a time per device: its GPUs, or ``host`` for a host-only backend
   (every backend holds some host memory, so counting ``host`` for all would
-  serialise every load on the machine). A backend with no profile loads alone
-  on those devices and is measured; nothing loads next to it until its
-  profile arrives. Exclusive devices hold one backend at a time.
+  serialise every load on the machine). A backend with no profile is measured
+  during its first load. It loads alone on those devices only where the meter
+  cannot tell its memory from the others' (``DeviceSpec.per_process`` false:
+  NVML's device-delta fallback), and nothing loads next to it there until its
+  profile arrives; where the meter attributes memory per process it loads
+  next to the others in what is free (its reservation is its live use), and
+  alone only after such a load ran out of memory. Exclusive devices hold one
+  backend at a time.
 - Among several GPUs it may use, a backend goes where it needs no eviction,
   else where evicting costs least (no busy one if possible, then the least
   total reload time), then where the most memory is left, then by device name.
@@ -53,7 +58,7 @@ from yard.core import estimates, reasons
 from yard.core.lifecycle import LOADED, OCCUPYING, BackendState
 from yard.core.queue import Req, order_key
 from yard.core.records import Backend, Device
-from yard.core.spec import HOST, SchedulerConfig
+from yard.core.spec import HOST, DeviceSpec, SchedulerConfig
 
 
 class Outcome(IntEnum):
@@ -151,6 +156,15 @@ def loading(device: str) -> str:
     """The key under which :class:`Reads` notes that a plan asked whether a
     load runs on ``device``."""
     return "load:" + device
+
+
+def loads_alone(b: Backend, device: DeviceSpec) -> bool:
+    """Whether ``b``'s next load must be alone on ``device`` to be measured: it
+    has no profile, and the meter cannot tell its memory from its neighbours'
+    there (device deltas) or its last load next to them ran out of memory."""
+    if b.profile is not None:
+        return False
+    return not device.per_process or b.self_caused_start_failures > 0
 
 
 def evict_key(o: Backend) -> tuple[bool, bool, float, float, str]:
@@ -358,15 +372,16 @@ def plan_on(
             )
     reads.devices.update(devs)
     where = "+".join(primary)
-    # Who must go: on exclusive devices everybody; for a first (measured) load
-    # everybody on its devices; next to a backend whose footprint is unknown,
-    # that backend.
-    measure = b.profile is None
+    # Who must go: on exclusive devices everybody; for a first load the meter
+    # cannot tell apart, everybody on its devices; next to a backend being
+    # measured that way, that backend.
     required: list[Backend] = []
     for d in primary:
-        alone = measure or devices[d].spec.exclusive
+        spec = devices[d].spec
+        alone = spec.exclusive or loads_alone(b, spec)
         for o in room.occupants[d]:
-            if o is not b and (alone or o.measuring) and o not in required:
+            measured_by_delta = o.measuring and not spec.per_process
+            if o is not b and (alone or measured_by_delta) and o not in required:
                 required.append(o)
     free_now: dict[str, int] = {}
     eventual: dict[str, int] = {}
@@ -408,11 +423,13 @@ def plan_on(
         blockers: list[str] = []
         greedy: list[Backend] = []
         # Which of them it reaches, and in which order, counts: every backend
-        # holding memory here, including those after the ones it stops at.
+        # holding memory where memory is short, including those after the ones
+        # it stops at (deficits only shrink as it goes: nobody else is reached).
+        tight = [d for d in devs if deficit[d] > 0]
         order.extend(
             o
             for o in room.evict_order
-            if o is not b and o not in chosen and any(room.held[o.name].get(d) for d in devs)
+            if o is not b and o not in chosen and any(room.held[o.name].get(d) for d in tight)
         )
         for o in room.evict_order:
             if o is b or o in chosen:
@@ -456,7 +473,7 @@ def plan_on(
         return Plan(b, gpus, Outcome.WAIT, text, need=need, slack=slack)
     reads.evicts = True
     reads.victims.update(o.name for o in chosen)
-    return _evict(b, head, gpus, need, chosen, slack, free_now, config, now, reads)
+    return _evict(b, head, gpus, need, chosen, slack, free_now, devices, config, now, reads)
 
 
 def _evict(
@@ -467,6 +484,7 @@ def _evict(
     chosen: list[Backend],
     slack: int,
     free_now: dict[str, int],
+    devices: Mapping[str, Device],
     config: SchedulerConfig,
     now: float,
     reads: Reads,
@@ -507,7 +525,7 @@ def _evict(
             parts.append(reasons.stopping_idle(o.name, estimates.load_s(o, config)))
     devs = (*gpus, HOST)
     short = max(devs, key=lambda d: (need[d] - free_now[d], d))
-    if b.profile is None:
+    if any(loads_alone(b, devices[d].spec) for d in gpus or (HOST,)):
         plan.room = reasons.room_unmeasured(short, b.name)
     else:
         plan.room = reasons.room_short(short, b.name, need[short], free_now[short])
