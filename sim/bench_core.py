@@ -242,6 +242,8 @@ def main(cases: str = "all") -> None:
     """Print per-event cost of ``Scheduler.handle`` at three queue lengths, then
     for the model zoo at three numbers of backends (``cases``: ``all``, ``queue``
     or ``zoo``)."""
+    if cases not in ("all", "queue", "zoo"):
+        raise SystemExit(f"unknown case {cases!r}: all, queue or zoo")
     if cases != "zoo":
         _queue_case()
     if cases != "queue":
