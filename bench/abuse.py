@@ -208,8 +208,9 @@ def _non_readers(port: int, count: int) -> None:
         time.sleep(60)
 
 
-def attack(name: str, port: int) -> None:
-    """Run the attack ``name`` against yard on ``port`` until killed."""
+def attack(name: str, port: int, count: int | None = None) -> None:
+    """Run the attack ``name`` against yard on ``port`` until killed
+    (``count``: connections of ``slow-1000``, clients of ``nonreading-8``)."""
     form = b"a=b&" * (BODY_SIZE // 4)
     app_headers = {"Authorization": f"Bearer {ATTACKER_KEY}"}
     if name == "login-60MiB":
@@ -225,9 +226,9 @@ def attack(name: str, port: int) -> None:
         headers = {**app_headers, "Content-Type": "application/json"}
         _post_forever(port, "/v1/chat/completions", headers, body)
     elif name == "slow-1000":
-        _slow_connections(port, 1000)
+        _slow_connections(port, count or 1000)
     elif name == "nonreading-8":
-        _non_readers(port, 8)
+        _non_readers(port, count or 8)
     else:
         raise SystemExit(f"unknown attack {name!r}; one of {', '.join(ATTACKS)}")
 
@@ -469,8 +470,9 @@ def main(argv: list[str] | None = None) -> int:
         p = argparse.ArgumentParser(prog="python -m bench.abuse _attack")
         p.add_argument("name", choices=ATTACKS)
         p.add_argument("--port", type=int, required=True)
+        p.add_argument("--count", type=int, default=None)
         ns = p.parse_args(args_in[1:])
-        attack(ns.name, ns.port)
+        attack(ns.name, ns.port, ns.count)
         return 0
     parser = argparse.ArgumentParser(prog="python -m bench.abuse", description=__doc__)
     parser.add_argument("--seconds", type=float, default=5.0, help="probing time per window")
