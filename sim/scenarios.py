@@ -9,6 +9,8 @@
   0.8 to 3 times the GPU, under a mixed two-hour workload.
 - ``faults-*`` (:func:`fault_scenario`): one fault each, on a small workload.
 - ``chaos-SEED`` (:func:`chaos`): random faults drawn from the seed.
+- ``radio-day-Ngpu-announced``, ``batch-*``: work yard can see coming
+  (:mod:`sim.scenarios_ahead`).
 """
 
 from __future__ import annotations
@@ -508,12 +510,15 @@ def chaos(seed: int) -> Scenario:
 
 def report_scenarios() -> list[Scenario]:
     """The scenarios ``python -m sim report`` runs, in order."""
+    from sim import scenarios_ahead
+
     return [
         ten_jobs(),
         radio_day(1),
         radio_day(2),
         radio_day(1, first_day=True),
         *(sweep(f) for f in SWEEP_FACTORS),
+        *scenarios_ahead.report_scenarios(),
     ]
 
 
@@ -522,6 +527,11 @@ def get(name: str) -> Scenario:
     for scenario in report_scenarios():
         if scenario.name == name:
             return scenario
+    from sim import scenarios_ahead
+
+    ahead = scenarios_ahead.get(name)
+    if ahead is not None:
+        return ahead
     if name.startswith("chaos-"):
         return chaos(int(name.removeprefix("chaos-")))
     if name.startswith("faults-"):

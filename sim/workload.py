@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sim.world import Fault, MachineSpec, ModelSpec
@@ -39,6 +39,26 @@ class Arrival:
     cancel_after_s: float | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Announcement:
+    """An app tells yard ahead of time that ``count`` requests for ``backend`` will
+    come inside ``[not_before, start_by)`` at ``priority`` (no bodies yet).
+
+    at: when it is announced (engine clock, like every time here).
+    label: how people read ``not_before`` ("13:30"), for the core's reasons.
+    """
+
+    at: float
+    announcement_id: str
+    backend: str
+    app: str
+    not_before: float
+    start_by: float
+    count: int
+    priority: float
+    label: str = ""
+
+
 Workload = Callable[[random.Random], list[Arrival]]
 
 
@@ -55,6 +75,9 @@ class Scenario:
     seed: the default seed of ``python -m sim report``.
     policies: the policies the report runs it under (None: all).
     fault_plan: draws more faults from the run's generator, after the workload.
+    announcements: what the apps announce, worked out from the workload (no draws,
+        so a scenario with and without them sees the same requests); only yard's
+        core is told, the baselines have no way to take them.
     """
 
     name: str
@@ -71,6 +94,7 @@ class Scenario:
     seed: int = 1
     policies: tuple[str, ...] | None = None
     fault_plan: Callable[[random.Random], tuple[Fault, ...]] | None = None
+    announcements: Callable[[Sequence[Arrival]], list[Announcement]] | None = None
 
     def model(self, name: str) -> ModelSpec:
         for model in self.models:

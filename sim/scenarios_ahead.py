@@ -1,0 +1,320 @@
+"""Scenarios of work yard can see coming (issue 12): announced windows and batches.
+
+- ``radio-day-Ngpu-announced``: the radio day (:func:`sim.scenarios.radio_day`) with
+  the same requests, plus what a real newsroom does: at the top of each hour it
+  announces that hour's news window (news-llm from :30 to :50, with the number of
+  scripts it will send, priority 90) and its voice-over window (tts from :52 to
+  :58). The breaking-news burst stays unannounced. Baselines see the same requests
+  and no announcements (they have no way to take them).
+- ``batch-day-Ngpu``: a morning of listener chat (08:00 to 12:00 on the radio day's
+  curve) and, at 08:30, one OpenAI batch of 1,000 lines over three models with a
+  ``3h`` completion window (:func:`batch_lines`). ``batch-chat-only-Ngpu`` is the
+  same morning without the batch; ``batch-alone-Ngpu`` the batch without the chat.
+  The three share their draws: chat and batch are drawn in every variant and the
+  variant keeps its part, so the chat requests of ``batch-day`` and
+  ``batch-chat-only`` are the same, and the batch lines of ``batch-day`` and
+  ``batch-alone``.
+
+Batch lines are modelled the way the Batch API hands them in (``yard/batches``):
+each line is a request of the batch's app, at the app's default priority minus
+``[jobs] batch_priority_drop`` (30 - 10 = 20, against chat's 50), with a start-by of
+the window's end minus the longest service time of its model (:data:`LINE_HIGH_S`,
+what the service measures from the latest runs), no allow-late; the lines are
+grouped by model in the order the models first appear in the file, and all of them
+are handed in at one instant (the real service keeps at most ``batch_queued_lines``
+= 64 in the queue at once and feeds the rest as lines end; handing all 1,000 in at
+once is the harder case for the interactive traffic: every line ages in the queue
+from the start).
+
+Why a ``3h`` window and not ``24h``: the batch is about 1.5 hours of GPU work (see
+:data:`BATCH_MODELS`); inside 24 hours any policy finishes it, and the targets
+would not tell anything. Three hours is twice the work, on a GPU that chat keeps
+busy: the window needs about half the capacity it gives.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+
+from sim.scenarios import HOUR, MINUTE, chat_rate, radio_day
+from sim.workload import Announcement, Arrival, Ids, Scenario, lognormal, poisson_times
+from sim.world import GiB, MachineSpec, ModelSpec
+
+# -- the radio day, announced -------------------------------------------------------------
+
+NEWS_WINDOW = (30 * MINUTE, 50 * MINUTE)
+"""The hour's news scripts arrive from :30 to :35 and must start by :50."""
+VOICE_WINDOW = (52 * MINUTE, 58 * MINUTE)
+"""The voice-overs arrive from :52 to :54 and must start by :58."""
+
+
+def newsroom_announcements(arrivals: Sequence[Arrival]) -> list[Announcement]:
+    """What the newsroom announces at the top of each hour: the hour's news window
+    and voice-over window, each with the number of requests it will send (counted
+    from the workload, as the newsroom knows its own rundown).
+
+    Only the scheduled news (priority 90) is announced; the breaking-news burst
+    (priority 95) comes unannounced.
+    """
+    counts: dict[tuple[int, str], int] = {}
+    for a in arrivals:
+        if a.app == "newsroom" and a.priority == 90.0:
+            hour = int(a.at // HOUR)
+            counts[(hour, a.backend)] = counts.get((hour, a.backend), 0) + 1
+    out: list[Announcement] = []
+    for (hour, backend), count in sorted(counts.items()):
+        base = hour * HOUR
+        opens, closes = NEWS_WINDOW if backend == "news-llm" else VOICE_WINDOW
+        out.append(
+            Announcement(
+                at=base,
+                announcement_id=f"news-{hour:02d}-{backend}",
+                backend=backend,
+                app="newsroom",
+                not_before=base + opens,
+                start_by=base + closes,
+                count=count,
+                priority=90.0,
+                label=_clock(base + opens),
+            )
+        )
+    return out
+
+
+def _clock(t: float) -> str:
+    """The simulated day's wall-clock time of engine time ``t`` ("13:30")."""
+    minutes = int(t // MINUTE)
+    return f"{minutes // 60 % 24:02d}:{minutes % 60:02d}"
+
+
+def radio_day_announced(gpu_count: int, hours: float = 24.0) -> Scenario:
+    """The radio day on ``gpu_count`` GPUs with the newsroom's announcements."""
+    plain = radio_day(gpu_count, hours)
+    # The baselines cannot take announcements: their rows are the plain day's.
+    return replace(
+        plain,
+        name=f"{plain.name}-announced",
+        title=f"{plain.title}, news windows announced",
+        announcements=newsroom_announcements,
+        policies=("yard",),
+    )
+
+
+# -- a batch handed in while chat runs ---------------------------------------------------
+
+BATCH_AT = 30 * MINUTE
+"""The batch is handed in at 08:30 (the simulation's 0 is 08:00)."""
+BATCH_WINDOW_S = 3 * HOUR
+"""The batch's ``completion_window``: ``3h`` (see the module's docstring)."""
+CHAT_HOURS = 4.0
+"""Listener chat from 08:00 to 12:00."""
+DAY_OFFSET = 8 * HOUR
+BATCH_PRIORITY = 20.0
+"""The batch app's default priority (30) minus ``batch_priority_drop`` (10)."""
+
+# (model, lines, mean service seconds): in the order the models first appear in
+# the input file. About 1.5 h of GPU work: 350 x 12 s / 2 slots + 400 x 3 s / 4
+# slots + 250 x 20 s / 2 slots = 2,100 + 300 + 2,500 s.
+BATCH_MODELS: tuple[tuple[str, int, float], ...] = (
+    ("summarize-llm", 350, 12.0),
+    ("chat-llm", 400, 3.0),
+    ("reason-llm", 250, 20.0),
+)
+LINE_HIGH_S = {name: 3 * mean for name, _, mean in BATCH_MODELS}
+"""The service time the Batch API subtracts from the window's end to get a line's
+start-by: the longest of the latest runs (three times the mean covers the
+lognormal's tail)."""
+
+
+def _batch_models(gpus: tuple[str, ...]) -> tuple[ModelSpec, ...]:
+    """chat-llm (the interactive model, also one of the batch's), summarize-llm and
+    reason-llm. On one 24 GiB GPU chat fits beside either of the others, but
+    summarize-llm and reason-llm do not fit together."""
+    return (
+        ModelSpec(
+            name="chat-llm",
+            gpu_bytes=4 * GiB,
+            load_s=12.0,
+            warmup_extra_bytes=GiB // 2,
+            growth_bytes=GiB // 2,
+            slots=4,
+            gpus=gpus,
+        ),
+        ModelSpec(
+            name="summarize-llm",
+            gpu_bytes=8 * GiB,
+            host_bytes=2 * GiB,
+            load_s=25.0,
+            warmup_extra_bytes=GiB,
+            growth_bytes=GiB,
+            slots=2,
+            gpus=gpus,
+        ),
+        ModelSpec(
+            name="reason-llm",
+            gpu_bytes=13 * GiB,
+            host_bytes=3 * GiB,
+            load_s=45.0,
+            warmup_extra_bytes=GiB,
+            growth_bytes=GiB,
+            slots=2,
+            gpus=gpus,
+        ),
+    )
+
+
+def batch_lines(rng: random.Random, at: float, window_s: float) -> list[Arrival]:
+    """One batch of :data:`BATCH_MODELS` lines, handed in at ``at``, in model order
+    (a window shorter than :data:`BATCH_WINDOW_S` gets that many fewer lines).
+
+    The input file lists the lines in a random order; the Batch API groups them by
+    model, in the order each model first appears, keeping the file's order within a
+    model. Each line: priority :data:`BATCH_PRIORITY`, start-by ``at + window_s``
+    minus :data:`LINE_HIGH_S` of its model, app ``batch``, class ``batch``.
+    """
+    scale = window_s / BATCH_WINDOW_S
+    names = [name for name, count, _ in BATCH_MODELS for _ in range(round(count * scale))]
+    rng.shuffle(names)
+    means = {name: mean for name, _, mean in BATCH_MODELS}
+    first: dict[str, int] = {}
+    for name in names:
+        first.setdefault(name, len(first))
+    services = [lognormal(rng, means[name], 0.4) for name in names]
+    order = sorted(range(len(names)), key=lambda i: (first[names[i]], i))
+    return [
+        Arrival(
+            at=at,
+            request_id="",
+            backend=names[i],
+            priority=BATCH_PRIORITY,
+            service_s=services[i],
+            cls="batch",
+            app="batch",
+            start_by=at + window_s - LINE_HIGH_S[names[i]],
+        )
+        for i in order
+    ]
+
+
+def batch_day_workload(
+    rng: random.Random, *, chat: bool = True, batch: bool = True, hours: float = CHAT_HOURS
+) -> list[Arrival]:
+    """The morning's chat (class ``normal``) and the batch (class ``batch``).
+
+    Both are always drawn, chat first, so that every variant sees the same chat
+    requests and the same batch lines; ``chat`` and ``batch`` say which to keep.
+    ``hours`` shortens the morning (and the window with it) for tests.
+    """
+    scale = hours / CHAT_HOURS
+    out: list[Arrival] = []
+    for t in poisson_times(rng, 0.0, hours * HOUR, lambda t: chat_rate(t + DAY_OFFSET), 1.0):
+        out.append(
+            Arrival(
+                at=t,
+                request_id="",
+                backend="chat-llm",
+                priority=50.0,
+                service_s=lognormal(rng, 2.5, 0.6),
+                cls="normal",
+                app="chat",
+            )
+        )
+    lines = batch_lines(rng, BATCH_AT * scale, BATCH_WINDOW_S * scale)
+    if not chat:
+        out = []
+    if batch:
+        out.extend(lines)
+    return _renumber_stable(out)
+
+
+def _renumber_stable(arrivals: list[Arrival]) -> list[Arrival]:
+    """Sort by time only (stable: same-instant lines keep their model order) and give
+    ids in that order."""
+    ids = Ids()
+    return [replace(a, request_id=ids()) for a in sorted(arrivals, key=lambda a: a.at)]
+
+
+BATCH_VARIANTS = {
+    "batch-day": ("listener chat and a 1,000-line batch (3h window)", True, True),
+    "batch-chat-only": ("the batch day's listener chat, no batch", True, False),
+    "batch-alone": ("the batch day's 1,000-line batch, no chat", False, True),
+}
+
+
+def batch_scenario(variant: str, gpu_count: int = 1, hours: float = CHAT_HOURS) -> Scenario:
+    """One of :data:`BATCH_VARIANTS` on ``gpu_count`` 24 GiB GPUs (``hours`` below
+    4: a shorter morning with the batch's timing and window scaled, for tests)."""
+    title, chat, batch = BATCH_VARIANTS[variant]
+    gpus = tuple(f"gpu{i}" for i in range(gpu_count))
+    suffix = "" if hours == CHAT_HOURS else f"-{hours:g}h"
+    return Scenario(
+        name=f"{variant}-{gpu_count}gpu{suffix}",
+        title=f"{title} on {gpu_count} x 24 GiB",
+        machine=MachineSpec(gpus=tuple((g, 24 * GiB) for g in gpus)),
+        models=_batch_models(gpus),
+        workload=lambda rng: batch_day_workload(rng, chat=chat, batch=batch, hours=hours),
+        horizon_s=hours * HOUR + HOUR,
+        stored_profiles=True,
+        meter_interval_s=5.0,
+        seed=2024,
+    )
+
+
+def batch_window_end(scenario: Scenario) -> float:
+    """The engine time at which the scenario's batch window closes (its finish-by)."""
+    hours = _hours(scenario.name)
+    scale = hours / CHAT_HOURS
+    return (BATCH_AT + BATCH_WINDOW_S) * scale
+
+
+def _hours(name: str) -> float:
+    last = name.rpartition("-")[2]
+    return float(last.removesuffix("h")) if last.endswith("h") else CHAT_HOURS
+
+
+# -- the catalogue ---------------------------------------------------------------------------
+
+
+def report_scenarios() -> list[Scenario]:
+    """This module's scenarios in ``python -m sim report``."""
+    return [
+        radio_day_announced(1),
+        radio_day_announced(2),
+        *(batch_scenario(v, g) for g in (1, 2) for v in BATCH_VARIANTS),
+    ]
+
+
+def get(name: str) -> Scenario | None:
+    """A scenario of this module by name (with an ``-Hh`` slice), or None."""
+    if name.startswith("radio-day-") and name.endswith("-announced"):
+        rest = name.removeprefix("radio-day-").removesuffix("-announced")
+        gpus, _, hours = rest.partition("-")
+        return radio_day_announced(
+            int(gpus.removesuffix("gpu")), float(hours.removesuffix("h") or 24)
+        )
+    for variant in BATCH_VARIANTS:
+        if name.startswith(variant + "-"):
+            rest = name.removeprefix(variant + "-")
+            gpus, _, hours = rest.partition("-")
+            if not gpus.endswith("gpu") or not gpus.removesuffix("gpu").isdigit():
+                continue
+            return batch_scenario(
+                variant, int(gpus.removesuffix("gpu")), float(hours.removesuffix("h") or CHAT_HOURS)
+            )
+    return None
+
+
+__all__ = [
+    "BATCH_MODELS",
+    "BATCH_VARIANTS",
+    "batch_day_workload",
+    "batch_lines",
+    "batch_scenario",
+    "batch_window_end",
+    "get",
+    "newsroom_announcements",
+    "radio_day_announced",
+    "report_scenarios",
+]
