@@ -143,6 +143,11 @@ class MachineMeter(Meter, Protocol):
         """A label per device (model and size), part of each profile's key."""
         ...
 
+    def per_process_devices(self) -> frozenset[str]:
+        """The devices where it tells each backend's memory apart (not by
+        device deltas): a first load there is measured next to the others."""
+        ...
+
     def close(self) -> None:
         """Release the libraries it holds (NVML)."""
         ...

@@ -34,6 +34,7 @@ stay caught until then (:class:`Shutdown`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import gc
 import logging
@@ -175,7 +176,11 @@ async def _serve(
 ) -> None:
     config.server.data_dir.mkdir(parents=True, exist_ok=True)
     meter: MachineMeter = default_meter()
-    devices = config.device_specs(meter.device_totals())
+    per_process = meter.per_process_devices()
+    devices = [
+        dataclasses.replace(spec, per_process=spec.name in per_process)
+        for spec in config.device_specs(meter.device_totals())
+    ]
     scheduler = Scheduler(
         devices,
         config.backend_specs(),

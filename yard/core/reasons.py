@@ -154,6 +154,12 @@ def stopping_idle(name: str, load_s: float) -> str:
     return f"stopping idle {name} (cheapest to reload, {secs(load_s)})"
 
 
+def first_load(alone: bool) -> str:
+    if alone:
+        return "first load: measured alone"
+    return "first load: measured next to the others, the meter tells their memory apart"
+
+
 def room_unmeasured(device: str, name: str) -> str:
     return f"{device}: {name} has no profile yet and loads alone to be measured"
 

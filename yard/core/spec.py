@@ -31,6 +31,11 @@ class DeviceSpec:
     reserve_bytes: kept free at all times (for the driver, the desktop, spikes).
     exclusive: at most one backend at a time on this device (LocalAI's
         "single active backend"), whatever the memory would allow.
+    per_process: the meter tells each backend's memory here apart (host
+        ``/proc``, NVML's per-process lists, DRM fdinfo, Apple footprints), so a
+        backend's first load is measured next to the others. False (NVML's
+        device-delta fallback, or unknown): a first load goes alone, since the
+        device's growth is then all the meter can credit it with.
     """
 
     name: str
@@ -38,6 +43,7 @@ class DeviceSpec:
     total_bytes: int
     reserve_bytes: int = 0
     exclusive: bool = False
+    per_process: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:

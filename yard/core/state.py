@@ -262,7 +262,10 @@ class Core:
                     text = f"{o.name} and {b.name} were loading on {d} at the same time"
                     o.overcommit = o.overcommit or text
                     b.overcommit = b.overcommit or text
-        placed = plan.reason if not measure else f"{plan.reason} (first load: measured alone)"
+        placed = plan.reason
+        if measure:
+            alone = any(placement.loads_alone(b, self.devices[d].spec) for d in b.primary)
+            placed += f" ({reasons.first_load(alone)})"
         reason = f"starting {b.name}: {why}; {placed}"
         out.append(StartBackend(backend=b.name, gpus=plan.gpus, measure=measure, reason=reason))
 

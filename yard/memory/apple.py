@@ -172,6 +172,10 @@ class AppleMeter:
             totals[GPU] = self._gpu_total
         return totals
 
+    def per_process_devices(self) -> frozenset[str]:
+        """Both devices: each process's physical footprint."""
+        return frozenset(self.device_totals())
+
     def describe(self) -> Mapping[str, str]:
         labels = {HOST: f"host RAM {self._memsize} bytes"}
         if self._unified:

@@ -369,6 +369,10 @@ class DrmMeter:
             except Exception:  # a vendor library's own error type; nothing to do
                 log.debug("amdsmi_shut_down failed", exc_info=True)
 
+    def per_process_devices(self) -> frozenset[str]:
+        """Every metered card: fdinfo gives each client's memory."""
+        return frozenset(gpu.name for gpu in self._gpus)
+
     def device_totals(self) -> Mapping[str, int]:
         return {gpu.name: gpu.total_bytes for gpu in self._gpus}
 

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import trio
 
+from yard.core.spec import HOST
 from yard.memory import procfs
 from yard.memory.apple import AppleMeter, AppleUnavailable, MacSource, open_apple
 from yard.memory.drm import SYS, DrmMeter, layout_for, open_amdsmi, scan_cards
@@ -51,6 +52,8 @@ class GpuMeter(Protocol):
     def labels(self) -> Mapping[str, str]: ...
 
     def describe(self) -> Mapping[str, str]: ...
+
+    def per_process_devices(self) -> frozenset[str]: ...
 
     def sample(
         self, pids: Mapping[str, int], *, trees: Mapping[str, list[int]] | None = None
@@ -113,6 +116,14 @@ class SystemMeter:
         for gpu in self._gpus:
             labels.update(gpu.describe())
         return labels
+
+    def per_process_devices(self) -> frozenset[str]:
+        """The host (``/proc``, per process tree) and every GPU whose meter
+        reads per-process figures there."""
+        devices = {HOST}
+        for gpu in self._gpus:
+            devices |= gpu.per_process_devices()
+        return frozenset(devices)
 
     def sample(self, pids: Mapping[str, int]) -> list[DeviceDetail]:
         """Read every device now (blocking). ``pids``: backend -> root pid."""
@@ -263,6 +274,9 @@ class FakeMeter:
 
     def device_totals(self) -> Mapping[str, int]:
         return dict(self._totals)
+
+    def per_process_devices(self) -> frozenset[str]:
+        return frozenset(self._totals)
 
     def sample(self, pids: Mapping[str, int]) -> list[DeviceDetail]:
         self.reads += 1

@@ -172,6 +172,24 @@ class NvmlMeter:
         """A label per GPU: product name and capacity (for profile keys)."""
         return {gpu.name: f"{gpu.label} {gpu.total_bytes} bytes" for gpu in self._gpus}
 
+    def per_process_devices(self) -> frozenset[str]:
+        """The GPUs whose per-process lists can be read now, with plausible
+        figures and pids this ``/proc`` sees. Elsewhere a backend can only be
+        credited with the device's growth, so its first load must be alone.
+        (A fallback found later, once backends run, is not seen here.)"""
+        devices = set()
+        for gpu in self._gpus:
+            try:
+                found = self._processes(gpu.handle)
+            except _Refused:
+                continue
+            total, reserved, used = self._memory(gpu.handle)
+            problem = self._per_process_problem(gpu, found, total, used + reserved, {}, [], set())
+            unseen = [pid for pid in found if not (self._proc / str(pid)).is_dir()]
+            if problem is None and not unseen:
+                devices.add(gpu.name)
+        return frozenset(devices)
+
     # -- reading ---------------------------------------------------------
 
     def sample(
