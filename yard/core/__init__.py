@@ -18,6 +18,8 @@ Layout, from the outside in:
   ``records`` (a device's and a backend's live record), ``queue`` (the order of
   waiting requests), ``lifecycle`` (a backend's states, as a table),
   ``timers``;
+- ``windows``: work ahead (held requests, announcements) and the loads done
+  for it;
 - the policy's questions, as pure functions: ``placement`` (where a backend
   fits, what makes room, swap batching), ``estimates`` (load and service
   times, start costs), ``failures`` (was an out-of-memory yard's doing);
@@ -27,6 +29,7 @@ The wait bound is proved in ``docs/wait-bound.md``.
 """
 
 from yard.core.decisions import (
+    AnnouncementEnded,
     Decision,
     Dispatch,
     Flag,
@@ -41,6 +44,8 @@ from yard.core.events import (
     AdminLoad,
     AdminPin,
     AdminUnload,
+    AnnouncementMade,
+    AnnouncementWithdrawn,
     BackendExited,
     BackendReady,
     BackendStartFailed,
@@ -64,6 +69,9 @@ __all__ = [
     "AdminLoad",
     "AdminPin",
     "AdminUnload",
+    "AnnouncementEnded",
+    "AnnouncementMade",
+    "AnnouncementWithdrawn",
     "BackendExited",
     "BackendReady",
     "BackendSpec",

@@ -7,7 +7,7 @@ decisions to ``out``. Out-of-memory is judged by :mod:`yard.core.failures`.
 
 from __future__ import annotations
 
-from yard.core import failures, reasons
+from yard.core import failures, reasons, windows
 from yard.core.decisions import Decision, Flag, ProfileRaised
 from yard.core.events import (
     AdminForgetProfile,
@@ -59,6 +59,7 @@ def start_failed(
         return
     core.release(b)  # its waiting requests stay; the next start uses the raised profile
     b.want_load = False
+    windows.start_failed(core, b, now)
     # Clients must not hang on a command that does not start: the requests
     # waiting for it fail now, with the detail. New requests try it again.
     msg = f"backend {name} failed to start: {detail}"

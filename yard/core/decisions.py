@@ -8,6 +8,7 @@ reasons answer "why is my request still waiting?" in the API and dashboard.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from yard.core.spec import Profile
 
@@ -94,3 +95,16 @@ class ProfileRaised(Flag):
     An engine that treats it as a plain :class:`Flag` loses nothing else."""
 
     profile: Profile
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AnnouncementEnded(Flag):
+    """An announcement is over, once: ``used`` (its count of requests came),
+    ``expired`` (its window closed first) or ``withdrawn`` (by its app).
+    ``used`` counts the requests matched to it. An engine that treats it as a
+    plain :class:`Flag` loses nothing else."""
+
+    announcement_id: str
+    app: str
+    outcome: Literal["used", "expired", "withdrawn"]
+    used: int = 0

@@ -35,6 +35,11 @@ class RequestArrived(Event):
     allow_late: run it even when the deadline cannot be met / has passed.
     requeued: it was already requeued once after a self-caused OOM (restored
         jobs remember this), so it must never be requeued again.
+    not_before: earliest time its work may start (engine clock), or None. Until
+        then it is *held*: counted, never dispatched; from then on it waits like
+        a request that arrived then (see :mod:`yard.core.windows`).
+    window_label: how people read ``not_before`` ("13:50:00Z
+        (X-Yard-Not-Before)"), for the reason a held request gives.
     """
 
     request_id: str
@@ -45,6 +50,8 @@ class RequestArrived(Event):
     start_by: float | None = None
     allow_late: bool = False
     requeued: bool = False
+    not_before: float | None = None
+    window_label: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,6 +83,40 @@ class RequestFinished(Event):
     request_id: str
     outcome: Outcome = "ok"
     detail: str = ""
+
+
+# -- announcements ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AnnouncementMade(Event):
+    """An app says it will send ``count`` requests for ``backend`` inside the
+    window ``[not_before, start_by)`` (engine clock); no bodies yet. The core
+    loads the backend ahead and keeps it for the window (:mod:`yard.core.windows`).
+
+    announcement_id: unique; a second arrival of the same id is ignored.
+    priority: already clamped to the app's maximum.
+    used: requests already matched to it (an announcement restored after a
+        restart).
+    label: how people read ``not_before`` ("13:50:00Z"), for reasons.
+    """
+
+    announcement_id: str
+    app: str
+    backend: str
+    not_before: float
+    start_by: float
+    count: int
+    priority: float
+    used: int = 0
+    label: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AnnouncementWithdrawn(Event):
+    """The app withdrew an announcement; it ends ``withdrawn``."""
+
+    announcement_id: str
 
 
 # -- backends ---------------------------------------------------------------

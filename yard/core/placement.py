@@ -170,7 +170,7 @@ def loads_alone(b: Backend, device: DeviceSpec) -> bool:
 def evict_key(o: Backend) -> tuple[bool, bool, float, float, str]:
     """Eviction order: idle before busy, nobody waiting before waited for, then
     the lowest GreedyDual-Size credit, the longest unused, the name."""
-    return (o.busy(), o.queue.size > 0, o.credit, o.last_used, o.name)
+    return (o.busy(), o.queue.size > 0 or o.ahead is not None, o.credit, o.last_used, o.name)
 
 
 def refusal(
@@ -185,6 +185,8 @@ def refusal(
     if o.name in taken:
         return reasons.not_a_victim_taken(o.name)
     if outranks(o_head, head, boost):
+        if o_head is o.ahead:
+            return o.ahead_keep_why
         return reasons.not_a_victim_outranks(o.name)
     return None
 
@@ -198,7 +200,7 @@ def survey(devices: Iterable[str], backends: Iterable[Backend]) -> Room:
         room.freeing[d] = 0
     occupying: list[Backend] = []
     for b in backends:
-        room.heads[b.name] = b.queue.head() if b.queue.size else None
+        room.heads[b.name] = b.head()
         if b.state not in OCCUPYING:
             continue
         occupying.append(b)

@@ -94,7 +94,7 @@ _EMPTY = _Frontier()
 
 
 def _is_waiting(b: Backend) -> bool:
-    return b.state in _WAITING_FOR_LOAD and bool(b.queue.size or b.want_load)
+    return b.state in _WAITING_FOR_LOAD and bool(b.queue.size or b.want_load or b.ahead is not None)
 
 
 class Planner:
@@ -231,7 +231,7 @@ class Planner:
         boost = self._core.config.deadline_boost
 
         def rank(b: Backend) -> tuple[int, tuple[float, float, str]]:
-            head = b.queue.head() if b.queue.size else None
+            head = b.head()
             if b.want_load or head is None:
                 return (0, (0.0, 0.0, b.name))
             return (1, order_key(head, boost))
@@ -361,7 +361,7 @@ def _still_reads(step: _Step, name: str, boost: float) -> bool:
     """Whether what ``step``'s plan read of backend ``name`` is still so."""
     for o, why_not in step.reads.refusals:
         if o.name == name:
-            o_head = o.queue.head() if o.queue.size else None
+            o_head = o.head()
             if refusal(o, o_head, step.head, step.before.taken, boost) != why_not:
                 return False
     for order in step.reads.orders:
@@ -375,7 +375,7 @@ def _head_changed(b: Backend, step: _Step) -> bool:
     urgency or overtakes changed."""
     if b.state is not step.state:
         return True
-    head = b.queue.head() if b.queue.size else None
+    head = b.head()
     if head is not step.head:
         return True
     return head is not None and (head.urgent != step.urgent or head.overtakes != step.overtakes)

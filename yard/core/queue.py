@@ -34,6 +34,7 @@ class ReqState(StrEnum):
     RUNNING = "running"
     LOST = "lost"  # upstream connection broke; waiting for the backend's exit report
     DONE = "done"
+    HELD = "held"  # its not-before has not come; not in any queue yet
 
 
 @dataclass(slots=True, eq=False)

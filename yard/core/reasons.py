@@ -290,3 +290,45 @@ def app_at_limit(app: str, serving: int, limit: int) -> str:
         f"app {app!r} has {serving} requests being served, the most "
         f"[apps.{app}] max_concurrent = {limit} allows; it goes when one of them ends"
     )
+
+# -- work ahead (yard.core.windows) ------------------------------------------
+
+
+def in_s(s: float) -> str:
+    return f"in {secs(s)}" if s > 0 else "now"
+
+
+def held_until(label: str) -> str:
+    return f"held until {label}"
+
+
+def held_for(left_s: float) -> str:
+    return f"held for {secs(max(0.0, left_s))} more (not before)"
+
+
+def _ahead_work(announced: int, held: int) -> str:
+    parts = []
+    if announced:
+        parts.append(f"{announced} announced request{'s' if announced != 1 else ''}")
+    if held:
+        parts.append(f"{held} held request{'s' if held != 1 else ''}")
+    return " and ".join(parts) or "announced work"
+
+
+def loading_ahead(name: str, announced: int, held: int, when: str, window: str) -> str:
+    return f"loading {name} now: {_ahead_work(announced, held)} from {when} ({window})"
+
+
+def keeping_ahead(name: str, announced: int, held: int, when: str, load_s: float) -> str:
+    return (
+        f"keeping {name}: {_ahead_work(announced, held)} from {when} "
+        f"is within its {secs(load_s)} reload time"
+    )
+
+
+def announcement_matched(request_id: str, announcement: str, left: int) -> str:
+    return f"{request_id}: matches announcement {announcement} ({left} left)"
+
+
+def announcement_ended(aid: str, backend: str, outcome: str, used: int, count: int) -> str:
+    return f"announcement {aid} for {backend} {outcome}: {used} of {count} requests came"

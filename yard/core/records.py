@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from yard.core.lifecycle import BackendState
-from yard.core.queue import Req, RequestQueue
+from yard.core.queue import Req, RequestQueue, order_key
 from yard.core.spec import HOST, BackendSpec, DeviceSpec, Profile
 
 SERVICE_WINDOW = 64
@@ -62,6 +62,11 @@ class Backend:
     idle_token: int = 0
     drain_reason: str | None = None
     want_load: bool = False
+    # work ahead (yard.core.windows): the stand-in for its best near window, and
+    # the sentences a load for it and a refusal to evict it give
+    ahead: Req | None = None
+    ahead_load_why: str = ""
+    ahead_keep_why: str = ""
     unload_requested: bool = False
     self_caused_start_failures: int = 0
     # what the core learned
@@ -76,6 +81,18 @@ class Backend:
     def primary(self) -> tuple[str, ...]:
         """The devices its loads are serialised on: its GPUs, or ``host``."""
         return self.gpus if self.gpus else (HOST,)
+
+    def head(self) -> Req | None:
+        """What its planning ranks it by: its best waiting request, or the
+        stand-in for work ahead when that ranks higher (None: neither)."""
+        head = self.queue.head() if self.queue.size else None
+        ahead = self.ahead
+        if ahead is None or (
+            head is not None
+            and order_key(head, self.queue.boost) <= order_key(ahead, self.queue.boost)
+        ):
+            return head
+        return ahead
 
     def busy(self) -> bool:
         return bool(self.running)

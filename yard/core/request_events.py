@@ -7,7 +7,7 @@ decisions to ``out``. The pass that follows every event dispatches and plans.
 
 from __future__ import annotations
 
-from yard.core import estimates, reasons
+from yard.core import estimates, reasons, windows
 from yard.core.decisions import Decision, Flag, Reject
 from yard.core.events import RequestArrived, RequestCancelled, RequestFinished
 from yard.core.lifecycle import BackendState
@@ -41,7 +41,7 @@ def arrived(core: Core, ev: RequestArrived, now: float, out: list[Decision]) -> 
     if not fits:
         out.append(_reject_new(rid, 503, "does_not_fit", why))
         return
-    if core.queued >= c.queue_limit and not ev.requeued:
+    if core.queued + core.windows.held_count() >= c.queue_limit and not ev.requeued:
         retry = core.service_est(b)
         out.append(
             Reject(
@@ -54,7 +54,24 @@ def arrived(core: Core, ev: RequestArrived, now: float, out: list[Decision]) -> 
             )
         )
         return
+    if core.windows.by_backend:
+        windows.match(core, ev, now, out)
+    if ev.not_before is not None and ev.not_before > now:
+        windows.hold(core, ev, now)
+        return
+    enter(core, ev, now, out)
+
+
+def enter(core: Core, ev: RequestArrived, now: float, out: list[Decision]) -> None:
+    """Enter an admitted request into its backend's queue (at its arrival, or
+    when its not-before comes): its start-by is checked and timed from now."""
+    c = core.config
+    rid = ev.request_id
+    b = core.backends[ev.backend]
     arrived = now if ev.arrived_at is None else min(ev.arrived_at, now)
+    if ev.not_before is not None:
+        # Aging counts from the window's opening (docs/wait-bound.md).
+        arrived = max(arrived, min(ev.not_before, now))
     prio = min(max(ev.priority, c.min_priority), c.max_priority)
     req = Req(
         id=rid,
@@ -95,6 +112,8 @@ def cancelled(core: Core, ev: RequestCancelled, now: float) -> None:
         return
     if req.state is ReqState.QUEUED:
         core.unqueue(req)
+    elif req.state is ReqState.HELD:
+        windows.unhold(core, req, now)
     else:
         b = core.backends[req.backend]
         b.running.pop(req.id, None)
@@ -136,10 +155,16 @@ def finished(core: Core, ev: RequestFinished, now: float) -> None:
 def timer(core: Core, due: Due, now: float, out: list[Decision]) -> None:
     if due.kind is Timer.IDLE:
         b = core.backends[due.key]
-        if b.state is BackendState.READY and not b.running and not b.queue.size:
+        if b.state is BackendState.READY and not b.running and not b.queue.size and b.ahead is None:
             assert b.spec.idle_ttl_s is not None
             idle = now - (b.idle_since or now)
             core.stop(b, reasons.idle_stop(idle, b.spec.idle_ttl_s), out)
+        return
+    if due.kind is Timer.HOLD:
+        enter(core, windows.release(core, due.key, now), now, out)
+        return
+    if due.kind in (Timer.AHEAD, Timer.CLOSE):
+        windows.timer(core, due.kind, due.key, now, out)
         return
     req = core.requests[due.key]
     b = core.backends[req.backend]

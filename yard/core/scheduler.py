@@ -104,13 +104,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from yard.core import backend_events, estimates, reasons, request_events, views
+from yard.core import backend_events, estimates, reasons, request_events, views, windows
 from yard.core.decisions import Decision, Dispatch, Flag
 from yard.core.events import (
     AdminForgetProfile,
     AdminLoad,
     AdminPin,
     AdminUnload,
+    AnnouncementMade,
+    AnnouncementWithdrawn,
     BackendExited,
     BackendReady,
     BackendStartFailed,
@@ -214,6 +216,7 @@ class Scheduler:
                 request_events.finished(core, event, now)
             case BackendReady():
                 backend_events.ready(core, event, now, out)
+                windows.profile_changed(core, event.backend, now)
             case BackendStartFailed():
                 backend_events.start_failed(core, event.backend, event.detail, event.oom, now, out)
             case BackendExited():
@@ -222,6 +225,7 @@ class Scheduler:
                 backend_events.stopped(core, event)
             case ProfileMeasured():
                 backend_events.profile(core, event, out)
+                windows.profile_changed(core, event.backend, now)
             case MemoryMeasured():
                 backend_events.memory(core, event, out)
             case AdminLoad():
@@ -234,6 +238,10 @@ class Scheduler:
                 backend_events.forget(core, event)
             case Tick():
                 pass
+            case AnnouncementMade():
+                windows.announce(core, event, now, out)
+            case AnnouncementWithdrawn():
+                windows.withdraw(core, event, now, out)
             case _:
                 out.append(Flag(reason=f"ignored an event the core does not know: {event!r}"))
         self._pass(now, out)
@@ -422,10 +430,27 @@ class Scheduler:
                 return dataclasses.replace(view, reason=reason)
         return view
 
+    def _held_view(self, req: Req, now: float) -> QueuedView:
+        """A held request: it waits for its window to open, behind the queue."""
+        return QueuedView(
+            request_id=req.id,
+            backend=req.backend,
+            app=req.app,
+            priority=req.priority,
+            effective_priority=req.priority,
+            arrived_at=req.arrived_at,
+            start_by=req.start_by,
+            position=self._core.queued,
+            reason=windows.held_reason(self._core, req, now),
+            estimated_start=windows.held_opens(self._core, req),
+        )
+
     def explain(self, request_id: str, now: float) -> QueuedView | None:
         """Where a waiting request stands and why it waits (None: not waiting)."""
         core = self._core
         req = core.requests.get(request_id)
+        if req is not None and req.state is ReqState.HELD:
+            return self._held_view(req, now)
         if req is None or req.state is not ReqState.QUEUED:
             return None
         _, overall, within = self._positions()
@@ -439,6 +464,10 @@ class Scheduler:
         queue = [
             self._view(req, i, within[req.id], now, costs) for i, req in enumerate(ordered[:limit])
         ]
+        for rid in core.windows.held:  # after the queue: none of them may start yet
+            if len(queue) >= limit:
+                break
+            queue.append(self._held_view(core.requests[rid], now))
         return Snapshot(
             now=now,
             devices=tuple(

@@ -136,6 +136,8 @@ class SchedulerConfig:
     default_service_s: assumed service time before one was measured.
     lost_grace_s: how long a request whose upstream connection broke waits for
         the backend's exit report before it fails as ``backend_failed``.
+    lead_margin_s: a backend is loaded this long more than its measured load
+        time before announced or held work's window opens.
     """
 
     aging_rate: float = 1.0
@@ -149,6 +151,7 @@ class SchedulerConfig:
     default_load_s: float = 30.0
     default_service_s: float = 10.0
     lost_grace_s: float = 5.0
+    lead_margin_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.aging_rate <= 0:

@@ -23,6 +23,7 @@ from yard.core.queue import Req, ReqState
 from yard.core.records import Backend, Device
 from yard.core.spec import HOST, Profile, SchedulerConfig
 from yard.core.timers import Timer, Timers
+from yard.core.window_state import Windows
 
 Options = list[tuple[tuple[str, ...], Mapping[str, int]]]
 """Every GPU set a backend may take, with its need per device there."""
@@ -46,6 +47,7 @@ class Core:
         a device's name for its memory figures (held, freed, foreign, who holds
         it), :func:`~yard.core.placement.loading` of it for whether a load runs
         there.
+    windows: held requests and announcements (:mod:`yard.core.windows`).
     """
 
     config: SchedulerConfig
@@ -62,6 +64,7 @@ class Core:
     touched_devices: set[str] = field(default_factory=set)
     options_cache: dict[str, Options] = field(default_factory=dict)
     fit_cache: dict[str, tuple[bool, str]] = field(default_factory=dict)
+    windows: Windows = field(default_factory=Windows)
 
     def unqueue(self, req: Req) -> None:
         req.state = ReqState.DONE
@@ -228,6 +231,8 @@ class Core:
         if kind is Timer.IDLE:
             b = self.backends[key]
             return b.idle_token == token and b.idle_since is not None
+        if kind in (Timer.HOLD, Timer.AHEAD, Timer.CLOSE):
+            return self.windows.live(kind, key, token, self.requests)
         req = self.requests.get(key)
         if req is None or req.gen != token:
             return False
@@ -243,6 +248,8 @@ class Core:
         head = b.queue.head()
         next_up = (head.id, head.priority) if head is not None else None
         why = reasons.start_why(b.name, b.queue.size, next_up, b.pinned)
+        if head is None and b.ahead is not None:
+            why = b.ahead_load_why
         self.transition(b, Move.START, f"loading: {why}")
         b.gpus = plan.gpus
         b.devices = (*plan.gpus, HOST)

@@ -27,6 +27,12 @@ class Timer(Enum):
     """A request's start-by passes while it waits (key: request)."""
     LOST = "lost"
     """A request whose upstream broke got no exit report in time (key: request)."""
+    HOLD = "hold"
+    """A held request's not-before comes: it joins the queue (key: request)."""
+    AHEAD = "ahead"
+    """A window of work ahead becomes near enough to load for (key: backend)."""
+    CLOSE = "close"
+    """An announcement's window closes (key: announcement)."""
 
 
 @dataclass(frozen=True, slots=True)

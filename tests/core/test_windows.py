@@ -1,0 +1,320 @@
+"""Time windows and announcements: held requests, loads done ahead, backends kept."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.core.harness import Harness, gpu, host
+from yard.core import (
+    AnnouncementEnded,
+    AnnouncementMade,
+    AnnouncementWithdrawn,
+    BackendSpec,
+    Dispatch,
+    Event,
+    RequestArrived,
+    SchedulerConfig,
+    StartBackend,
+    StopBackend,
+)
+
+
+def machine(idle_ttl_s: float | None = None, **cfg: float) -> Harness:
+    """One 24 GiB GPU; chat (16 GiB, loads in 20 s) and big (16 GiB, 30 s): one at a time."""
+    return Harness(
+        [
+            BackendSpec(name="chat", gpus=("gpu0",), idle_ttl_s=idle_ttl_s),
+            BackendSpec(name="big", gpus=("gpu0",)),
+        ],
+        devices=(gpu("gpu0", 24), host(64)),
+        config=SchedulerConfig(default_service_s=10, **cfg),  # type: ignore[arg-type]
+        profiles={"chat": (16, 1, 20), "big": (16, 1, 30)},
+    )
+
+
+def held(
+    rid: str, backend: str, not_before: float, priority: float = 50, **kw: object
+) -> RequestArrived:
+    return RequestArrived(
+        request_id=rid,
+        backend=backend,
+        priority=priority,
+        not_before=not_before,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def announced(
+    aid: str,
+    backend: str,
+    opens: float,
+    closes: float,
+    count: int = 3,
+    priority: float = 90,
+    app: str = "radio",
+) -> AnnouncementMade:
+    return AnnouncementMade(
+        announcement_id=aid,
+        app=app,
+        backend=backend,
+        not_before=opens,
+        start_by=closes,
+        count=count,
+        priority=priority,
+        label=f"t={opens:g}",
+    )
+
+
+def test_a_held_request_is_dispatched_when_its_window_opens_not_before() -> None:
+    h = machine()
+    h.load("chat", "r0", at=0)
+    h.finish("r0", at=1)
+    h.play([(10.0, held("w", "chat", 100.0))], {"w": 5.0}, until=200)
+    assert h.dispatch_times() == [(0.0, "r0"), (100.0, "w")]
+
+
+def test_a_held_request_loads_its_backend_ahead_so_it_starts_at_once() -> None:
+    h = machine()
+    h.play([(0.0, held("w", "chat", 100.0))], {"w": 5.0}, until=200)
+    # window 100, load 20 s, margin 2 s: the load starts at 78, ready at 98
+    starts = [(t, d) for t, d in h.log if isinstance(d, StartBackend)]
+    assert [(t, d.backend) for t, d in starts] == [(78.0, "chat")]
+    assert "1 held request from" in starts[0][1].reason
+    assert h.dispatch_times() == [(100.0, "w")]
+
+
+def test_a_held_request_waits_with_its_reason_and_is_listed() -> None:
+    h = machine()
+    h.feed(held("w", "chat", 100.0, window_label="13:50:00Z (X-Yard-Not-Before)"), at=5)
+    view = h.s.explain("w", 5)
+    assert view is not None
+    assert view.reason == "held until 13:50:00Z (X-Yard-Not-Before)"
+    assert view.estimated_start == 100.0
+    assert [q.request_id for q in h.s.snapshot(5).queue] == ["w"]
+    h.feed(held("x", "chat", 100.0), at=6)
+    x = h.s.explain("x", 10)
+    assert x is not None and x.reason == "held for 90.0 s more (not before)"
+
+
+def test_a_cancelled_held_request_leaves_and_never_runs() -> None:
+    h = machine()
+    h.feed(held("w", "chat", 100.0), at=0)
+    h.cancel("w", at=50)
+    h.play([], {}, until=300)
+    assert h.dispatched() == []
+    assert h.started() == []
+    assert h.s.explain("w", 300) is None
+
+
+def test_held_requests_count_against_the_queue_limit() -> None:
+    h = machine(queue_limit=1)
+    h.feed(held("w", "chat", 100.0), at=0)
+    h.arrive("r", "chat", at=1)
+    assert h.rejected()["r"].code == "queue_full"
+
+
+def test_a_start_by_is_checked_and_timed_when_the_window_opens() -> None:
+    h = machine(urgency_window_s=0)
+    # start-by 10 s after the window: infeasible at arrival (a 20 s load), not
+    # when chat is loaded ahead for the window
+    h.play([(0.0, held("w", "chat", 100.0, start_by=110.0))], {"w": 5.0}, until=200)
+    assert h.rejected() == {}
+    assert h.dispatch_times() == [(100.0, "w")]
+
+
+def test_aging_counts_from_the_window_opening() -> None:
+    h = machine()
+    h.load("chat", "r0", at=0)  # busy until r0 finishes
+    h.feed(held("early", "chat", 100.0, priority=50), at=1)
+    h.arrive("late", "chat", priority=50, at=90)
+    h.finish("r0", at=101)
+    # "early" arrived first but counts from 100: "late" waited longer
+    assert h.dispatched() == ["r0", "late"]
+
+
+def test_an_announcement_loads_its_backend_ahead_with_the_reason() -> None:
+    h = machine()
+    h.feed(announced("news", "chat", 300.0, 900.0), at=0)
+    assert h.s.next_wakeup() == 278.0
+    out = h.tick(278)
+    starts = [d for d in out if isinstance(d, StartBackend)]
+    assert [d.backend for d in starts] == ["chat"]
+    assert "loading chat now: 3 announced requests from t=300 (news)" in starts[0].reason
+    h.ready("chat", at=298)
+    out = h.arrive("n1", "chat", priority=90, at=300, app="radio")
+    assert [d.request_id for d in out if isinstance(d, Dispatch)] == ["n1"]
+
+
+def test_a_backend_with_announced_work_within_its_reload_time_is_not_evicted() -> None:
+    h = machine(idle_ttl_s=90)  # idle from 1: its timer comes at 91, inside the window
+    h.load("chat", "r0", at=0)
+    h.finish("r0", at=1)
+    h.feed(announced("news", "chat", 100.0, 400.0, priority=90), at=2)
+    h.tick(78)  # within chat's reload time (20 s + 2 s) of the window
+    out = h.arrive("b1", "big", priority=50, at=80)
+    assert [d for d in out if isinstance(d, StopBackend)] == []
+    view = h.s.explain("b1", 80)
+    assert view is not None
+    assert "keeping chat: 3 announced requests from t=100 is within its 20.0 s reload time" in (
+        view.reason
+    )
+    # nor stopped when idle past its idle_ttl_s
+    h.tick(200)
+    assert h.stops() == []
+
+
+def test_without_the_announcement_the_same_backend_is_evicted() -> None:
+    h = machine(idle_ttl_s=500)
+    h.load("chat", "r0", at=0)
+    h.finish("r0", at=1)
+    out = h.arrive("b1", "big", priority=50, at=80)
+    assert [d.backend for d in out if isinstance(d, StopBackend)] == ["chat"]
+
+
+def test_work_that_ranks_higher_still_evicts_a_kept_backend() -> None:
+    h = machine()
+    h.load("chat", "r0", at=0)
+    h.finish("r0", at=1)
+    h.feed(announced("news", "chat", 100.0, 400.0, priority=10), at=2)
+    h.tick(78)
+    out = h.arrive("b1", "big", priority=90, at=80)
+    assert [d.backend for d in out if isinstance(d, StopBackend)] == ["chat"]
+
+
+def test_an_expired_announcement_releases_the_hold() -> None:
+    h = machine()
+    h.load("chat", "r0", at=0)
+    h.finish("r0", at=1)
+    h.feed(announced("news", "chat", 100.0, 150.0, priority=90), at=2)
+    h.arrive("b1", "big", priority=50, at=80)
+    assert h.stops() == []
+    out = h.tick(150)
+    ended = [d for d in out if isinstance(d, AnnouncementEnded)]
+    assert [(d.announcement_id, d.outcome, d.used) for d in ended] == [("news", "expired", 0)]
+    assert [d.backend for d in out if isinstance(d, StopBackend)] == ["chat"]
+
+
+def test_requests_inside_the_window_use_up_the_announcement() -> None:
+    h = machine()
+    h.load("chat", "r0", at=0)
+    h.feed(announced("news", "chat", 100.0, 400.0, count=2), at=1)
+    h.arrive("before", "chat", at=50, app="radio")  # before the window: not counted
+    h.arrive("other", "chat", at=101, app="someone-else")  # another app: not counted
+    h.arrive("n1", "chat", at=102, app="radio")
+    out = h.arrive("n2", "chat", at=103, app="radio")
+    ended = [d for d in out if isinstance(d, AnnouncementEnded)]
+    assert [(d.outcome, d.used, d.app) for d in ended] == [("used", 2, "radio")]
+    assert h.s.next_wakeup() is None or h.s.next_wakeup() != 400.0
+
+
+def test_a_held_request_inside_the_window_uses_the_announcement() -> None:
+    h = machine()
+    h.feed(announced("news", "chat", 100.0, 400.0, count=1), at=0)
+    out = h.feed(held("n1", "chat", 120.0, app="radio"), at=10)
+    assert [d.outcome for d in out if isinstance(d, AnnouncementEnded)] == ["used"]
+
+
+def test_a_withdrawn_announcement_ends_once_and_frees_the_backend() -> None:
+    h = machine()
+    h.feed(announced("news", "chat", 100.0, 400.0), at=0)
+    out = h.feed(AnnouncementWithdrawn(announcement_id="news"), at=10)
+    assert [d.outcome for d in out if isinstance(d, AnnouncementEnded)] == ["withdrawn"]
+    h.feed(AnnouncementWithdrawn(announcement_id="news"), at=11)
+    h.play([], {}, until=500)
+    assert h.started() == []
+    assert len(h.decisions(AnnouncementEnded)) == 1
+
+
+def test_an_announcement_whose_window_passed_expires_at_once() -> None:
+    h = machine()
+    out = h.feed(announced("old", "chat", 10.0, 20.0), at=30)
+    assert [d.outcome for d in out if isinstance(d, AnnouncementEnded)] == ["expired"]
+
+
+def test_a_backend_that_fails_to_start_ahead_is_not_started_again_and_again() -> None:
+    h = machine()
+    h.feed(announced("news", "chat", 100.0, 400.0), at=0)
+    h.tick(78)
+    h.start_failed("chat", at=79)
+    h.tick(399)
+    assert h.started() == ["chat"]
+    # requests still load it as usual
+    h.arrive("n1", "chat", at=399, app="radio")
+    assert h.started() == ["chat", "chat"]
+
+
+def test_nothing_without_windows_changes_the_decisions() -> None:
+    """Same events with and without an announcement for an unused backend's far future."""
+    a, b = machine(), machine()
+    b.feed(announced("far", "big", 10_000.0, 10_100.0), at=0)
+    for h in (a, b):
+        h.load("chat", "r0", at=1)
+        h.arrive("r1", "chat", at=2)
+        h.finish("r0", at=5)
+        h.finish("r1", at=9)
+    assert [(t, d) for t, d in a.log] == [(t, d) for t, d in b.log[len(b.log) - len(a.log) :]]
+
+
+# -- the invariant --------------------------------------------------------------
+
+
+arrival = st.tuples(
+    st.integers(0, 200),  # arrives at
+    st.sampled_from(["chat", "big"]),
+    st.integers(0, 100),  # priority
+    st.one_of(st.none(), st.integers(0, 300)),  # not_before
+    st.integers(1, 40),  # service
+    st.sampled_from(["radio", "web"]),
+)
+announcement = st.tuples(
+    st.integers(0, 200),  # made at
+    st.sampled_from(["chat", "big"]),
+    st.integers(0, 300),  # opens
+    st.integers(1, 200),  # length
+    st.integers(1, 4),
+    st.integers(0, 100),
+    st.booleans(),  # withdrawn 30 s later
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(arrival, max_size=25), st.lists(announcement, max_size=4))
+def test_nothing_is_dispatched_before_its_not_before(
+    arrivals: list[tuple[int, str, int, int | None, int, str]],
+    announcements: list[tuple[int, str, int, int, int, int, bool]],
+) -> None:
+    h = machine(idle_ttl_s=30)
+    events: list[tuple[float, Event]] = []
+    not_before: dict[str, float] = {}
+    service: dict[str, float] = {}
+    for i, (t, backend, prio, nb, svc, app) in enumerate(arrivals):
+        rid = f"r{i}"
+        service[rid] = float(svc)
+        if nb is not None:
+            not_before[rid] = float(nb)
+        event = RequestArrived(
+            request_id=rid,
+            backend=backend,
+            priority=prio,
+            app=app,
+            not_before=None if nb is None else float(nb),
+        )
+        events.append((float(t), event))
+    for i, (t, backend, opens, length, count, prio, withdrawn) in enumerate(announcements):
+        aid = f"a{i}"
+        made = announced(aid, backend, float(opens), float(opens + length), count, prio)
+        events.append((float(t), made))
+        if withdrawn:
+            events.append((float(t + 30), AnnouncementWithdrawn(announcement_id=aid)))
+    events.sort(key=lambda e: e[0])
+    h.play(events, service, until=5_000)  # type: ignore[arg-type]  # any event plays
+    for at, d in h.log:
+        if isinstance(d, Dispatch):
+            assert at >= not_before.get(d.request_id, 0.0), (d.request_id, at)
+    # every request ends exactly once: dispatched or refused
+    ended = [d.request_id for d in h.decisions(Dispatch)] + list(h.rejected())
+    assert sorted(ended) == sorted(service)
+    # every announcement ends exactly once
+    ends = [d.announcement_id for d in h.decisions(AnnouncementEnded)]
+    assert sorted(ends) == sorted(f"a{i}" for i in range(len(announcements)))

@@ -1,0 +1,65 @@
+"""The records of work ahead (held requests, announcements) the core keeps.
+
+:mod:`yard.core.windows` holds the rules; this module only the data, so that
+:class:`~yard.core.state.Core` can hold it and tell its timers' liveness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from yard.core.events import RequestArrived
+from yard.core.queue import Req, ReqState
+from yard.core.timers import Timer
+
+__all__ = ["Kind", "Window", "Windows"]
+
+Kind = Literal["held", "announced"]
+
+
+@dataclass(slots=True, eq=False)
+class Window:
+    """One window of work ahead for a backend.
+
+    opens, closes: engine times; a held request's window closes when it opens.
+    left: requests still expected (a held request: 1).
+    stand_in: what planning ranks it by while it is near.
+    gave_up: its backend failed to start while it was near.
+    """
+
+    id: str
+    kind: Kind
+    app: str
+    backend: str
+    opens: float
+    closes: float
+    priority: float
+    left: int
+    used: int
+    label: str
+    stand_in: Req
+    gave_up: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class Windows:
+    """The core's windows: held requests' arrivals, announcements, timers' tokens."""
+
+    held: dict[str, RequestArrived] = field(default_factory=dict)
+    announced: dict[str, Window] = field(default_factory=dict)
+    by_backend: dict[str, dict[str, Window]] = field(default_factory=dict)
+    ahead_at: dict[str, float] = field(default_factory=dict)  # backend -> its AHEAD timer
+    ahead_token: dict[str, int] = field(default_factory=dict)
+
+    def held_count(self) -> int:
+        return len(self.held)
+
+    def live(self, kind: Timer, key: str, token: int, requests: dict[str, Req]) -> bool:
+        """Whether a ``HOLD``, ``AHEAD`` or ``CLOSE`` timer still matters."""
+        if kind is Timer.CLOSE:
+            return key in self.announced
+        if kind is Timer.AHEAD:
+            return self.ahead_token.get(key) == token
+        req = requests.get(key)
+        return req is not None and req.gen == token and req.state is ReqState.HELD

@@ -1,0 +1,337 @@
+"""Work the core can see coming: held requests and announcements.
+
+Two kinds of *window* tell the core about work before it can start:
+
+- a **held request** (``RequestArrived.not_before`` later than its arrival): it
+  is counted (``queue_limit``) but sits in no queue until ``not_before``, when
+  a ``HOLD`` timer lets it join its backend's queue as if it arrived then (its
+  aging, and so its wait bound, counts from the window's opening). A start-by
+  is checked, and its urgency worked out, at that moment too;
+- an **announcement** (``AnnouncementMade``): an app will send ``count``
+  requests for a backend inside ``[not_before, start_by)``. Each request of
+  that app for that backend whose start may fall inside it (``max(now,
+  not_before)``) uses one of its count (the window closing first, then the
+  lowest id); it ends ``used`` when the count is gone, ``expired`` when the
+  window closes first (a ``CLOSE`` timer), or ``withdrawn``, each with one
+  :class:`~yard.core.decisions.AnnouncementEnded`.
+
+Rules it keeps
+--------------
+
+- A window is *near* from ``opens - load_s - lead_margin_s`` (the backend's
+  measured load time) until it opens (held) or closes (announced). While a
+  backend has near windows, the best-ranked of them stands in for a waiting
+  request in planning (``Backend.ahead``): a request of the window's priority
+  that arrives when the window opens (rank ``priority - aging_rate * opens``).
+  The stand-in is never dispatched and never in ``Core.requests``.
+- So a stopped backend is loaded ahead exactly as for a waiting request: only
+  where it fits, making room only from backends whose waiting work (or own
+  stand-in) it outranks, busy ones drained, never killed.
+- A loaded backend with a near window is kept: it is not stopped when idle, and
+  no load for work that does not outrank its stand-in may evict it.
+- A backend that fails to start gives up on the windows near at that moment
+  (no load loop); requests that come still load it as usual.
+- Without windows nothing here runs: decisions are those of a core without it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from yard.core import reasons
+from yard.core.decisions import AnnouncementEnded, Decision, Flag
+from yard.core.events import AnnouncementMade, AnnouncementWithdrawn, RequestArrived
+from yard.core.lifecycle import BackendState
+from yard.core.queue import Req, ReqState, order_key
+from yard.core.records import Backend
+from yard.core.state import Core
+from yard.core.timers import Timer
+from yard.core.window_state import Kind, Window
+
+# -- held requests ------------------------------------------------------------
+
+
+def hold(core: Core, ev: RequestArrived, now: float) -> None:
+    """Hold a request whose ``not_before`` is later than ``now``."""
+    assert ev.not_before is not None
+    c = core.config
+    opens = ev.not_before
+    prio = min(max(ev.priority, c.min_priority), c.max_priority)
+    req = Req(
+        id=ev.request_id,
+        backend=ev.backend,
+        priority=prio,
+        app=ev.app,
+        arrived_at=now if ev.arrived_at is None else min(ev.arrived_at, now),
+        rank=prio - c.aging_rate * opens,
+        start_by=ev.start_by,
+        allow_late=ev.allow_late,
+        requeued=ev.requeued,
+        state=ReqState.HELD,
+    )
+    core.requests[req.id] = req
+    core.windows.held[req.id] = ev
+    key = "held:" + req.id
+    _add(
+        core, _window(core, key, "held", ev.app, ev.backend, opens, opens, prio, 1, ev.window_label)
+    )
+    core.timers.set(opens, Timer.HOLD, req.id, req.gen)
+    _refresh(core, ev.backend, now)
+
+
+def release(core: Core, request_id: str, now: float) -> RequestArrived:
+    """The held request's window opened: what to enter into the queue now."""
+    ev = core.windows.held.pop(request_id)
+    del core.requests[request_id]
+    _drop(core, "held:" + request_id)
+    _refresh(core, ev.backend, now)
+    return ev
+
+
+def unhold(core: Core, req: Req, now: float) -> None:
+    """A held request was cancelled."""
+    core.windows.held.pop(req.id, None)
+    _drop(core, "held:" + req.id)
+    _refresh(core, req.backend, now)
+
+
+def held_opens(core: Core, req: Req) -> float:
+    """When a held request's window opens."""
+    opens = core.windows.held[req.id].not_before
+    assert opens is not None
+    return opens
+
+
+def held_reason(core: Core, req: Req, now: float) -> str:
+    """Why a held request waits: "held until 13:50:00Z (X-Yard-Not-Before)"."""
+    ev = core.windows.held[req.id]
+    if ev.window_label:
+        return reasons.held_until(ev.window_label)
+    return reasons.held_for(held_opens(core, req) - now)
+
+
+# -- announcements ------------------------------------------------------------
+
+
+def announce(core: Core, ev: AnnouncementMade, now: float, out: list[Decision]) -> None:
+    w = core.windows
+    aid = ev.announcement_id
+    if aid in w.announced:
+        out.append(Flag(reason=f"ignored a second announcement {aid}"))
+        return
+    if ev.backend not in core.backends:
+        text = reasons.unknown_backend(ev.backend, list(core.backends))
+        out.append(_ended(aid, ev.app, ev.backend, "expired", ev.used, text))
+        return
+    if ev.used >= ev.count or ev.start_by <= now:
+        outcome: Literal["used", "expired"] = "used" if ev.used >= ev.count else "expired"
+        text = reasons.announcement_ended(aid, ev.backend, outcome, ev.used, ev.count)
+        out.append(_ended(aid, ev.app, ev.backend, outcome, ev.used, text))
+        return
+    c = core.config
+    prio = min(max(ev.priority, c.min_priority), c.max_priority)
+    win = _window(
+        core,
+        aid,
+        "announced",
+        ev.app,
+        ev.backend,
+        ev.not_before,
+        ev.start_by,
+        prio,
+        ev.count - ev.used,
+        ev.label,
+    )
+    win.used = ev.used
+    w.announced[aid] = win
+    _add(core, win)
+    core.timers.set(ev.start_by, Timer.CLOSE, aid, 0)
+    _refresh(core, ev.backend, now)
+
+
+def withdraw(core: Core, ev: AnnouncementWithdrawn, now: float, out: list[Decision]) -> None:
+    win = core.windows.announced.get(ev.announcement_id)
+    if win is None:
+        return
+    _end(core, win, "withdrawn", now, out)
+
+
+def match(core: Core, ev: RequestArrived, now: float, out: list[Decision]) -> None:
+    """Count an arriving request against the announcement it was announced by."""
+    wins = core.windows.by_backend.get(ev.backend)
+    if not wins:
+        return
+    t = now if ev.not_before is None else max(now, ev.not_before)
+    best: Window | None = None
+    for win in wins.values():
+        if (
+            win.kind == "announced"
+            and win.app == ev.app
+            and win.opens <= t < win.closes
+            and (best is None or (win.closes, win.id) < (best.closes, best.id))
+        ):
+            best = win
+    if best is None:
+        return
+    best.left -= 1
+    best.used += 1
+    text = reasons.announcement_matched(ev.request_id, best.id, best.left)
+    out.append(Flag(request_id=ev.request_id, backend=ev.backend, reason=text))
+    if best.left <= 0:
+        _end(core, best, "used", now, out)
+    else:
+        _describe(core, core.backends[best.backend], now)
+
+
+def _end(
+    core: Core,
+    win: Window,
+    outcome: Literal["used", "expired", "withdrawn"],
+    now: float,
+    out: list[Decision],
+) -> None:
+    del core.windows.announced[win.id]
+    _drop(core, win.id)
+    total = win.used + win.left
+    text = reasons.announcement_ended(win.id, win.backend, outcome, win.used, total)
+    out.append(_ended(win.id, win.app, win.backend, outcome, win.used, text))
+    _refresh(core, win.backend, now)
+
+
+def _ended(
+    aid: str,
+    app: str,
+    backend: str,
+    outcome: Literal["used", "expired", "withdrawn"],
+    used: int,
+    text: str,
+) -> AnnouncementEnded:
+    return AnnouncementEnded(
+        announcement_id=aid, app=app, backend=backend, outcome=outcome, used=used, reason=text
+    )
+
+
+# -- timers and failures ------------------------------------------------------
+
+
+def timer(core: Core, kind: Timer, key: str, now: float, out: list[Decision]) -> None:
+    """An ``AHEAD`` or ``CLOSE`` timer came due (``HOLD``: see :func:`release`)."""
+    if kind is Timer.CLOSE:
+        _end(core, core.windows.announced[key], "expired", now, out)
+    else:
+        core.windows.ahead_at.pop(key, None)
+        _refresh(core, key, now)
+
+
+def start_failed(core: Core, b: Backend, now: float) -> None:
+    """``b`` failed to start: give up loading ahead for the windows near now."""
+    wins = core.windows.by_backend.get(b.name)
+    if not wins:
+        return
+    for win in wins.values():
+        if _near_at(core, b, win) <= now:
+            win.gave_up = True
+    _refresh(core, b.name, now)
+
+
+def profile_changed(core: Core, name: str, now: float) -> None:
+    """Backend ``name``'s load time may have changed, and with it when its
+    windows are near."""
+    if core.windows.by_backend.get(name):
+        _refresh(core, name, now)
+
+
+# -- what planning sees -------------------------------------------------------
+
+
+def _window(
+    core: Core,
+    wid: str,
+    kind: Kind,
+    app: str,
+    backend: str,
+    opens: float,
+    closes: float,
+    prio: float,
+    left: int,
+    label: str,
+) -> Window:
+    stand_in = Req(
+        id=f"{kind}:{wid}" if kind == "announced" else wid,
+        backend=backend,
+        priority=prio,
+        app=app,
+        arrived_at=opens,
+        rank=prio - core.config.aging_rate * opens,
+        start_by=None,
+        allow_late=False,
+        requeued=False,
+    )
+    return Window(wid, kind, app, backend, opens, closes, prio, left, 0, label, stand_in)
+
+
+def _add(core: Core, win: Window) -> None:
+    core.windows.by_backend.setdefault(win.backend, {})[win.id] = win
+
+
+def _drop(core: Core, wid: str) -> None:
+    for wins in core.windows.by_backend.values():
+        if wins.pop(wid, None) is not None:
+            return
+
+
+def _near_at(core: Core, b: Backend, win: Window) -> float:
+    return win.opens - core.load_s(b) - core.config.lead_margin_s
+
+
+def _refresh(core: Core, name: str, now: float) -> None:
+    """Work out ``name``'s stand-in and when its next window becomes near."""
+    b = core.backends[name]
+    w = core.windows
+    wins = w.by_backend.get(name, {})
+    best: Window | None = None
+    soonest = math.inf
+    boost = core.config.deadline_boost
+    for win in wins.values():
+        if win.gave_up:
+            continue
+        near = _near_at(core, b, win)
+        if near > now:
+            soonest = min(soonest, near)
+        elif best is None or order_key(win.stand_in, boost) < order_key(best.stand_in, boost):
+            best = win
+    if not wins:
+        w.by_backend.pop(name, None)
+    ahead = best.stand_in if best is not None else None
+    if ahead is not b.ahead:
+        core.touched.add(name)
+        if ahead is None and b.state is BackendState.READY and b.idle_since is not None:
+            b.idle_since = None  # idle from now: its idle timer starts again
+        b.ahead = ahead
+    if soonest < math.inf and w.ahead_at.get(name) != soonest:
+        token = w.ahead_token.get(name, 0) + 1
+        w.ahead_token[name] = token
+        w.ahead_at[name] = soonest
+        core.timers.set(soonest, Timer.AHEAD, name, token)
+    _describe(core, b, now)
+
+
+def _describe(core: Core, b: Backend, now: float) -> None:
+    """The sentences a load for ``b``'s stand-in and a refusal to evict it give."""
+    keep = b.ahead_keep_why
+    if b.ahead is None:
+        b.ahead_load_why = b.ahead_keep_why = ""
+        return
+    wins = core.windows.by_backend[b.name]
+    win = next(w for w in wins.values() if w.stand_in is b.ahead)
+    # Everything near for it, counted together: "3 announced requests from 13:50".
+    near = [w for w in wins.values() if not w.gave_up and _near_at(core, b, w) <= now]
+    announced = sum(w.left for w in near if w.kind == "announced")
+    held = sum(1 for w in near if w.kind == "held")
+    first = min(near, key=lambda w: (w.opens, w.id))
+    when = first.label or reasons.in_s(first.opens - now)
+    b.ahead_load_why = reasons.loading_ahead(b.name, announced, held, when, win.id)
+    b.ahead_keep_why = reasons.keeping_ahead(b.name, announced, held, when, core.load_s(b))
+    if b.ahead_keep_why != keep:
+        core.touched.add(b.name)  # plans that read it refused to evict it with these words
