@@ -73,6 +73,8 @@ async def test_a_batch_runs_every_line_as_a_job_and_writes_openais_output_format
     assert sorted(j["id"] for j in jobs) == sorted(
         line["response"]["request_id"] for line in output
     )
+    # On schedule: [jobs] batch_priority_drop (10) below alice's default (50).
+    assert {j["priority"] for j in jobs} == {40.0}
     served = (tmp_path / "served.txt").read_text().split()
     assert sorted(served) == sorted(j["id"] for j in jobs)
 

@@ -467,7 +467,7 @@ class Batches:
         )
         if job is None:  # pragma: no cover - the driver is the only writer
             return None
-        while True:
+        while not driver.cancelling:
             try:
                 self.jobs.enqueue(job)
                 break
