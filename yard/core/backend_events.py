@@ -7,7 +7,7 @@ decisions to ``out``. Out-of-memory is judged by :mod:`yard.core.failures`.
 
 from __future__ import annotations
 
-from yard.core import failures, reasons, windows
+from yard.core import failures, reasons, resources, windows
 from yard.core.decisions import Decision, Flag, ProfileRaised
 from yard.core.events import (
     AdminForgetProfile,
@@ -134,10 +134,16 @@ def profile(core: Core, ev: ProfileMeasured, out: list[Decision]) -> None:
         load = b.profile.load_s
     b.profile_has_load = load is not None
     core.forget_fit(b)
-    b.profile = Profile(
-        gpu_bytes=ev.gpu_bytes,
-        host_bytes=ev.host_bytes,
-        load_s=load if load is not None else core.load_s(b),
+    b.profile = resources.learn(
+        b.profile,
+        Profile(
+            gpu_bytes=ev.gpu_bytes,
+            host_bytes=ev.host_bytes,
+            load_s=load if load is not None else core.load_s(b),
+            context=ev.context,
+            gpu_per_token=ev.gpu_per_token,
+            host_per_token=ev.host_per_token,
+        ),
     )
     if b.state in OCCUPYING and b.devices:
         b.reserved = dict(core.need(b, b.gpus))

@@ -31,6 +31,7 @@ class StartBackend(Decision):
     backend: str
     gpus: tuple[str, ...] = ()
     measure: bool = False
+    context: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

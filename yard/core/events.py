@@ -176,6 +176,9 @@ class ProfileMeasured(Event):
     host_bytes: int
     load_s: float | None = None
     source: Literal["stored", "measured", "raised"] = "measured"
+    context: int | None = None
+    gpu_per_token: float | None = None
+    host_per_token: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

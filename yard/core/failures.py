@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 
 from yard.core import reasons
 from yard.core.lifecycle import BackendState
@@ -73,10 +74,10 @@ def raised_profile(
             dev = devices[g]
             left = dev.spec.usable_bytes - dev.foreign - others
             crowded = max(crowded, math.floor(left / config.profile_margin) + 1)
-    return Profile(
+    return replace(
+        old,
         gpu_bytes=max(math.ceil(old.gpu_bytes * RAISE_FACTOR), live_gpu, crowded)
         if b.gpus
         else old.gpu_bytes,
         host_bytes=max(math.ceil(old.host_bytes * RAISE_FACTOR), live_host),
-        load_s=old.load_s,
     )

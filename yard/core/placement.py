@@ -54,7 +54,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from yard.core import estimates, reasons
+from yard.core import estimates, reasons, resources
 from yard.core.lifecycle import LOADED, OCCUPYING, BackendState
 from yard.core.queue import Req, order_key
 from yard.core.records import Backend, Device
@@ -90,6 +90,7 @@ class Plan:
     slack: int = 0
     free_wait_s: float = 0.0
     room: str = ""
+    context: int | None = None
 
     def key(self) -> tuple[int, bool, float, int, tuple[str, ...]]:
         busy = bool(self.drain or self.pending)
@@ -462,9 +463,12 @@ def plan_on(
     slack = min(-deficit[d] for d in devs)
     if not chosen:
         if not still_stopping and all(need[d] <= free_now[d] for d in devs):
+            context, need, why = _context(b, gpus, need, free_now, config)
             figures = [(d, need[d], free_now[d]) for d in devs]
-            text = reasons.placed(where, figures, b.profile is not None)
-            return Plan(b, gpus, Outcome.START, text, need=need, slack=slack)
+            text = reasons.placed(where, figures, b.profile is not None) + why
+            plan = Plan(b, gpus, Outcome.START, text, need=need, slack=slack)
+            plan.context = context
+            return plan
         stopping = [
             o.name
             for o in room.evict_order
@@ -476,6 +480,27 @@ def plan_on(
     reads.evicts = True
     reads.victims.update(o.name for o in chosen)
     return _evict(b, head, gpus, need, chosen, slack, free_now, devices, config, now, reads)
+
+
+def _context(
+    b: Backend,
+    gpus: tuple[str, ...],
+    need: Mapping[str, int],
+    free_now: Mapping[str, int],
+    config: SchedulerConfig,
+) -> tuple[int | None, Mapping[str, int], str]:
+    """The context ``b`` starts with (None: it has no range), its need, and
+    why (see :mod:`yard.core.resources`)."""
+    span = b.spec.context
+    if span is None:
+        return None, need, ""
+    grown = resources.grow(span, b.profile, gpus, config.profile_margin, free_now)
+    if grown is None:
+        context = resources.context_of(span, b.profile, gpus)
+        assert context is not None
+        return context, need, "; " + reasons.context_fixed(context, span, b.profile is None)
+    context, bigger = grown
+    return context, bigger, "; " + reasons.context_chosen(context, span)
 
 
 def _evict(

@@ -154,6 +154,25 @@ def stopping_idle(name: str, load_s: float) -> str:
     return f"stopping idle {name} (cheapest to reload, {secs(load_s)})"
 
 
+def context_fixed(context: int, span: tuple[int, int], first: bool) -> str:
+    low, high = span
+    if first:
+        return f"context {context} (of {low}-{high}): its maximum, measured on this first load"
+    return (
+        f"context {context} (of {low}-{high}): the one measured so far; a second measured "
+        "context (yard probe measures both ends) lets yard choose"
+    )
+
+
+def context_chosen(context: int, span: tuple[int, int]) -> str:
+    low, high = span
+    if context == high:
+        return f"context {context} (of {low}-{high}): its maximum fits"
+    if context == low:
+        return f"context {context} (of {low}-{high}): only its minimum fits next to the others"
+    return f"context {context} (of {low}-{high}): the largest that fits next to the others"
+
+
 def first_load(alone: bool) -> str:
     if alone:
         return "first load: measured alone"

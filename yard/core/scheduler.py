@@ -265,8 +265,7 @@ class Scheduler:
             return None
         if b.profile_has_load:
             return b.profile
-        p = b.profile
-        return Profile(gpu_bytes=p.gpu_bytes, host_bytes=p.host_bytes, load_s=core.load_s(b))
+        return dataclasses.replace(b.profile, load_s=core.load_s(b))
 
     def wait_bound(self, *, max_service_s: float | None = None) -> float | None:
         """The upper bound ``W`` on any request's wait, in seconds (docs/wait-bound.md).

@@ -71,6 +71,8 @@ class BackendSpec:
     idle_ttl_s: stop it after this long without work (None: keep it until the
         memory is needed).
     pinned: always loaded; never evicted to make room.
+    context: the context sizes it may be started with (min, max), or None;
+        each start gets the largest that fits (:mod:`yard.core.resources`).
     """
 
     name: str
@@ -79,10 +81,13 @@ class BackendSpec:
     slots: int = 1
     idle_ttl_s: float | None = None
     pinned: bool = False
+    context: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("a backend needs a name")
+        if self.context is not None and not 1 <= self.context[0] <= self.context[1]:
+            raise ValueError(f"backend {self.name}: context needs 1 <= min <= max")
         if self.slots < 1:
             raise ValueError(f"backend {self.name}: slots must be at least 1")
         if self.gpus and not 1 <= self.gpu_count <= len(self.gpus):
@@ -105,11 +110,18 @@ class Profile:
     gpu_bytes: peak memory on each GPU it occupies (0 for host-only backends).
     host_bytes: peak anonymous + shared resident host memory of its process tree.
     load_s: measured time from start to ready (warm-up included).
+    context: the context size the figures were measured at (None: the backend
+        declares no context range).
+    gpu_per_token, host_per_token: bytes each token of context adds, learned
+        from two points (None: not learned yet); see :mod:`yard.core.resources`.
     """
 
     gpu_bytes: int
     host_bytes: int
     load_s: float
+    context: int | None = None
+    gpu_per_token: float | None = None
+    host_per_token: float | None = None
 
     def __post_init__(self) -> None:
         if self.gpu_bytes < 0 or self.host_bytes < 0 or self.load_s < 0:

@@ -11,17 +11,16 @@ state. It does no I/O; the clock comes in as ``now``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from yard.core import estimates, placement, reasons, views
+from yard.core import estimates, placement, reasons, resources, views
 from yard.core.decisions import Decision, Reject, Requeue, StartBackend, StopBackend
 from yard.core.lifecycle import OCCUPYING, BackendState, Move, move
 from yard.core.placement import Plan, Reads, Room, loading
 from yard.core.queue import Req, ReqState
 from yard.core.records import Backend, Device
-from yard.core.spec import HOST, Profile, SchedulerConfig
+from yard.core.spec import HOST, SchedulerConfig
 from yard.core.timers import Timer, Timers
 from yard.core.window_state import Windows
 
@@ -143,7 +142,7 @@ class Core:
         for option, need in self.options(b):
             if option == gpus:
                 return need
-        return _need(b.profile, gpus, self.config.profile_margin)
+        return _need(b, gpus, self.config.profile_margin)
 
     def options(self, b: Backend) -> Options:
         """Every GPU set ``b`` may take with its need there; cached until its
@@ -151,7 +150,7 @@ class Core:
         options = self.options_cache.get(b.name)
         if options is None:
             m = self.config.profile_margin
-            options = [(g, _need(b.profile, g, m)) for g in placement.gpu_sets(b, self.devices)]
+            options = [(g, _need(b, g, m)) for g in placement.gpu_sets(b, self.devices)]
             self.options_cache[b.name] = options
         return options
 
@@ -269,16 +268,21 @@ class Core:
                     text = f"{o.name} and {b.name} were loading on {d} at the same time"
                     o.overcommit = o.overcommit or text
                     b.overcommit = b.overcommit or text
+        b.context = plan.context
         placed = plan.reason
         if measure:
             alone = any(placement.loads_alone(b, self.devices[d].spec) for d in b.primary)
             placed += f" ({reasons.first_load(alone)})"
         reason = f"starting {b.name}: {why}; {placed}"
-        out.append(StartBackend(backend=b.name, gpus=plan.gpus, measure=measure, reason=reason))
+        out.append(
+            StartBackend(
+                backend=b.name, gpus=plan.gpus, measure=measure, context=plan.context, reason=reason
+            )
+        )
 
 
-def _need(profile: Profile | None, gpus: tuple[str, ...], margin: float) -> dict[str, int]:
-    """The reservation on each device of a placement on ``gpus`` (0s while unmeasured)."""
-    need = {g: math.ceil(profile.gpu_bytes * margin) if profile else 0 for g in gpus}
-    need[HOST] = math.ceil(profile.host_bytes * margin) if profile else 0
-    return need
+def _need(b: Backend, gpus: tuple[str, ...], margin: float) -> dict[str, int]:
+    """The reservation on each device of a placement on ``gpus`` (0s while
+    unmeasured), at its required context if it has a range."""
+    context = resources.context_of(b.spec.context, b.profile, gpus)
+    return resources.need_at(b.profile, gpus, margin, context)

@@ -57,6 +57,7 @@ class BackendView:
     last_load_s: float | None
     reason: str
     queued: int = 0
+    context: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,6 +211,7 @@ def backend_view(b: Backend, profile: Profile | None) -> BackendView:
         last_load_s=b.learned_load_s,
         reason=f"{b.reason}; {b.queue.size} waiting: {b.wait_reason}" if waiting else b.reason,
         queued=b.queue.size,
+        context=b.context if b.state in OCCUPYING else None,
     )
 
 
