@@ -5,7 +5,8 @@ It starts ``yard serve`` (one test backend, two slots, each answer taking
 job id yard sends), hands in one batch of ``--lines`` chat requests with the
 Batch API, then SIGKILLs yard ``--kills`` times at random moments (a quarter
 of them during start-up and restore, the others a random time after it
-answers ``/healthz``), restarting it each time on the same data directory.
+answers ``/healthz`` and lines run again, within two service times),
+restarting it each time on the same data directory.
 Then it lets yard finish the batch and checks its output and error files:
 
 - lost: input lines in neither file (target 0);
@@ -51,6 +52,7 @@ KEY = "sk-bench-batch"
 ROOT = Path(__file__).resolve().parents[1]
 EARLY_SHARE = 0.25
 HEALTHY_WITHIN_S = 60.0
+RUNNING_WITHIN_S = 10.0  # after a restart, lines run again within this
 FINISH_WITHIN_S = 300.0
 ENDED = ("completed", "failed", "expired", "cancelled")
 
@@ -129,6 +131,16 @@ def _wait_healthy(client: httpx.Client) -> None:
             pass
         time.sleep(0.05)
     raise RuntimeError(f"yard did not answer /healthz within {HEALTHY_WITHIN_S:g} s")
+
+
+def _wait_received(receipts: Path) -> None:
+    """Return once the backend receives another request (or after RUNNING_WITHIN_S)."""
+    before = receipts.stat().st_size if receipts.exists() else 0
+    deadline = time.monotonic() + RUNNING_WITHIN_S
+    while time.monotonic() < deadline:
+        if receipts.exists() and receipts.stat().st_size > before:
+            return
+        time.sleep(0.01)
 
 
 def _batch_status(client: httpx.Client, batch_id: str) -> dict[str, Any] | None:
@@ -217,7 +229,10 @@ def run(*, lines: int, kills: int, seed: int, service_s: float, rerun_safe: bool
                         _kill(process, data_dir)
                         continue
                     _wait_healthy(client)
-                time.sleep(rng.uniform(0.05, 0.8))
+                # Then until lines run again (the backend, killed with yard,
+                # loads anew), and a random moment of their service after that.
+                _wait_received(work / "served.txt")
+                time.sleep(rng.uniform(0.0, 2 * service_s))
                 seen = _batch_status(client, batch_id)
                 if seen is not None and seen["status"] not in ENDED:
                     in_progress_kills += 1
@@ -272,6 +287,11 @@ def run(*, lines: int, kills: int, seed: int, service_s: float, rerun_safe: bool
         "run_twice": sum(1 for n in ran.values() if n > allowed),
         "rerun_once": sum(1 for n in ran.values() if n == 2) if rerun_safe else 0,
         "completed_not_run": sum(1 for line in output if ran[line["custom_id"]] == 0),
+        "interrupted_that_reached_the_backend": sum(
+            1
+            for line in errors
+            if line["error"] and line["error"]["code"] == "interrupted" and ran[line["custom_id"]]
+        ),
         "backend_runs_of_unknown_jobs": strangers,
         "format_errors": sum(1 for line in output if not _format_ok(line, output=True))
         + sum(1 for line in errors if not _format_ok(line, output=False)),
