@@ -17,6 +17,8 @@ import trio
 from quart import Quart
 from quart_trio import QuartTrio
 
+from yard.announce import api as announce_api
+from yard.announce.metrics import AnnouncementCollector
 from yard.batches import api as batch_api
 from yard.config import ServerConfig
 from yard.http import openapi, server
@@ -58,7 +60,9 @@ def create_control_app(runtime: Runtime) -> Quart:
     app.register_blueprint(jobs_blueprint, url_prefix="/v1/jobs")
     app.register_blueprint(batch_api.files, url_prefix="/v1/files")
     app.register_blueprint(batch_api.batches, url_prefix="/v1/batches")
-    register_observe(app, runtime)
+    app.register_blueprint(announce_api.blueprint, url_prefix="/v1/announcements")
+    observer = register_observe(app, runtime)
+    observer.registry.register(AnnouncementCollector(runtime))
     return app
 
 

@@ -3,7 +3,7 @@ start.
 
 The gateway calls these once per request, before it is scheduled:
 :func:`authenticate` (API key -> app), :func:`clamp_priority`,
-:func:`parse_start_by`, :func:`model_of` (the ``model`` a ``/v1`` body
+:func:`parse_start_by`, :func:`parse_not_before`, :func:`model_of` (the ``model`` a ``/v1`` body
 names). Each raises :class:`~yard.http.errors.ApiError` with a stable code
 and a message that says what to do; none of them does I/O.
 """
@@ -16,7 +16,7 @@ import math
 import re
 import secrets
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from urllib.parse import unquote
 
 from yard.config import AppConfig, Config
@@ -135,6 +135,93 @@ def parse_start_by(
         current = time.time() if wall is None else wall
         return now + (moment.timestamp() - current)
     return None
+
+
+def parse_not_before(
+    now: float,
+    not_before: bytes | None,
+    start_after: bytes | None,
+    *,
+    wall: float | None = None,
+) -> tuple[float | None, str]:
+    """The request's earliest start on the engine clock (``now``), from
+    ``X-Yard-Not-Before`` (RFC 3339) or ``X-Yard-Start-After`` (seconds), and
+    how people read it ("13:50:00Z (X-Yard-Not-Before)"). ``(None, "")``
+    without either. Raises :class:`ApiError` 400 ``invalid_window`` when a
+    header is malformed or out of range, or both are sent."""
+    if not_before is not None and start_after is not None:
+        raise ApiError(
+            400,
+            "invalid_window",
+            "send either X-Yard-Not-Before or X-Yard-Start-After, not both",
+        )
+    current = time.time() if wall is None else wall
+    if start_after is not None:
+        try:
+            seconds = float(start_after)
+        except ValueError:
+            seconds = math.nan
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ApiError(
+                400,
+                "invalid_window",
+                "X-Yard-Start-After must be a number of seconds >= 0, "
+                f"got {start_after.decode('latin-1')!r}",
+            )
+        _check_window_range(current + seconds, "Start-After")
+        return now + seconds, f"{wall_label(current + seconds, current)} (X-Yard-Start-After)"
+    if not_before is not None:
+        epoch = parse_rfc3339(not_before.decode("latin-1"), "X-Yard-Not-Before", "invalid_window")
+        _check_window_range(epoch, "Not-Before")
+        return now + (epoch - current), f"{wall_label(epoch, current)} (X-Yard-Not-Before)"
+    return None, ""
+
+
+def check_window(not_before: float | None, start_by: float | None) -> None:
+    """Refuse a window that closes before it opens (400 ``invalid_window``)."""
+    if not_before is not None and start_by is not None and not_before > start_by:
+        raise ApiError(
+            400,
+            "invalid_window",
+            "the window closes before it opens: X-Yard-Not-Before / X-Yard-Start-After "
+            "is later than X-Yard-Start-By / X-Yard-Start-Within",
+        )
+
+
+def parse_rfc3339(text: str, what: str, code: str) -> float:
+    """Epoch seconds of an RFC 3339 time with a zone; 400 ``code`` naming ``what``
+    otherwise."""
+    text = text.strip()
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise ApiError(
+            400,
+            code,
+            f"{what} must be an RFC 3339 time with a zone, like 2026-05-01T13:50:00Z; got {text!r}",
+        )
+    return moment.timestamp()
+
+
+def wall_label(epoch: float, current: float) -> str:
+    """A wall-clock time as people read it in reasons: ``13:50:00Z`` today (UTC),
+    the whole RFC 3339 time on another day."""
+    moment = datetime.fromtimestamp(epoch, UTC)
+    if moment.date() == datetime.fromtimestamp(current, UTC).date():
+        return moment.strftime("%H:%M:%SZ")
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _check_window_range(epoch: float, header: str) -> None:
+    if not -62135596800.0 < epoch < 253402214400.0:  # 0001-01-01 to 9999-12-31 UTC
+        raise ApiError(
+            400,
+            "invalid_window",
+            f"X-Yard-{header} is out of range: the time must fall between the years "
+            "0001 and 9999 (UTC)",
+        )
 
 
 def _check_deadline_range(epoch: float, header: str) -> None:

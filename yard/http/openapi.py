@@ -383,6 +383,21 @@ _HEADERS = [
         "description": "Seconds from now by which the work must have started.",
     },
     {
+        "name": "X-Yard-Not-Before",
+        "in": "header",
+        "required": False,
+        "schema": {"type": "string"},
+        "description": "RFC 3339 time (with a zone) before which the work must not start: "
+        "it waits held (a job: stored) until then, and its backend is loaded to be ready.",
+    },
+    {
+        "name": "X-Yard-Start-After",
+        "in": "header",
+        "required": False,
+        "schema": {"type": "string"},
+        "description": "Seconds from now before which the work must not start.",
+    },
+    {
         "name": "X-Yard-Allow-Late",
         "in": "header",
         "required": False,
@@ -702,6 +717,7 @@ def _paths() -> Schema:
         },
     }
     paths.update(_batch_paths())
+    paths.update(_announcement_paths())
     return paths
 
 
@@ -966,6 +982,104 @@ def _batch_paths() -> Schema:
     }
 
 
+# -- announcements (yard.announce) ---------------------------------------------
+
+_ANNOUNCEMENT_SCHEMAS: dict[str, Schema] = {
+    "AnnouncementCreate": {
+        "type": "object",
+        "required": ["model"],
+        "additionalProperties": False,
+        "properties": {
+            "model": {"type": "string"},
+            "not_before": {"type": "string", "description": "RFC 3339: the window opens."},
+            "start_after": {"type": "number", "description": "Seconds from now (default 0)."},
+            "start_by": {"type": "string", "description": "RFC 3339: the window closes."},
+            "window_s": {"type": "number", "description": "The window's length in seconds."},
+            "count": {"type": "integer", "minimum": 1, "description": "Requests (default 1)."},
+            "priority": {"type": "number", "description": "Clamped to the app's max_priority."},
+        },
+    },
+    "Announcement": {
+        "type": "object",
+        "required": ["id", "object", "app", "model", "not_before", "start_by", "count", "status"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "announcement"},
+            "app": {"type": "string"},
+            "model": {"type": "string"},
+            "not_before": {"type": "string"},
+            "start_by": {"type": "string"},
+            "count": {"type": "integer"},
+            "used": {"type": "integer"},
+            "priority": {"type": "number"},
+            "status": {"enum": ["open", "used", "expired", "withdrawn"]},
+            "source": {"enum": ["api", "config"]},
+            "created_at": {"type": "string"},
+            "ended_at": {"type": _nullable("string")},
+        },
+    },
+    "AnnouncementList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": _ref("Announcement")},
+        },
+    },
+}
+
+
+def _announcement_paths() -> Schema:
+    errors = {
+        **_AUTH_ERRORS,
+        "404": _error("`announcement_not_found`: no such announcement for this key."),
+        "501": _error("`announcements_unavailable`: this yard runs without the job store."),
+    }
+    ann_id = _path_param("announcement_id", "The announcement's id (`ann_...`).")
+    return {
+        "/v1/announcements": {
+            "post": _op(
+                "Announce work ahead: count requests for a model inside a window; yard "
+                "loads the model to be ready when it opens and keeps it for the window",
+                {
+                    "201": _json(_ref("Announcement"), "Announced."),
+                    "400": _error(
+                        "`invalid_json`, `invalid_request`, `unknown_parameter`, "
+                        "`invalid_window`, `invalid_count`, `invalid_priority` (`param` names "
+                        "the field)."
+                    ),
+                    **errors,
+                    "404": _error("`model_not_found`: no such model for this key."),
+                    "429": _error(
+                        "`too_many_announcements`: the app has max_announcements open "
+                        "([scheduler] or [apps.NAME])."
+                    ),
+                },
+                requestBody={
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("AnnouncementCreate")}},
+                },
+            ),
+            "get": _op(
+                "The caller's announcements, newest first (the admin key sees every app's)",
+                {"200": _json(_ref("AnnouncementList"), "Announcements."), **errors},
+            ),
+        },
+        "/v1/announcements/{announcement_id}": {
+            "get": _op(
+                "An announcement: its window, status and how many of its requests came",
+                {"200": _json(_ref("Announcement"), "The announcement."), **errors},
+                parameters=[ann_id],
+            ),
+            "delete": _op(
+                "Withdraw an announcement (it ends `withdrawn`)",
+                {"200": _json(_ref("Announcement"), "Withdrawn (or as it ended)."), **errors},
+                parameters=[ann_id],
+            ),
+        },
+    }
+
+
 # What yard's HTTP server and its browser guard may answer before any route
 # runs; every operation can get these.
 _EDGE: Schema = {
@@ -1008,7 +1122,7 @@ def document() -> Schema:
         "security": [{"apiKey": []}],
         "paths": _with_edge(_paths()),
         "components": {
-            "schemas": {**_SCHEMAS, **_BATCH_SCHEMAS},
+            "schemas": {**_SCHEMAS, **_BATCH_SCHEMAS, **_ANNOUNCEMENT_SCHEMAS},
             "securitySchemes": {
                 "apiKey": {
                     "type": "http",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 
 if TYPE_CHECKING:
+    from yard.announce.service import Announcements
     from yard.batches.service import Batches
     from yard.config import Config
     from yard.engine import Engine
@@ -87,6 +88,7 @@ class Runtime:
     jobs: the job service, or None when jobs are not available (the proxy
         then answers ``Prefer: respond-async`` with 501).
     batches: the Batch API's service (``/v1/files``, ``/v1/batches``), or None.
+    announcements: the announcement service (``/v1/announcements``), or None.
     started_at: wall-clock time (``time.time()``) yard started serving.
     upstream: the connection pool every call to a backend goes through.
     urls: where the HTTP server listens, once it does (``["http://127.0.0.1:8080"]``).
@@ -104,6 +106,7 @@ class Runtime:
     launcher: Supervisor | None = None
     jobs: JobService | None = None
     batches: Batches | None = None
+    announcements: Announcements | None = None
     started_at: float = 0.0
     upstream: UpstreamPool = field(default_factory=lambda: _default_pool())
     urls: list[str] = field(default_factory=list)

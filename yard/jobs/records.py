@@ -87,7 +87,8 @@ class JobRecord:
     """One job as stored (without its request and result bytes).
 
     seq: arrival order across all apps. Times are epochs (seconds).
-    start_by: latest start (epoch) or None. queued_s: time from arrival to
+    start_by: latest start (epoch) or None. not_before: earliest start (epoch)
+    or None: it is held until then. queued_s: time from arrival to
     the (latest) dispatch. result_*: what the backend answered, once it has.
     notes: stored fields that could not be read (each is None here instead).
     """
@@ -113,6 +114,7 @@ class JobRecord:
     result_bytes: int | None
     result_type: str | None
     notes: tuple[str, ...] = ()
+    not_before: float | None = None
 
     @property
     def finished(self) -> bool:

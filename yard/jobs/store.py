@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from yard.announce.schema import MIGRATIONS as ANNOUNCE_MIGRATIONS
 from yard.batches.schema import MIGRATIONS as BATCH_MIGRATIONS
 from yard.db import Database, Migration
 from yard.jobs.records import (
@@ -113,12 +114,18 @@ MIGRATIONS: tuple[Migration, ...] = (
     # The Batch API's files, batches and lines (yard.batches) live in this
     # file too: a line becomes a job in the same transaction.
     *BATCH_MIGRATIONS,
+    (
+        "jobs/3 a time window's opening kept on the job (X-Yard-Not-Before)",
+        "ALTER TABLE jobs ADD COLUMN not_before REAL;  -- epoch, or NULL",
+    ),
+    # Announcements (yard.announce) are kept with the jobs they announce.
+    *ANNOUNCE_MIGRATIONS,
 )
 
 _COLUMNS = (
     "seq, id, app, model, backend, priority, start_by, allow_late, rerun_safe, rerun_used, "
     "requeued, status, created_at, started_at, finished_at, queued_s, error_code, "
-    "error_message, error_status, result_status, result_bytes, result_type"
+    "error_message, error_status, result_status, result_bytes, result_type, not_before"
 )
 
 
@@ -162,6 +169,7 @@ class JobStore:
         created_at: float,
         request: StoredRequest,
         quota: Quota | None = None,
+        not_before: float | None = None,
     ) -> JobRecord:
         """Record a new queued job and its request, durably (on disk, synced,
         when this returns).
@@ -189,6 +197,7 @@ class JobStore:
                 rerun_safe=rerun_safe,
                 created_at=created_at,
                 request=request,
+                not_before=not_before,
             )
 
         await self._db.transaction(_insert, durable=True)
@@ -417,13 +426,14 @@ def insert_job(
     rerun_safe: bool,
     created_at: float,
     request: StoredRequest,
+    not_before: float | None = None,
 ) -> None:
     """Write a new queued job and its request inside the caller's transaction
     (:meth:`JobStore.insert`, and a batch line becoming a job)."""
     conn.execute(
         "INSERT INTO jobs (id, app, model, backend, priority, start_by, allow_late, "
-        "rerun_safe, status, created_at, request_bytes) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?)",
+        "rerun_safe, status, created_at, request_bytes, not_before) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?)",
         (
             job_id,
             app,
@@ -435,6 +445,7 @@ def insert_job(
             int(rerun_safe),
             created_at,
             len(request.body),
+            not_before,
         ),
     )
     conn.execute(
@@ -527,6 +538,7 @@ def _record(row: tuple[object, ...]) -> JobRecord:
         result_status,
         result_bytes,
         result_type,
+        not_before,
     ) = row
     f = _Fields()
     error = (
@@ -562,5 +574,6 @@ def _record(row: tuple[object, ...]) -> JobRecord:
         result_status=f.get("result_status", result_status, int),
         result_bytes=f.get("result_bytes", result_bytes, int),
         result_type=None if result_type is None else str(result_type),
+        not_before=f.get("not_before", not_before, float),
         notes=tuple(f.notes),
     )

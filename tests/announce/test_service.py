@@ -1,0 +1,258 @@
+"""Announcements with the real engine and core, on virtual time (fake backend
+processes): loads done ahead, expiry, withdrawal, the cap, the clamp, the
+app's models scope, restore after a restart, and the HTTP answers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from tests.engine.fakes import FakeLauncher, Script
+from tests.jobs.fakes import EPOCH, wall
+from yard.announce.metrics import AnnouncementCollector
+from yard.announce.service import Announcements, BadAnnouncement, Limits
+from yard.announce.store import AnnouncementStore
+from yard.config import AppConfig, BackendConfig, Config, ServerConfig
+from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
+from yard.engine import Engine
+from yard.http.app import create_control_app
+from yard.http.runtime import Runtime
+from yard.jobs.store import JobStore
+
+APPS = {
+    "radio": AppConfig(
+        name="radio", key="sk-radio", default_priority=50.0, max_priority=80.0, models=("news*",)
+    ),
+    "web": AppConfig(name="web", key="sk-web", default_priority=50.0, max_priority=100.0),
+}
+
+
+def config() -> Config:
+    backends = {
+        "news": BackendConfig(name="news", models=("news-llm",), command=("true",)),
+        "chat": BackendConfig(name="chat", models=("chat-llm",), command=("true",)),
+    }
+    return Config(
+        path=Path("/nonexistent/yard.toml"),
+        server=ServerConfig(default_priority=50.0),
+        scheduler=SchedulerConfig(),
+        devices={},
+        apps=APPS,
+        backends=backends,
+    )
+
+
+def iso(t: float) -> str:
+    """The RFC 3339 time of virtual time ``t``."""
+    return datetime.fromtimestamp(EPOCH + t, UTC).isoformat().replace("+00:00", "Z")
+
+
+class Yard:
+    def __init__(
+        self, engine: Engine, service: Announcements, launcher: FakeLauncher, runtime: Runtime
+    ) -> None:
+        self.engine = engine
+        self.service = service
+        self.launcher = launcher
+        self.runtime = runtime
+
+
+@asynccontextmanager
+async def yard(path: Path, *, limit: int = 16) -> AsyncIterator[Yard]:
+    """One run of yard's engine + announcements; leaving the block is a crash."""
+    scheduler = Scheduler(
+        [DeviceSpec(name="host", kind="host", total_bytes=64 * 2**30)],
+        [BackendSpec(name="news", slots=1), BackendSpec(name="chat", slots=1)],
+        SchedulerConfig(aging_rate=1.0),
+    )
+    launcher = FakeLauncher({"news": Script(ready_after_s=5), "chat": Script(ready_after_s=5)})
+    engine = Engine(scheduler=scheduler, launcher=launcher)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        store = await JobStore.open(path / "jobs.sqlite", threaded=False)
+        service = Announcements(
+            engine=engine,
+            store=AnnouncementStore(store.database),
+            config=config(),
+            limits=Limits(default=limit),
+            wall=wall,
+        )
+        runtime = Runtime(config=config(), engine=engine, announcements=service)
+        try:
+            await nursery.start(service.run)
+            yield Yard(engine, service, launcher, runtime)
+            nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await store.close()
+
+
+def body(**fields: object) -> dict[str, object]:
+    return {"model": "news-llm", "count": 3, "priority": 70, **fields}
+
+
+async def test_an_announcement_loads_its_model_ahead_of_the_window(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with yard(tmp_path) as y:
+        made = await y.service.create(APPS["radio"], body(start_after=100, window_s=600))
+        assert made.status == "open"
+        await trio.sleep(200)
+        # No profile yet: the core assumes 30 s (default_load_s), plus the 2 s margin.
+        assert [(t, name) for t, name, _ in y.launcher.launched] == [(68.0, "news")]
+        reasons = [d.decision.reason for d in y.engine.decisions()]
+        assert any(r.startswith("starting news: loading news now: 3 announced") for r in reasons)
+
+
+async def test_an_unused_announcement_expires_at_its_windows_end_and_is_counted(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with yard(tmp_path) as y:
+        made = await y.service.create(APPS["radio"], body(start_after=10, window_s=50))
+        await trio.sleep(61)
+        record = await y.service.get(made.id, app="radio")
+        assert record.status == "expired"
+        assert record.ended_at == EPOCH + 60
+        assert y.service.counts() == {("radio", "expired"): 1}
+        families = list(AnnouncementCollector(y.runtime).collect())
+        assert [(s.name, s.labels, s.value) for s in families[0].samples] == [
+            ("yard_announcements_total", {"app": "radio", "outcome": "expired"}, 1.0)
+        ]
+
+
+async def test_a_withdrawn_announcement_ends_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with yard(tmp_path) as y:
+        made = await y.service.create(APPS["radio"], body(start_after=100, window_s=60))
+        record = await y.service.withdraw(made.id, app="radio")
+        assert record.status == "withdrawn"
+        await trio.sleep(300)
+        assert y.service.counts() == {("radio", "withdrawn"): 1}
+        assert y.launcher.launched == []
+
+
+async def test_priority_is_clamped_to_the_apps_cap(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with yard(tmp_path) as y:
+        made = await y.service.create(APPS["radio"], body(priority=100, window_s=60))
+        assert made.priority == 80.0
+
+
+async def test_an_app_may_not_announce_a_model_outside_its_scope(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with yard(tmp_path) as y:
+        with pytest.raises(BadAnnouncement) as caught:
+            await y.service.create(APPS["radio"], body(model="chat-llm", window_s=60))
+        assert (caught.value.status, caught.value.code) == (404, "model_not_found")
+        # the other app's announcements do not exist for it
+        made = await y.service.create(APPS["web"], body(model="chat-llm", window_s=60))
+        assert [r.id for r in await y.service.listed(app="radio")] == []
+        assert [r.id for r in await y.service.listed(app="web")] == [made.id]
+
+
+async def test_open_announcements_are_capped_per_app(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with yard(tmp_path, limit=2) as y:
+        for _ in range(2):
+            await y.service.create(APPS["radio"], body(window_s=600))
+        with pytest.raises(BadAnnouncement) as caught:
+            await y.service.create(APPS["radio"], body(window_s=600))
+        assert (caught.value.status, caught.value.code) == (429, "too_many_announcements")
+        await y.service.create(APPS["web"], body(model="chat-llm", window_s=600))
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "param"),
+    [
+        ({"model": 3}, "invalid_request", "model"),
+        ({"window_s": 60, "colour": "red"}, "unknown_parameter", "colour"),
+        ({"start_after": 5, "not_before": iso(10), "window_s": 60}, "invalid_window", "not_before"),
+        ({"start_by": iso(100), "window_s": 60}, "invalid_window", "start_by"),
+        ({}, "invalid_window", "start_by"),
+        ({"not_before": "13:50", "window_s": 60}, "invalid_window", "not_before"),
+        ({"not_before": iso(100), "start_by": iso(50)}, "invalid_window", "start_by"),
+        ({"start_by": iso(-10)}, "invalid_window", "start_by"),
+        ({"window_s": -1}, "invalid_window", "window_s"),
+        ({"window_s": 60, "count": 0}, "invalid_count", "count"),
+        ({"window_s": 60, "count": True}, "invalid_count", "count"),
+        ({"window_s": 60, "priority": "high"}, "invalid_priority", "priority"),
+    ],
+)
+async def test_bad_announcements_get_400s_that_name_the_field(
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    fields: dict[str, object],
+    code: str,
+    param: str,
+) -> None:
+    async with yard(tmp_path) as y:
+        with pytest.raises(BadAnnouncement) as caught:
+            await y.service.create(APPS["radio"], {"model": "news-llm", **fields})
+        assert (caught.value.status, caught.value.code, caught.value.param) == (400, code, param)
+        assert await y.service.listed(app="radio") == []
+
+
+async def test_announcements_are_restored_into_the_core_after_a_restart(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with yard(tmp_path) as y:
+        made = await y.service.create(APPS["radio"], body(start_after=300, window_s=600))
+        await trio.sleep(10)  # yard dies long before the window
+    assert trio.current_time() == 10
+    async with yard(tmp_path) as y:
+        await trio.sleep(400)
+        # loaded ahead for the window it was told again: 300 - 30 - 2
+        assert [(t, name) for t, name, _ in y.launcher.launched] == [(268.0, "news")]
+        assert (await y.service.get(made.id, app="radio")).status == "open"
+        await trio.sleep(600)
+        assert (await y.service.get(made.id, app="radio")).status == "expired"
+
+
+async def test_the_http_api_answers_in_openais_shapes(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with yard(tmp_path) as y:
+        client = create_control_app(y.runtime).test_client()
+        radio = {"authorization": "Bearer sk-radio"}
+        made = await client.post(
+            "/v1/announcements", json=body(start_after=60, window_s=600), headers=radio
+        )
+        assert made.status_code == 201
+        shown = await made.get_json()
+        assert shown["object"] == "announcement"
+        assert shown["not_before"] == iso(60).replace("Z", ".000Z")
+        assert (shown["status"], shown["count"], shown["used"]) == ("open", 3, 0)
+        listed = await (await client.get("/v1/announcements", headers=radio)).get_json()
+        assert [a["id"] for a in listed["data"]] == [shown["id"]]
+        other = await client.get(
+            f"/v1/announcements/{shown['id']}", headers={"authorization": "Bearer sk-web"}
+        )
+        assert other.status_code == 404
+        assert (await other.get_json())["error"]["code"] == "announcement_not_found"
+        bad = await client.post(
+            "/v1/announcements",
+            json={"model": "news-llm", "count": 0, "window_s": 5},
+            headers=radio,
+        )
+        assert bad.status_code == 400
+        error = (await bad.get_json())["error"]
+        assert (error["code"], error["param"], error["type"]) == (
+            "invalid_count",
+            "count",
+            "invalid_request_error",
+        )
+        notjson = await client.post("/v1/announcements", data=b"{", headers=radio)
+        assert json.loads(await notjson.get_data())["error"]["code"] == "invalid_json"
+        gone = await client.delete(f"/v1/announcements/{shown['id']}", headers=radio)
+        assert (await gone.get_json())["status"] == "withdrawn"

@@ -1,0 +1,122 @@
+"""The announcements API: ``/v1/announcements`` (a Quart blueprint).
+
+- ``POST /v1/announcements``: ``{"model", "not_before" (RFC 3339) or
+  "start_after" (s), "start_by" (RFC 3339) or "window_s" (s), "count",
+  "priority"}``: yard loads the model so that it is ready when the window opens
+  and keeps it for the window. 201 with the announcement.
+- ``GET /v1/announcements``: the caller's announcements, newest first.
+- ``GET /v1/announcements/ID``: one (status ``open``, ``used``, ``expired``,
+  ``withdrawn``; ``used`` counts the requests that came).
+- ``DELETE /v1/announcements/ID``: withdraw it.
+
+An announcement belongs to the app whose key made it; to every other app it
+does not exist (404). The admin key sees every app's.
+"""
+
+from __future__ import annotations
+
+import json
+
+from quart import Blueprint, Response, request
+from werkzeug.datastructures import Headers
+
+from yard.announce.service import AnnouncementNotFound, Announcements, BadAnnouncement
+from yard.config import AppConfig
+from yard.http.errors import ApiError, error_body, error_headers
+from yard.http.intake import authenticate
+from yard.http.runtime import current_runtime
+
+blueprint = Blueprint("announcements", __name__)
+"""Mounted with ``url_prefix="/v1/announcements"``."""
+
+
+def _caller() -> tuple[Announcements, AppConfig | None]:
+    """The service and the caller's app (None: the admin, who sees all)."""
+    runtime = current_runtime()
+    service = runtime.announcements
+    if not isinstance(service, Announcements):
+        raise ApiError(
+            501,
+            "announcements_unavailable",
+            "this yard runs without the announcement service (it needs the job store)",
+        )
+    header = request.headers.get("authorization")
+    authorization = None if header is None else header.encode("latin-1")
+    admin_key = runtime.config.server.admin_key
+    if admin_key and authorization is not None:
+        scheme, _, key = authorization.decode("latin-1").partition(" ")
+        if scheme.lower() == "bearer" and key.strip() == admin_key:
+            return service, None
+    app, _ = authenticate(runtime.config, authorization)
+    return service, app
+
+
+def _json(payload: object, status: int = 200) -> Response:
+    return Response(json.dumps(payload), status=status, content_type="application/json")
+
+
+@blueprint.errorhandler(ApiError)
+async def _api_error(error: ApiError) -> Response:
+    body = error_body(error.status, error.code, error.message)
+    headers = [
+        (n.decode("latin-1"), v.decode("latin-1"))
+        for n, v in error_headers(body, error.retry_after_s)
+        if n != b"content-length"
+    ]
+    return Response(body, status=error.status, headers=Headers(headers))
+
+
+@blueprint.errorhandler(BadAnnouncement)
+async def _bad(error: BadAnnouncement) -> Response:
+    payload = json.loads(error_body(error.status, error.code, error.message))
+    payload["error"]["param"] = error.param
+    return _json(payload, error.status)
+
+
+@blueprint.errorhandler(AnnouncementNotFound)
+async def _not_found(error: AnnouncementNotFound) -> Response:
+    text = repr(error.args[0])
+    text = text if len(text) <= 80 else text[:77] + "..."
+    return await _api_error(
+        ApiError(404, "announcement_not_found", f"no announcement {text} for this API key")
+    )
+
+
+@blueprint.post("")
+async def create() -> Response:
+    service, app = _caller()
+    if app is None:
+        raise ApiError(
+            400,
+            "invalid_request",
+            "announcements are made by an app: use the app's API key, not the admin key",
+        )
+    raw = await request.get_data(as_text=False)
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
+    record = await service.create(app, body)
+    return _json(service.describe(record), 201)
+
+
+@blueprint.get("")
+async def listed() -> Response:
+    service, app = _caller()
+    records = await service.listed(app=None if app is None else app.name)
+    data = [service.describe(r) for r in records]
+    return _json({"object": "list", "data": data})
+
+
+@blueprint.get("/<announcement_id>")
+async def get(announcement_id: str) -> Response:
+    service, app = _caller()
+    record = await service.get(announcement_id, app=None if app is None else app.name)
+    return _json(service.describe(record))
+
+
+@blueprint.delete("/<announcement_id>")
+async def withdraw(announcement_id: str) -> Response:
+    service, app = _caller()
+    record = await service.withdraw(announcement_id, app=None if app is None else app.name)
+    return _json(service.describe(record))

@@ -1,0 +1,433 @@
+"""The announcement service: validates what apps announce, stores it, tells the core.
+
+An app says "I will send ``count`` requests for ``model`` between ``not_before``
+and ``start_by``" (``POST /v1/announcements``); yard loads the model ahead and
+keeps it for the window (:mod:`yard.core.windows`). Rules it keeps:
+
+- The app's ``models`` scope applies (a model outside it does not exist for it),
+  its priority is clamped to its ``max_priority``, and it may have at most
+  ``max_announcements`` open at once (``[scheduler]``, or ``[apps.NAME]``).
+- Every announcement is written to the jobs database (synced) before the core
+  hears of it, and told to the core again after a restart; it ends exactly once
+  (``used``, ``expired`` at its window's end, ``withdrawn``), which the store
+  and ``yard_announcements_total{app,outcome}`` record.
+- Recurring announcements from the configuration (``[[announcements]]``) are
+  made by the same path, one window ahead: the next window of each is always
+  announced (:mod:`yard.announce.recurring`).
+
+Times are epochs (wall clock) here and in the store; the core gets engine-clock
+times, converted at the moment they are sent.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Literal
+
+import trio
+import trio.lowlevel
+
+from yard.announce.recurring import Recurring, next_window
+from yard.announce.store import AnnouncementRecord, AnnouncementStore
+from yard.core import AnnouncementEnded, AnnouncementMade, AnnouncementWithdrawn
+from yard.http.errors import ApiError
+from yard.http.intake import parse_rfc3339, wall_label
+
+if TYPE_CHECKING:
+    from yard.config import AppConfig, Config
+    from yard.engine import Engine
+
+Outcome = Literal["used", "expired", "withdrawn"]
+OUTCOMES: tuple[Outcome, ...] = ("used", "expired", "withdrawn")
+
+MAX_COUNT = 10_000
+"""The most requests one announcement may announce."""
+
+
+class BadAnnouncement(Exception):
+    """An announcement that cannot be accepted: an HTTP status, a stable code, a
+    message that says what to do."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+
+
+class AnnouncementNotFound(Exception):
+    """No such announcement for this app."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """How many open announcements an app may have: ``default`` (``[scheduler]
+    max_announcements``), or its own (``[apps.NAME] max_announcements``)."""
+
+    default: int = 16
+    per_app: Mapping[str, int] | None = None
+
+    def of(self, app: str) -> int:
+        if self.per_app is not None and app in self.per_app:
+            return self.per_app[app]
+        return self.default
+
+
+class Announcements:
+    """Announcements: the API's side (:meth:`create`, :meth:`get`,
+    :meth:`listed`, :meth:`withdraw`) and the task that restores them, follows
+    their ends and makes the recurring ones (:meth:`run`)."""
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        store: AnnouncementStore,
+        config: Config,
+        limits: Limits,
+        recurring: Sequence[Recurring] = (),
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.config = config
+        self.limits = limits
+        self.recurring = tuple(recurring)
+        self._wall = wall
+        self._counts: dict[tuple[str, str], int] = {}
+        self._lock = trio.Lock()  # the cap's count and the insert go together
+
+    # -- the API's side -------------------------------------------------------
+
+    async def create(self, app: AppConfig, body: object) -> AnnouncementRecord:
+        """Validate ``body`` (the JSON of ``POST /v1/announcements``) for
+        ``app``, store it and tell the core. Raises :class:`BadAnnouncement`."""
+        now = self._wall()
+        fields = _parse(body, now, app.default_priority)
+        model = fields.model
+        backend = self.config.backend_for_model(model)
+        if backend is None or not app.may_use(model):
+            raise BadAnnouncement(
+                404,
+                "model_not_found",
+                f"the model {model!r} does not exist in this yard; GET /v1/models lists them",
+                "model",
+            )
+        low = self.config.scheduler.min_priority
+        record = AnnouncementRecord(
+            seq=0,
+            id=f"ann_{uuid.uuid4().hex}",
+            app=app.name,
+            model=model,
+            backend=backend.name,
+            not_before=fields.not_before,
+            start_by=fields.start_by,
+            count=fields.count,
+            used=0,
+            priority=max(low, min(fields.priority, app.max_priority)),
+            status="open",
+            source="api",
+            created_at=now,
+            ended_at=None,
+        )
+        limit = self.limits.of(app.name)
+        if not await self.store.insert(record, max_open=limit):
+            raise BadAnnouncement(
+                429,
+                "too_many_announcements",
+                f"app {app.name!r} already has {limit} open announcements, the most "
+                "max_announcements allows; withdraw one (DELETE /v1/announcements/ID) or "
+                "wait until one ends",
+            )
+        stored = await self.store.get(record.id)
+        assert stored is not None
+        self._tell(stored)
+        return stored
+
+    async def get(self, announcement_id: str, *, app: str | None) -> AnnouncementRecord:
+        """The announcement, if it exists and is ``app``'s (None: any app's)."""
+        if not announcement_id.isascii():
+            raise AnnouncementNotFound(announcement_id)
+        record = await self.store.get(announcement_id)
+        if record is None or (app is not None and record.app != app):
+            raise AnnouncementNotFound(announcement_id)
+        return record
+
+    async def listed(self, *, app: str | None, limit: int = 100) -> list[AnnouncementRecord]:
+        """The app's announcements (None: every app's), newest first."""
+        return await self.store.listed(app=app, limit=limit)
+
+    async def withdraw(self, announcement_id: str, *, app: str | None) -> AnnouncementRecord:
+        """Withdraw an open announcement (an ended one is returned as it is)."""
+        record = await self.get(announcement_id, app=app)
+        if record.status == "open":
+            # The core's AnnouncementEnded tells how many came; the store is
+            # marked here too, so that the answer says withdrawn at once.
+            self.engine.send(AnnouncementWithdrawn(announcement_id=record.id))
+            await self._ended(record.id, record.app, "withdrawn", None)
+            record = await self.get(announcement_id, app=app)
+        return record
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """Announcements ended since start, per (app, outcome), for ``/metrics``."""
+        return dict(self._counts)
+
+    def describe(self, record: AnnouncementRecord) -> dict[str, object]:
+        """The JSON the API answers with."""
+        return {
+            "id": record.id,
+            "object": "announcement",
+            "app": record.app,
+            "model": record.model,
+            "not_before": _rfc3339(record.not_before),
+            "start_by": _rfc3339(record.start_by),
+            "count": record.count,
+            "used": record.used,
+            "priority": record.priority,
+            "status": record.status,
+            "source": record.source,
+            "created_at": _rfc3339(record.created_at),
+            "ended_at": None if record.ended_at is None else _rfc3339(record.ended_at),
+        }
+
+    # -- the task -------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Follow the core's ends, tell it the open announcements of the last
+        run, then make the recurring ones as their windows come (until cancelled)."""
+        async with trio.open_nursery() as nursery:
+            ready = trio.Event()
+            nursery.start_soon(self._follow, ready)
+            await ready.wait()
+            for record in await self.store.open():
+                self._tell(record)
+            task_status.started()
+            for entry in self.recurring:
+                nursery.start_soon(self._recur, entry)
+
+    async def _follow(self, ready: trio.Event) -> None:
+        while True:
+            feed = self.engine.subscribe((AnnouncementEnded,))
+            ready.set()
+            async with feed:
+                async for logged in feed:
+                    d = logged.decision
+                    assert isinstance(d, AnnouncementEnded)
+                    await self._ended(d.announcement_id, d.app, d.outcome, d.used)
+            # Dropped for falling behind (never in practice: ends are rare): again.
+            await trio.lowlevel.checkpoint()
+
+    async def _ended(self, aid: str, app: str, outcome: Outcome, used: int | None) -> None:
+        record = await self.store.get(aid)
+        if record is None:
+            return
+        count = record.used if used is None else used
+        if await self.store.end(aid, outcome, count, self._wall()):
+            key = (app, outcome)
+            self._counts[key] = self._counts.get(key, 0) + 1
+        elif used is not None and outcome == "withdrawn":
+            # Marked withdrawn by the API first; the core now says how many came.
+            await self.store.set_used(aid, used)
+
+    async def _recur(self, entry: Recurring) -> None:
+        """Keep ``entry``'s next window announced, one window ahead."""
+        while True:
+            now = self._wall()
+            opens, closes = next_window(entry, now)
+            app = self.config.apps.get(entry.app)
+            backend = self.config.backend_for_model(entry.model)
+            if backend is not None:
+                top = app.max_priority if app is not None else self.config.scheduler.max_priority
+                record = AnnouncementRecord(
+                    seq=0,
+                    id=f"cfg_{entry.key}_{int(opens)}",
+                    app=entry.app,
+                    model=entry.model,
+                    backend=backend.name,
+                    not_before=opens,
+                    start_by=closes,
+                    count=entry.count,
+                    used=0,
+                    priority=min(entry.priority, top),
+                    status="open",
+                    source="config",
+                    created_at=now,
+                    ended_at=None,
+                )
+                if await self.store.get(record.id) is None:
+                    await self.store.insert(record)
+                    stored = await self.store.get(record.id)
+                    if stored is not None:
+                        self._tell(stored)
+            # The next window is announced once this one opens.
+            await trio.sleep(max(0.0, opens - self._wall()) + 0.001)
+
+    def _tell(self, record: AnnouncementRecord) -> None:
+        """Send the core an open announcement, on its clock."""
+        now_engine = self.engine.now()
+        now_wall = self._wall()
+        self.engine.send(
+            AnnouncementMade(
+                announcement_id=record.id,
+                app=record.app,
+                backend=record.backend,
+                not_before=now_engine + (record.not_before - now_wall),
+                start_by=now_engine + (record.start_by - now_wall),
+                count=record.count,
+                priority=record.priority,
+                used=record.used,
+                label=_label(record.not_before, now_wall),
+            )
+        )
+
+
+# -- the body -------------------------------------------------------------------
+
+_FIELDS = frozenset(
+    {"model", "not_before", "start_after", "start_by", "window_s", "count", "priority"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Fields:
+    model: str
+    not_before: float
+    start_by: float
+    count: int
+    priority: float
+
+
+def _parse(body: object, now: float, default_priority: float) -> _Fields:
+    if not isinstance(body, dict):
+        raise BadAnnouncement(400, "invalid_request", "the body must be a JSON object")
+    unknown = sorted(str(k) for k in body if k not in _FIELDS)
+    if unknown:
+        raise BadAnnouncement(
+            400,
+            "unknown_parameter",
+            f"unknown field {unknown[0]!r}; an announcement has model, not_before or "
+            "start_after, start_by or window_s, count and priority",
+            unknown[0],
+        )
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadAnnouncement(400, "invalid_request", "model is required: a model's name", "model")
+    if "not_before" in body and "start_after" in body:
+        raise BadAnnouncement(
+            400, "invalid_window", "send either not_before or start_after, not both", "not_before"
+        )
+    if "start_by" in body and "window_s" in body:
+        raise BadAnnouncement(
+            400, "invalid_window", "send either start_by or window_s, not both", "start_by"
+        )
+    if "not_before" in body:
+        opens = _time(body["not_before"], "not_before")
+    elif "start_after" in body:
+        opens = now + _seconds(body["start_after"], "start_after", zero=True)
+    else:
+        opens = now
+    if "start_by" in body:
+        closes = _time(body["start_by"], "start_by")
+    elif "window_s" in body:
+        closes = opens + _seconds(body["window_s"], "window_s", zero=False)
+    else:
+        raise BadAnnouncement(
+            400,
+            "invalid_window",
+            "the window needs an end: start_by (RFC 3339) or window_s (seconds)",
+            "start_by",
+        )
+    if closes <= opens:
+        raise BadAnnouncement(
+            400,
+            "invalid_window",
+            "the window closes before it opens: start_by <= not_before",
+            "start_by",
+        )
+    if closes <= now:
+        raise BadAnnouncement(
+            400,
+            "invalid_window",
+            "the window has already closed: start_by is in the past",
+            "start_by",
+        )
+    count = body.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
+        raise BadAnnouncement(
+            400,
+            "invalid_count",
+            f"count must be a whole number from 1 to {MAX_COUNT}, got {_short(count)}",
+            "count",
+        )
+    priority = body.get("priority", default_priority)
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int | float)
+        or not math.isfinite(priority)
+    ):
+        raise BadAnnouncement(
+            400,
+            "invalid_priority",
+            f"priority must be a number, got {_short(priority)}",
+            "priority",
+        )
+    return _Fields(model, opens, closes, count, float(priority))
+
+
+def _time(value: object, name: str) -> float:
+    if not isinstance(value, str):
+        raise BadAnnouncement(
+            400,
+            "invalid_window",
+            f"{name} must be an RFC 3339 time with a zone, like 2026-05-01T13:50:00Z",
+            name,
+        )
+    try:
+        epoch = parse_rfc3339(value, name, "invalid_window")
+    except ApiError as exc:
+        raise BadAnnouncement(400, "invalid_window", exc.message, name) from None
+    if not -62135596800.0 < epoch < 253402214400.0:
+        raise BadAnnouncement(
+            400, "invalid_window", f"{name} must fall between the years 0001 and 9999", name
+        )
+    return epoch
+
+
+def _seconds(value: object, name: str, *, zero: bool) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not zero)
+        or value > 10 * 365 * 86400
+    ):
+        least = ">= 0" if zero else "> 0"
+        raise BadAnnouncement(
+            400,
+            "invalid_window",
+            f"{name} must be a number of seconds {least} (at most ten years), got {_short(value)}",
+            name,
+        )
+    return float(value)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _rfc3339(epoch: float) -> str:
+    return (
+        datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+def _label(epoch: float, now: float) -> str:
+    return wall_label(epoch, now)

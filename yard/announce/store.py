@@ -1,0 +1,166 @@
+"""Announcements in SQLite, in the jobs database: the durable record the core is
+told again after a restart."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from typing import Literal, cast
+
+from yard.db import Database
+
+Status = Literal["open", "used", "expired", "withdrawn"]
+Source = Literal["api", "config"]
+
+_COLUMNS = (
+    "seq, id, app, model, backend, not_before, start_by, count, used, priority, status, "
+    "source, created_at, ended_at"
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AnnouncementRecord:
+    """One announcement as stored. Times are epochs (seconds).
+
+    not_before, start_by: the window ``[not_before, start_by)``.
+    count: requests announced; used: how many came (written when it ends).
+    priority: already clamped to the app's ``max_priority``.
+    status: ``open`` until it ends ``used``, ``expired`` or ``withdrawn``.
+    source: ``api`` (``POST /v1/announcements``) or ``config`` (recurring).
+    """
+
+    seq: int
+    id: str
+    app: str
+    model: str
+    backend: str
+    not_before: float
+    start_by: float
+    count: int
+    used: int
+    priority: float
+    status: Status
+    source: Source
+    created_at: float
+    ended_at: float | None
+
+
+class AnnouncementStore:
+    """The ``announcements`` table of the jobs database (``database``: open)."""
+
+    def __init__(self, database: Database) -> None:
+        self._db = database
+
+    async def insert(self, record: AnnouncementRecord, *, max_open: int | None = None) -> bool:
+        """Store a new open announcement, durably. With ``max_open``: only if
+        its app has fewer open ones than that (checked in the same transaction);
+        False if it has that many already. An id already stored is not stored
+        again (True: recurring announcements are made once)."""
+
+        def _insert(conn: sqlite3.Connection) -> bool:
+            if max_open is not None:
+                (n,) = conn.execute(
+                    "SELECT count(*) FROM announcements WHERE app = ? AND status = 'open' "
+                    "AND source = 'api'",
+                    (record.app,),
+                ).fetchone()
+                if int(n) >= max_open:
+                    return False
+            conn.execute(
+                "INSERT OR IGNORE INTO announcements (id, app, model, backend, not_before, "
+                "start_by, count, used, priority, status, source, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?, ?)",
+                (
+                    record.id,
+                    record.app,
+                    record.model,
+                    record.backend,
+                    record.not_before,
+                    record.start_by,
+                    record.count,
+                    record.used,
+                    record.priority,
+                    record.source,
+                    record.created_at,
+                ),
+            )
+            return True
+
+        return await self._db.transaction(_insert, durable=True)
+
+    async def get(self, announcement_id: str) -> AnnouncementRecord | None:
+        row = await self._db.fetchone(
+            f"SELECT {_COLUMNS} FROM announcements WHERE id = ?", (announcement_id,)
+        )
+        return None if row is None else _record(row)
+
+    async def listed(self, *, app: str | None, limit: int = 100) -> list[AnnouncementRecord]:
+        """Newest first; ``app`` None: every app's."""
+        if app is None:
+            rows = await self._db.fetchall(
+                f"SELECT {_COLUMNS} FROM announcements ORDER BY seq DESC LIMIT ?", (limit,)
+            )
+        else:
+            rows = await self._db.fetchall(
+                f"SELECT {_COLUMNS} FROM announcements WHERE app = ? ORDER BY seq DESC LIMIT ?",
+                (app, limit),
+            )
+        return [_record(row) for row in rows]
+
+    async def open(self) -> list[AnnouncementRecord]:
+        """Every open announcement, oldest first (to tell the core after a restart)."""
+        rows = await self._db.fetchall(
+            f"SELECT {_COLUMNS} FROM announcements WHERE status = 'open' ORDER BY seq"
+        )
+        return [_record(row) for row in rows]
+
+    async def end(self, announcement_id: str, status: Status, used: int, at: float) -> bool:
+        """Mark an open announcement ended; False if it was not open."""
+        changed = await self._db.execute(
+            "UPDATE announcements SET status = ?, used = ?, ended_at = ? "
+            "WHERE id = ? AND status = 'open'",
+            (status, used, at, announcement_id),
+            durable=True,
+        )
+        return changed > 0
+
+    async def set_used(self, announcement_id: str, used: int) -> None:
+        """Record how many requests came for an announcement that already ended."""
+        await self._db.execute(
+            "UPDATE announcements SET used = ? WHERE id = ?", (used, announcement_id), durable=True
+        )
+
+
+def _record(row: tuple[object, ...]) -> AnnouncementRecord:
+    (
+        seq,
+        aid,
+        app,
+        model,
+        backend,
+        not_before,
+        start_by,
+        count,
+        used,
+        priority,
+        status,
+        source,
+        created_at,
+        ended_at,
+    ) = row
+    return AnnouncementRecord(
+        seq=int(cast(int, seq)),
+        id=str(aid),
+        app=str(app),
+        model=str(model),
+        backend=str(backend),
+        not_before=float(cast(float, not_before)),
+        start_by=float(cast(float, start_by)),
+        count=int(cast(int, count)),
+        used=int(cast(int, used)),
+        priority=float(cast(float, priority)),
+        status=cast(Status, str(status)),
+        source=cast(Source, str(source)),
+        created_at=float(cast(float, created_at)),
+        ended_at=None if ended_at is None else float(cast(float, ended_at)),
+    )
