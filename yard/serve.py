@@ -47,6 +47,7 @@ from pathlib import Path
 
 import trio
 
+from yard.announce.service import announcement_service
 from yard.batches.service import open_batches
 from yard.config import Config, ConfigError, exposure, is_loopback, load_config
 from yard.core import Scheduler
@@ -254,6 +255,9 @@ async def _serve(
         batches = await stack.enter_async_context(open_batches(jobs, config))
         runtime.batches = batches
         await nursery.start(batches.run)
+        announcements = announcement_service(engine, jobs.store, config)
+        runtime.announcements = announcements
+        await nursery.start(announcements.run)
 
         binds = await nursery.start(_serve_http, runtime, listeners, stop)
         runtime.urls = binds

@@ -41,6 +41,7 @@ from yard.http.intake import parse_rfc3339, wall_label
 if TYPE_CHECKING:
     from yard.config import AppConfig, Config
     from yard.engine import Engine
+    from yard.jobs.store import JobStore
 
 Outcome = Literal["used", "expired", "withdrawn"]
 OUTCOMES: tuple[Outcome, ...] = ("used", "expired", "withdrawn")
@@ -285,6 +286,17 @@ class Announcements:
                 label=_label(record.not_before, now_wall),
             )
         )
+
+
+def announcement_service(engine: Engine, jobs: JobStore, config: Config) -> Announcements:
+    """The service ``yard serve`` runs: over the jobs database, with the
+    configuration's limits and recurring announcements."""
+    return Announcements(
+        engine=engine,
+        store=AnnouncementStore(jobs.database),
+        config=config,
+        limits=Limits(),
+    )
 
 
 # -- the body -------------------------------------------------------------------

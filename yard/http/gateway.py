@@ -73,8 +73,8 @@ _DROPPED = HOP_BY_HOP | {b"host", b"content-length", b"prefer"}
 _RESPONSE_DROPPED = HOP_BY_HOP | {b"x-accel-buffering"}
 _ACCEL = (b"x-accel-buffering", b"no")
 # /v1 paths the control plane answers (the jobs and Batch APIs), not a model.
-_CONTROL_V1 = ("/v1/jobs", "/v1/files", "/v1/batches")
-_CONTROL_NAMES = frozenset({"jobs", "files", "batches"})
+_CONTROL_V1 = ("/v1/jobs", "/v1/files", "/v1/batches", "/v1/announcements")
+_CONTROL_NAMES = frozenset({"jobs", "files", "batches", "announcements"})
 _JSON_CT = b"application/json"
 _SESSION = SESSION_COOKIE.encode().lower()
 
@@ -101,8 +101,8 @@ class Gateway:
         """Route one ASGI connection event.
 
         - ``/v1/models``: the configured models (answered here);
-        - ``/v1/jobs...``, ``/v1/files...``, ``/v1/batches...``: the jobs and
-          Batch APIs (Quart);
+        - ``/v1/jobs...``, ``/v1/files...``, ``/v1/batches...``,
+          ``/v1/announcements...``: the jobs, Batch and announcement APIs (Quart);
         - other ``/v1/*``: routed by the ``model`` the request names, to the
           backend that serves it;
         - ``/backends/NAME/PATH``: ``PATH`` (query kept) on backend ``NAME``,
