@@ -3,7 +3,8 @@
 report: every report scenario under yard and each baseline, side by side (a table,
     or ``{scenario: {policy: {metric: value}}}`` with ``--json``).
 targets: the radio day's targets (OOMs, deadlines, loads, waits, wall time) judged
-    for each machine shape and seed.
+    for each machine shape and seed; then the announced radio day's and the batch's
+    (:mod:`sim.targets_ahead`).
 bench: the core benchmark (``sim.bench_core.main()``, if present), then the wall
     time of the simulated radio day through the whole engine.
 decisions: every scenario's decision log under yard, one file each, into ``--out``
@@ -120,17 +121,18 @@ def _mark(ok: bool) -> str:
 
 
 def _targets(args: argparse.Namespace) -> int:
-    """The radio day's targets, per machine shape and seed, measured and judged."""
-    jobs = [
+    """The radio day's targets, per machine shape and seed, measured and judged; then
+    issue 12's (the announced radio day, the batch: :mod:`sim.targets_ahead`)."""
+    from sim import targets_ahead
+
+    jobs: list[tuple[str, str, int | None]] = [
         (scenarios.radio_day(gpus).name, policy, seed)
         for gpus in (1, 2)
         for seed in args.seed
         for policy in POLICIES
     ]
-    found: dict[tuple[str, str, int | None], dict[str, float]] = {}
-    with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:
-        for job, (_, _, row) in zip(jobs, pool.map(_measure, jobs), strict=True):
-            found[job] = row
+    jobs += targets_ahead.announced_jobs(args.seed) + targets_ahead.batch_jobs(args.seed)
+    found = targets_ahead.measure_all(jobs, max(1, args.jobs))
     print(
         "| machine | seed | OOMs | feasible deadlines met | loads vs baselines | loads / LB "
         "| high p95 vs best baseline | requests in wall |"
@@ -160,6 +162,10 @@ def _targets(args: argparse.Namespace) -> int:
                 f"{_mark(yard['requests'] >= 50_000 and yard['wall_s'] < 60)}",
             ]
             print("| " + " | ".join(cells) + " |")
+    print("\nRadio day with the newsroom's announcements (yard; baselines: the plain day):\n")
+    print(targets_ahead.announced_table(args.seed, found))
+    print("Batch: 1,000 lines over three models (3h window) while chat runs (yard):\n")
+    print(targets_ahead.batch_table(args.seed, found))
     return 0
 
 

@@ -15,16 +15,16 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import trio
 import trio.testing
 
 from sim.baselines import BASELINES
-from sim.workload import Arrival, Scenario
+from sim.workload import Announcement, Arrival, Scenario
 from sim.world import Fault, OomKill, SimWorld
-from yard.core.decisions import Decision, Dispatch
-from yard.core.events import Event
+from yard.core.decisions import AnnouncementEnded, Decision, Dispatch
+from yard.core.events import AnnouncementMade, Event
 from yard.core.spec import Profile
 from yard.core.views import QueuedView, Snapshot
 from yard.engine import Engine, EngineStatistics, Policy, Rejected
@@ -82,6 +82,8 @@ class SimResult:
     faults: list[str]
     end_time: float
     wall_s: float
+    announced: int = 0
+    announcement_outcomes: dict[str, int] = field(default_factory=dict)
 
     @property
     def stuck(self) -> list[RequestRecord]:
@@ -97,6 +99,7 @@ class _Recorder:
         self.hash = hashlib.sha256()
         self.lines: list[str] | None = [] if keep else None
         self.dispatches: list[tuple[float, str]] = []
+        self.announcement_outcomes: dict[str, int] = {}
 
     def handle(self, event: Event, now: float) -> list[Decision]:
         decisions = self.policy.handle(event, now)
@@ -107,6 +110,9 @@ class _Recorder:
                 self.lines.append(line)
             if type(decision) is Dispatch:
                 self.dispatches.append((now, decision.backend))
+            elif type(decision) is AnnouncementEnded:
+                outcomes = self.announcement_outcomes
+                outcomes[decision.outcome] = outcomes.get(decision.outcome, 0) + 1
         return decisions
 
     def next_wakeup(self) -> float | None:
@@ -166,6 +172,12 @@ def run(
     try:
         rng = random.Random(seed)
         arrivals = scenario.workload(rng)
+        # Only yard's core can take announcements; the baselines see the requests alone.
+        announcements: list[Announcement] = []
+        if scenario.announcements is not None and policy == "yard":
+            announcements = sorted(
+                scenario.announcements(arrivals), key=lambda a: (a.at, a.announcement_id)
+            )
         faults = scenario.faults + (scenario.fault_plan(rng) if scenario.fault_plan else ())
         _deterministic_trio(rng.getrandbits(64))
         started = time.perf_counter()
@@ -176,6 +188,7 @@ def run(
             seed,
             rng,
             arrivals,
+            announcements,
             faults,
             keep_log,
             on_started,
@@ -198,6 +211,7 @@ async def _simulate(
     seed: int,
     rng: random.Random,
     arrivals: list[Arrival],
+    announcements: list[Announcement],
     faults: tuple[Fault, ...],
     keep_log: bool,
     on_started: Callable[[Engine, SimWorld], None] | None,
@@ -257,7 +271,33 @@ async def _simulate(
             ledger.wait(arrival.backend, -1)
         record.end("cancelled")
 
+    async def announce(announcement: Announcement) -> None:
+        if announcement.at > trio.current_time():
+            await trio.sleep_until(announcement.at)
+        engine.send(
+            AnnouncementMade(
+                announcement_id=announcement.announcement_id,
+                app=announcement.app,
+                backend=announcement.backend,
+                not_before=announcement.not_before,
+                start_by=announcement.start_by,
+                count=announcement.count,
+                priority=announcement.priority,
+                label=announcement.label,
+            )
+        )
+
+    # A batch's lines are fed as yard/batches feeds them (see ``feed``) when the
+    # scenario says how many may be open at once; else they arrive like any request.
+    direct: list[Arrival] = []
+    batches: dict[str, list[Arrival]] = {}
+    for arrival in arrivals:
+        if arrival.batch and scenario.batch_queued_lines:
+            batches.setdefault(arrival.batch, []).append(arrival)
+        else:
+            direct.append(arrival)
     admissions = []
+    announced = 0
     async with trio.open_nursery() as root:
         await root.start(world.run)
         await root.start(engine.run)
@@ -265,9 +305,10 @@ async def _simulate(
             on_started(engine, world)
         with trio.move_on_at(scenario.horizon_s):
             async with trio.open_nursery() as clients:
-                for arrival in arrivals:
-                    if arrival.at > trio.current_time():
-                        await trio.sleep_until(arrival.at)
+
+                def hand_in(
+                    arrival: Arrival, done: Callable[[RequestRecord], None] | None = None
+                ) -> None:
                     record = RequestRecord(arrival, ready_at_arrival=world.ready(arrival.backend))
                     records.append(record)
                     # Submitted here, in arrival order, not by the client task, so that
@@ -283,7 +324,63 @@ async def _simulate(
                         )
                     )
                     ledger.wait(arrival.backend, +1)
-                    clients.start_soon(client, len(admissions) - 1, record)
+                    if done is None:
+                        clients.start_soon(client, len(admissions) - 1, record)
+                    else:
+                        clients.start_soon(fed_client, len(admissions) - 1, record, done)
+
+                async def fed_client(
+                    admission_id: int, record: RequestRecord, done: Callable[[RequestRecord], None]
+                ) -> None:
+                    try:
+                        await client(admission_id, record)
+                    finally:
+                        done(record)
+
+                async def feed(lines: list[Arrival]) -> None:
+                    """Hand a batch's lines in the way yard/batches does: in order, at
+                    most ``scenario.batch_queued_lines`` open at once, and on a backend
+                    where no line has ended yet no more than its slots."""
+                    if lines[0].at > trio.current_time():
+                        await trio.sleep_until(lines[0].at)
+                    room = trio.Semaphore(scenario.batch_queued_lines)
+                    open_on: dict[str, int] = {}
+                    measured: set[str] = set()
+                    ended = [trio.Event()]
+
+                    def done(record: RequestRecord) -> None:
+                        room.release()
+                        open_on[record.arrival.backend] -= 1
+                        if record.outcome == "ok":
+                            measured.add(record.arrival.backend)
+                        ended[0].set()
+                        ended[0] = trio.Event()
+
+                    for line in lines:
+                        await room.acquire()
+                        slots = scenario.model(line.backend).slots
+                        while (
+                            line.backend not in measured and open_on.get(line.backend, 0) >= slots
+                        ):
+                            await ended[0].wait()
+                        open_on[line.backend] = open_on.get(line.backend, 0) + 1
+                        hand_in(replace(line, at=trio.current_time()), done)
+
+                for lines in batches.values():
+                    clients.start_soon(feed, lines)
+                for arrival in direct:
+                    # An announcement goes ahead of a request of the same instant.
+                    while announced < len(announcements) and (
+                        announcements[announced].at <= arrival.at
+                    ):
+                        await announce(announcements[announced])
+                        announced += 1
+                    if arrival.at > trio.current_time():
+                        await trio.sleep_until(arrival.at)
+                    hand_in(arrival)
+                for announcement in announcements[announced:]:
+                    await announce(announcement)
+                    announced += 1
         end_time = trio.current_time()
         ledger.close()
         statistics = engine.statistics()
@@ -303,4 +400,6 @@ async def _simulate(
         faults=world.fault_log,
         end_time=end_time,
         wall_s=0.0,
+        announced=announced,
+        announcement_outcomes=recorder.announcement_outcomes,
     )

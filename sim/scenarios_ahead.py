@@ -13,7 +13,8 @@
   The three share their draws: chat and batch are drawn in every variant and the
   variant keeps its part, so the chat requests of ``batch-day`` and
   ``batch-chat-only`` are the same, and the batch lines of ``batch-day`` and
-  ``batch-alone``.
+  ``batch-alone``. ``batch-day-fed`` and ``batch-alone-fed``: the same, with the
+  lines fed the way yard/batches really feeds them (below).
 
 Batch lines are modelled the way the Batch API hands them in (``yard/batches``):
 each line is a request of the batch's app, at the app's default priority minus
@@ -21,10 +22,11 @@ each line is a request of the batch's app, at the app's default priority minus
 the window's end minus the longest service time of its model (:data:`LINE_HIGH_S`,
 what the service measures from the latest runs), no allow-late; the lines are
 grouped by model in the order the models first appear in the file, and all of them
-are handed in at one instant (the real service keeps at most ``batch_queued_lines``
-= 64 in the queue at once and feeds the rest as lines end; handing all 1,000 in at
-once is the harder case for the interactive traffic: every line ages in the queue
-from the start).
+are handed in at one instant. The real service keeps at most ``[jobs]
+batch_queued_lines`` = 64 lines open at once, feeds the rest as lines end, and on a
+backend where no line has ended yet hands in no more than its slots: the ``-fed``
+variants. Handing all 1,000 in at once is the harder case for the interactive
+traffic: every line ages in the queue from the start.
 
 Why a ``3h`` window and not ``24h``: the batch is about 1.5 hours of GPU work (see
 :data:`BATCH_MODELS`); inside 24 hours any policy finishes it, and the targets
@@ -111,6 +113,9 @@ BATCH_WINDOW_S = 3 * HOUR
 CHAT_HOURS = 4.0
 """Listener chat from 08:00 to 12:00."""
 DAY_OFFSET = 8 * HOUR
+FED_LINES = 64
+"""``[jobs] batch_queued_lines``'s default: the ``-fed`` variants hand the lines in as
+yard/batches really does (:attr:`sim.workload.Scenario.batch_queued_lines`)."""
 BATCH_PRIORITY = 20.0
 """The batch app's default priority (30) minus ``batch_priority_drop`` (10)."""
 
@@ -193,6 +198,7 @@ def batch_lines(rng: random.Random, at: float, window_s: float) -> list[Arrival]
             cls="batch",
             app="batch",
             start_by=at + window_s - LINE_HIGH_S[names[i]],
+            batch="batch-1",
         )
         for i in order
     ]
@@ -237,16 +243,19 @@ def _renumber_stable(arrivals: list[Arrival]) -> list[Arrival]:
 
 
 BATCH_VARIANTS = {
-    "batch-day": ("listener chat and a 1,000-line batch (3h window)", True, True),
-    "batch-chat-only": ("the batch day's listener chat, no batch", True, False),
-    "batch-alone": ("the batch day's 1,000-line batch, no chat", False, True),
+    "batch-day": ("listener chat and a 1,000-line batch (3h window)", True, True, 0),
+    "batch-chat-only": ("the batch day's listener chat, no batch", True, False, 0),
+    "batch-alone": ("the batch day's 1,000-line batch, no chat", False, True, 0),
+    "batch-day-fed": ("batch-day, lines fed 64 at a time", True, True, FED_LINES),
+    "batch-alone-fed": ("batch-alone, lines fed 64 at a time", False, True, FED_LINES),
 }
+"""name: (title, chat?, batch?, lines open at once: 0 = all handed in at one instant)."""
 
 
 def batch_scenario(variant: str, gpu_count: int = 1, hours: float = CHAT_HOURS) -> Scenario:
     """One of :data:`BATCH_VARIANTS` on ``gpu_count`` 24 GiB GPUs (``hours`` below
     4: a shorter morning with the batch's timing and window scaled, for tests)."""
-    title, chat, batch = BATCH_VARIANTS[variant]
+    title, chat, batch, fed = BATCH_VARIANTS[variant]
     gpus = tuple(f"gpu{i}" for i in range(gpu_count))
     suffix = "" if hours == CHAT_HOURS else f"-{hours:g}h"
     return Scenario(
@@ -259,6 +268,7 @@ def batch_scenario(variant: str, gpu_count: int = 1, hours: float = CHAT_HOURS) 
         stored_profiles=True,
         meter_interval_s=5.0,
         seed=2024,
+        batch_queued_lines=fed,
     )
 
 

@@ -25,6 +25,7 @@ class Arrival:
     cls: its priority class for the report (``high``, ``normal``, ``low``).
     start_by: latest start (absolute), or None.
     cancel_after_s: the client gives up after this long (queued or running).
+    batch: the batch it is a line of ("": none); see ``Scenario.batch_queued_lines``.
     """
 
     at: float
@@ -37,6 +38,7 @@ class Arrival:
     start_by: float | None = None
     allow_late: bool = False
     cancel_after_s: float | None = None
+    batch: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,6 +80,11 @@ class Scenario:
     announcements: what the apps announce, worked out from the workload (no draws,
         so a scenario with and without them sees the same requests); only yard's
         core is told, the baselines have no way to take them.
+    batch_queued_lines: 0: a batch's lines arrive at their time like any request;
+        else they are fed as yard/batches does (``[jobs] batch_queued_lines``): in
+        order from the first line's time, at most this many open at once, and on a
+        backend where none has ended yet at most its slots. A line's arrival is
+        then the moment it is handed in.
     """
 
     name: str
@@ -95,6 +102,7 @@ class Scenario:
     policies: tuple[str, ...] | None = None
     fault_plan: Callable[[random.Random], tuple[Fault, ...]] | None = None
     announcements: Callable[[Sequence[Arrival]], list[Announcement]] | None = None
+    batch_queued_lines: int = 0
 
     def model(self, name: str) -> ModelSpec:
         for model in self.models:

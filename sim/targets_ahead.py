@@ -1,0 +1,189 @@
+"""The targets of issue 12 in ``python -m sim targets``: the radio day with the
+newsroom's announcements, and the batch handed in while chat runs.
+
+Each target is printed with its figure and ``ok`` or ``MISSED``; a missed target is
+reported as measured, never relaxed.
+
+- Radio day, announced (per machine shape and seed): yard's high-priority p95 wait
+  at most half the best baseline's (the baselines cannot take announcements: they
+  run the plain day, which has the same requests), 100 % of feasible deadlines met,
+  0 OOMs, loads at most 1.2x the lower bound.
+- Batch (per machine shape and seed): each batch model loaded at most once more on
+  ``batch-day`` than on ``batch-alone``; chat's p95 wait on ``batch-day`` at most
+  1.1x ``batch-chat-only``'s; every line finished (ended ok) by the window's end.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+
+from sim import scenarios, scenarios_ahead
+from sim.metrics import metrics, percentile
+from sim.runner import SimResult, run
+
+Row = dict[str, float]
+
+
+def ahead_metrics(result: SimResult) -> Row:
+    """:func:`sim.metrics.metrics` plus what these targets read: loads per backend
+    (``loads_BACKEND``), announcements made and how they ended
+    (``announcements_OUTCOME``), and for a batch: its lines, those that ended ok by
+    the window's end (``batch_in_window``), the last line's end, and chat's wait
+    while the batch ran (``normal_wait_during_batch_p95_s``)."""
+    row = metrics(result)
+    for backend, count in Counter(b for _, b, _ in result.launches).items():
+        row[f"loads_{backend}"] = count
+    row["announced"] = result.announced
+    for outcome, count in result.announcement_outcomes.items():
+        row[f"announcements_{outcome}"] = count
+    lines = [r for r in result.records if r.arrival.cls == "batch"]
+    if lines or result.scenario.name.startswith("batch-"):
+        end = scenarios_ahead.batch_window_end(result.scenario)
+        row["batch_lines"] = len(lines)
+        row["batch_in_window"] = sum(
+            r.outcome == "ok" and r.ended_at is not None and r.ended_at <= end + 1e-9 for r in lines
+        )
+        row["batch_last_end_s"] = max((r.ended_at or 0.0 for r in lines), default=0.0)
+        handed = min((r.arrival.at for r in lines), default=scenarios_ahead.BATCH_AT)
+        last = row["batch_last_end_s"] or end
+        during = [
+            r.dispatches[0] - r.arrival.at
+            for r in result.records
+            if r.arrival.cls == "normal" and r.dispatches and handed <= r.arrival.at <= last
+        ]
+        row["normal_wait_during_batch_p95_s"] = round(percentile(during, 0.95), 3)
+    return row
+
+
+def _measure(job: tuple[str, str, int | None]) -> tuple[tuple[str, str, int | None], Row]:
+    name, policy, seed = job
+    return job, ahead_metrics(run(scenarios.get(name), policy, seed))
+
+
+def measure_all(
+    jobs: Iterable[tuple[str, str, int | None]], workers: int
+) -> dict[tuple[str, str, int | None], Row]:
+    """Run every (scenario, policy, seed) side by side; the rows by job."""
+    todo = list(jobs)
+    if workers <= 1:
+        return dict(_measure(job) for job in todo)
+    with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+        return dict(pool.map(_measure, todo))
+
+
+def _mark(ok: bool) -> str:
+    return "ok" if ok else "MISSED"
+
+
+def announced_jobs(seeds: Sequence[int]) -> list[tuple[str, str, int | None]]:
+    """yard on the announced radio day, per shape and seed (the plain day's rows
+    come from the radio targets)."""
+    return [
+        (scenarios_ahead.radio_day_announced(gpus).name, "yard", seed)
+        for gpus in (1, 2)
+        for seed in seeds
+    ]
+
+
+def announced_table(
+    seeds: Sequence[int], found: Mapping[tuple[str, str, int | None], Mapping[str, float]]
+) -> str:
+    """The announced radio day's targets; ``found`` holds the plain day's rows of
+    every policy and the announced day's yard rows."""
+    from sim.runner import POLICIES
+
+    lines = [
+        "| machine | seed | OOMs | feasible deadlines met | loads / LB "
+        "| high p95: announced vs best baseline (yard unannounced) | announcements used/expired |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for gpus in (1, 2):
+        plain_name = scenarios.radio_day(gpus).name
+        name = scenarios_ahead.radio_day_announced(gpus).name
+        for seed in seeds:
+            yard = found[(name, "yard", seed)]
+            plain = found[(plain_name, "yard", seed)]
+            others = {p: found[(plain_name, p, seed)] for p in POLICIES if p != "yard"}
+            best = min(others.items(), key=lambda item: item[1]["high_wait_p95_s"])
+            feasible = yard["deadlines_met"] + yard["deadlines_missed_avoidable"]
+            ratio = yard["loads"] / yard["loads_lower_bound"]
+            p95 = yard["high_wait_p95_s"]
+            cells = [
+                f"{gpus} GPU",
+                str(seed),
+                f"{yard['ooms']:.0f} {_mark(yard['ooms'] == 0)}",
+                f"{yard['deadlines_met']:.0f}/{feasible:.0f} "
+                f"{_mark(yard['deadlines_missed_avoidable'] == 0)}",
+                f"{yard['loads']:.0f}/{yard['loads_lower_bound']:.0f} = {ratio:.2f} "
+                f"{_mark(ratio <= 1.2)}",
+                f"{p95:.0f} s vs {best[1]['high_wait_p95_s']:.0f} s ({best[0]}) "
+                f"({plain['high_wait_p95_s']:.0f} s) "
+                f"{_mark(p95 <= best[1]['high_wait_p95_s'] / 2)}",
+                f"{yard.get('announcements_used', 0):.0f}/"
+                f"{yard.get('announcements_expired', 0):.0f} of {yard['announced']:.0f}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+BATCH_SHAPES = (1, 2)
+
+
+def batch_jobs(seeds: Sequence[int]) -> list[tuple[str, str, int | None]]:
+    """yard on every batch variant, per shape and seed."""
+    return [
+        (scenarios_ahead.batch_scenario(variant, gpus).name, "yard", seed)
+        for gpus in BATCH_SHAPES
+        for seed in seeds
+        for variant in scenarios_ahead.BATCH_VARIANTS
+    ]
+
+
+def batch_table(
+    seeds: Sequence[int], found: Mapping[tuple[str, str, int | None], Mapping[str, float]]
+) -> str:
+    """The batch scenario's targets, judged per shape and seed."""
+    models = [name for name, _, _ in scenarios_ahead.BATCH_MODELS]
+    lines = [
+        "| machine | seed | lines handed in | loads per batch model: with chat vs alone "
+        "| chat p95 wait: with batch vs without (p95 while the batch ran; max) "
+        "| lines finished in window (last end) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for gpus in BATCH_SHAPES:
+        for seed, fed in ((seed, fed) for seed in seeds for fed in ("", "-fed")):
+
+            def row(variant: str, gpus: int = gpus, seed: int = seed) -> Mapping[str, float]:
+                return found[(scenarios_ahead.batch_scenario(variant, gpus).name, "yard", seed)]
+
+            day, alone = row(f"batch-day{fed}"), row(f"batch-alone{fed}")
+            chat = row("batch-chat-only")
+            loads_ok = all(
+                day.get(f"loads_{m}", 0) <= alone.get(f"loads_{m}", 0) + 1 for m in models
+            )
+            loads = ", ".join(
+                f"{m.removesuffix('-llm')} {day.get(f'loads_{m}', 0):.0f} vs "
+                f"{alone.get(f'loads_{m}', 0):.0f}"
+                for m in models
+            )
+            p95, base = day["normal_wait_p95_s"], chat["normal_wait_p95_s"]
+            end_h = day["batch_last_end_s"] / 3600
+            cells = [
+                f"{gpus} GPU",
+                str(seed),
+                f"{scenarios_ahead.FED_LINES} at a time" if fed else "all at once",
+                f"{loads} {_mark(loads_ok)}",
+                f"{p95:.1f} s vs {base:.1f} s ({day['normal_wait_during_batch_p95_s']:.0f} s; "
+                f"{day['normal_wait_max_s']:.0f} s) {_mark(p95 <= 1.1 * base)}",
+                f"{day['batch_in_window']:.0f}/{day['batch_lines']:.0f} (at {end_h:.2f} h of "
+                f"{scenarios_ahead.batch_window_end(scenarios.get(day_name(gpus))) / 3600:.2f} h) "
+                f"{_mark(day['batch_in_window'] == day['batch_lines'])}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def day_name(gpus: int) -> str:
+    return scenarios_ahead.batch_scenario("batch-day", gpus).name
