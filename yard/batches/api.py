@@ -20,7 +20,8 @@ import re
 
 from quart import Blueprint, Response, request
 
-from yard.batches.service import BadRequest, Batches
+from yard.batches.service import Batches
+from yard.batches.validate import BadRequest
 from yard.batches.views import batch_json, file_json
 from yard.config import AppConfig
 from yard.errors import Rejected

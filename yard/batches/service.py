@@ -68,7 +68,7 @@ from yard.batches.records import (
     LineRecord,
 )
 from yard.batches.store import BatchStore, FileLimit
-from yard.batches.validate import Checked, check_input
+from yard.batches.validate import BadRequest, Checked, check_input, check_metadata
 from yard.batches.views import CANCELLED_MESSAGE, EXPIRED_MESSAGE, error_line, job_line
 from yard.config import AppConfig, Config
 from yard.errors import Rejected
@@ -80,17 +80,6 @@ log = logging.getLogger("yard.batches")
 _WINDOW = re.compile(r"([1-9][0-9]{0,5})h")
 _SERVICE_REFRESH_S = 5.0
 _INLINE_CHECK_BYTES = 256 * 2**10
-
-
-class BadRequest(Exception):
-    """A request the API refuses, in OpenAI's error shape (``param`` named)."""
-
-    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.param = param
 
 
 @dataclass(slots=True)
@@ -245,7 +234,7 @@ class Batches:
         assert isinstance(endpoint, str)
         window_s = self.window_seconds(completion_window)
         assert isinstance(completion_window, str)
-        checked = _metadata(metadata)
+        checked = check_metadata(metadata)
         source = await self.file(input_file_id, app=app.name)
         if source.purpose != "batch":
             raise BadRequest(
@@ -547,40 +536,3 @@ async def open_batches(jobs: Jobs, config: Config) -> AsyncIterator[Batches]:
     finally:
         with trio.CancelScope(shield=True):
             await batches.stop()
-
-
-def _utf8(text: str) -> bool:
-    """Whether ``text`` can be stored (JSON allows lone surrogates; UTF-8 does not)."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _metadata(value: object) -> dict[str, str] | None:
-    """OpenAI's metadata: up to 16 string pairs, keys to 64 and values to 512
-    characters. Raises :class:`BadRequest`."""
-    if value is None:
-        return None
-    if (
-        not isinstance(value, dict)
-        or len(value) > 16
-        or not all(
-            isinstance(k, str)
-            and isinstance(v, str)
-            and len(k) <= 64
-            and len(v) <= 512
-            and _utf8(k)
-            and _utf8(v)
-            for k, v in value.items()
-        )
-    ):
-        raise BadRequest(
-            400,
-            "invalid_metadata",
-            "metadata must be an object of at most 16 string values, keys up to 64 and "
-            "values up to 512 characters",
-            "metadata",
-        )
-    return {str(k): str(v) for k, v in value.items()}

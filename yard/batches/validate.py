@@ -11,6 +11,9 @@ any goes ``failed`` and lists them in ``errors.data``):
 ``url_mismatch`` (not the batch's endpoint), ``model_not_found`` (a model
 this yard does not serve to this app), ``request_too_large``.
 
+Also here: :func:`check_metadata` (a batch's ``metadata``) and
+:class:`BadRequest`, the error the API answers for a bad field.
+
 Pure: the caller says which models exist for the app (``route``).
 """
 
@@ -168,3 +171,51 @@ def _check_line(
 def _short(text: str) -> str:
     quoted = json.dumps(text)
     return quoted if len(quoted) <= 80 else quoted[:77] + '..."'
+
+
+class BadRequest(Exception):
+    """A request the API refuses, in OpenAI's error shape (``param`` named)."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` can be stored (JSON allows lone surrogates; UTF-8 does not)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_metadata(value: object) -> dict[str, str] | None:
+    """OpenAI's metadata: up to 16 string pairs, keys to 64 and values to 512
+    characters. Raises :class:`BadRequest`."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, dict)
+        or len(value) > 16
+        or not all(
+            isinstance(k, str)
+            and isinstance(v, str)
+            and len(k) <= 64
+            and len(v) <= 512
+            and _utf8(k)
+            and _utf8(v)
+            for k, v in value.items()
+        )
+    ):
+        raise BadRequest(
+            400,
+            "invalid_metadata",
+            "metadata must be an object of at most 16 string values, keys up to 64 and "
+            "values up to 512 characters",
+            "metadata",
+        )
+    return {str(k): str(v) for k, v in value.items()}
