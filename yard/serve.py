@@ -191,6 +191,8 @@ async def _serve(
             for app in config.apps.values()
             if app.max_concurrent is not None
         },
+        # Only apps that set a weight turn the fairness term on (1 is the default).
+        weights={app.name: app.weight for app in config.apps.values() if app.weight != 1.0},
     )
 
     def start_timeout(backend: str) -> float:

@@ -14,7 +14,8 @@ Invariants:
   then the core still knows it;
 - no Dispatch to a backend that is not ready or has no free slot;
 - no wait exceeds ``Scheduler.wait_bound()`` (calm machine: loads succeed,
-  service times bounded);
+  service times bounded), with app weights too (the weighted machines: three
+  apps, one of them light, the bound widened by ``share_points``);
 - a backend started for waiting requests serves one before it is evicted,
   unless nobody waits for it any more;
 - the same events at the same times give the same decisions;
@@ -28,7 +29,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import ClassVar
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -99,8 +103,12 @@ class Model:
     waiting_at_start: set[str] = field(default_factory=set)
 
 
+APPS = ("radio", "chat", "batch")
+
+
 class CoreMachine(RuleBasedStateMachine):
     faulty = False
+    weights: ClassVar[Mapping[str, float] | None] = None
     config = SchedulerConfig(
         aging_rate=1.0,
         min_priority=0,
@@ -115,8 +123,10 @@ class CoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         backends = (*BACKENDS, FRESH) if self.faulty else BACKENDS
-        self.s = Scheduler(DEVICES, backends, self.config)
-        self.reference = Scheduler(DEVICES, backends, self.config, replan_everything=True)
+        self.s = Scheduler(DEVICES, backends, self.config, weights=self.weights)
+        self.reference = Scheduler(
+            DEVICES, backends, self.config, replan_everything=True, weights=self.weights
+        )
         self.now = 0.0
         self.fed: list[tuple[float, Event]] = []
         self.log: list[tuple[float, Decision]] = []
@@ -267,6 +277,7 @@ class CoreMachine(RuleBasedStateMachine):
         service=st.floats(min_value=0.5, max_value=MAX_SERVICE_S),
         deadline=st.none() | st.floats(min_value=0, max_value=300),
         allow_late=st.booleans(),
+        app=st.sampled_from(APPS),
     )
     def arrive(
         self,
@@ -275,6 +286,7 @@ class CoreMachine(RuleBasedStateMachine):
         service: float,
         deadline: float | None,
         allow_late: bool,
+        app: str,
     ) -> None:
         if backend == "fresh" and not self.faulty:
             backend = "tts"
@@ -289,6 +301,7 @@ class CoreMachine(RuleBasedStateMachine):
                 priority=priority,
                 start_by=None if deadline is None else self.now + deadline,
                 allow_late=allow_late,
+                app=app,
             )
         )
 
@@ -418,6 +431,17 @@ class CoreMachine(RuleBasedStateMachine):
             if rid not in self.ended and rid not in self.running:
                 assert self.now - t <= bound, (rid, self.now - t, bound)
 
+    @invariant()
+    def weights_take_at_most_the_band(self) -> None:
+        # What the bound's proof rests on: a request ranks no more than
+        # share_points below (and never above) its aged priority, plus the boost.
+        c = self.config
+        band = c.share_points if self.weights else 0.0
+        for view in self.s.snapshot(self.now).queue:
+            aged = view.priority + c.aging_rate * (self.now - view.arrived_at)
+            assert aged - band - 1e-6 <= view.effective_priority, (view, band)
+            assert view.effective_priority <= aged + c.deadline_boost + 1e-6, view
+
     def teardown(self) -> None:
         # Nothing is stuck: with no new arrivals (and the foreign memory gone)
         # every request ends.
@@ -429,7 +453,8 @@ class CoreMachine(RuleBasedStateMachine):
         stuck = sorted(r for r in self.arrived if r not in self.ended)
         assert not stuck, [(r, self.s.explain(r, self.now)) for r in stuck[:3]]
         self.nothing_went_wrong_in_the_engine()
-        replay = Scheduler(DEVICES, [*BACKENDS, FRESH] if self.faulty else BACKENDS, self.config)
+        backends = [*BACKENDS, FRESH] if self.faulty else BACKENDS
+        replay = Scheduler(DEVICES, backends, self.config, weights=self.weights)
         again = [(t, d) for t, e in self.fed for d in replay.handle(e, t)]
         assert again == self.log
 
@@ -453,6 +478,40 @@ class TightCoreMachine(CoreMachine):
     )
 
 
+class WeightedCoreMachine(CoreMachine):
+    """App weights on: batch has a quarter of the share, radio twice."""
+
+    weights: ClassVar[Mapping[str, float] | None] = MappingProxyType({"radio": 2.0, "batch": 0.25})
+    config = SchedulerConfig(
+        aging_rate=1.0,
+        min_priority=0,
+        max_priority=100,
+        deadline_boost=50,
+        urgency_window_s=20,
+        batch_bound=2,
+        queue_limit=8,
+        default_service_s=5.0,
+        share_points=40.0,
+    )
+
+
+class TightWeightedCoreMachine(TightCoreMachine):
+    """Fast aging, a short queue and a band wider than the priorities' range."""
+
+    weights: ClassVar[Mapping[str, float] | None] = MappingProxyType({"radio": 2.0, "batch": 0.25})
+    config = SchedulerConfig(
+        aging_rate=10.0,
+        min_priority=0,
+        max_priority=100,
+        deadline_boost=20,
+        urgency_window_s=5,
+        batch_bound=1,
+        queue_limit=4,
+        default_service_s=5.0,
+        share_points=150.0,
+    )
+
+
 TestCore = CoreMachine.TestCase
 TestCore.settings = settings(
     max_examples=int(os.environ.get("YARD_CORE_EXAMPLES", "60")),
@@ -462,6 +521,10 @@ TestCore.settings = settings(
 )
 TestTightCore = TightCoreMachine.TestCase
 TestTightCore.settings = TestCore.settings
+TestWeightedCore = WeightedCoreMachine.TestCase
+TestWeightedCore.settings = TestCore.settings
+TestTightWeightedCore = TightWeightedCoreMachine.TestCase
+TestTightWeightedCore.settings = TestCore.settings
 TestFaultyCore = FaultyCoreMachine.TestCase
 TestFaultyCore.settings = settings(
     max_examples=int(os.environ.get("YARD_CORE_EXAMPLES", "60")),

@@ -59,6 +59,7 @@ class Req:
     late_flagged: bool = False
     dispatched_at: float | None = None
     lost_at: float | None = None
+    share_tag: float = 0.0  # start tag of the apps' fairness term (yard.core.fairness)
 
     def score(self, boost: float) -> float:
         """Boosted rank: the effective priority minus ``aging_rate * now``."""

@@ -100,6 +100,10 @@ def enter(core: Core, ev: RequestArrived, now: float, out: list[Decision]) -> No
         else:
             core.timers.set(req.urgent_at, Timer.URGENT, rid, req.gen)
         core.timers.set(ev.start_by, Timer.DEADLINE, rid, req.gen)
+    if core.shares is not None:
+        cost = core.service_est(b)
+        req.share_tag, points = core.shares.arrive(req.app, cost, alone=not core.queued)
+        req.rank -= points
     core.requests[rid] = req
     b.queue.push(req)
     core.touched.add(b.name)

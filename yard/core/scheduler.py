@@ -74,7 +74,8 @@ as loads succeed, service times stay below ``max_service_s``, foreign memory
 does not grow and every backend fits next to the pinned ones; a request whose
 start-by passes ends there unless it allows lateness. The proof is in
 ``docs/wait-bound.md``; :meth:`Scheduler.wait_bound` computes ``W`` from the
-current figures and the stateful tests check that no wait exceeds it.
+current figures and the stateful tests check that no wait exceeds it. With app
+weights (:mod:`yard.core.fairness`) ``T`` grows by ``share_points / aging_rate``.
 
 ``max_concurrent`` is outside that proof. Passing over a held request adds no
 one ahead of anybody else, so the argument for apps without the limit is
@@ -125,6 +126,7 @@ from yard.core.events import (
     RequestFinished,
     Tick,
 )
+from yard.core.fairness import Shares
 from yard.core.lifecycle import BackendState
 from yard.core.planning import Planner
 from yard.core.queue import Req, ReqState, RequestQueue
@@ -148,6 +150,9 @@ class Scheduler:
         the incremental planning is tested against).
     max_concurrent: per app, the most of its requests dispatched at once
         (``[apps.NAME] max_concurrent``); apps not in it have no such limit.
+    weights: per app, its share of GPU time (``[apps.NAME] weight``; apps not
+        in it have 1). Empty or None: the fairness term is off
+        (:mod:`yard.core.fairness`).
     """
 
     def __init__(
@@ -158,6 +163,7 @@ class Scheduler:
         *,
         replan_everything: bool = False,
         max_concurrent: Mapping[str, int] | None = None,
+        weights: Mapping[str, float] | None = None,
     ) -> None:
         self.config = config if config is not None else SchedulerConfig()
         self._max_concurrent = dict(max_concurrent or {})
@@ -183,6 +189,11 @@ class Scheduler:
             devices=dict(sorted(devs.items())),
             backends=dict(sorted(bks.items())),
         )
+        if weights:
+            if any(w <= 0 for w in weights.values()):
+                raise ValueError("app weights must be positive")
+            c = self.config
+            self._core.shares = Shares(dict(weights), c.share_points, c.aging_rate)
         self._booted = False
         self._handled = 0  # events handled: views cached between two events stay valid
         self._order_cache: tuple[int, list[Req], dict[str, int], dict[str, int]] | None = None
@@ -291,7 +302,10 @@ class Scheduler:
             if not services:
                 return None
             max_service_s = max(services)
-        t = (c.max_priority - c.min_priority + c.deadline_boost) / c.aging_rate
+        spread = c.max_priority - c.min_priority + c.deadline_boost
+        if core.shares is not None:
+            spread += c.share_points
+        t = spread / c.aging_rate
         served_first = c.queue_limit + c.batch_bound + 1
         return t + served_first * (max(loads, default=0.0) + max_service_s)
 
@@ -345,6 +359,8 @@ class Scheduler:
                 b.running[req.id] = req
                 if serving is not None:
                     serving[req.app] = serving.get(req.app, 0) + 1
+                if core.shares is not None:
+                    core.shares.dispatched(req.share_tag)
                 b.dispatched_since_ready += 1
                 b.last_used = now
                 b.credit = core.credit(b)

@@ -137,6 +137,10 @@ class SchedulerConfig:
         depends on its width).
     deadline_boost: priority points an urgent deadline request gains. Bounded,
         so that deadlines cannot starve anybody (see the wait bound).
+    share_points: the most priority points the apps' weights take from one
+        request (:mod:`yard.core.fairness`; only when some app has a weight).
+        Bounded, like the boost: it widens the wait bound by
+        ``share_points / aging_rate`` seconds.
     urgency_window_s: a deadline request becomes urgent this long before its
         latest start (deadline minus the expected time to start it).
     batch_bound: how many times a request at the head of the queue may be
@@ -156,6 +160,7 @@ class SchedulerConfig:
     min_priority: float = 0.0
     max_priority: float = 100.0
     deadline_boost: float = 200.0
+    share_points: float = 20.0
     urgency_window_s: float = 30.0
     batch_bound: int = 4
     queue_limit: int = 10_000
@@ -172,3 +177,5 @@ class SchedulerConfig:
             raise ValueError("max_priority must not be below min_priority")
         if self.deadline_boost < 0 or self.batch_bound < 0 or self.queue_limit < 1:
             raise ValueError("deadline_boost and batch_bound >= 0, queue_limit >= 1")
+        if self.share_points < 0:
+            raise ValueError("share_points must not be negative")

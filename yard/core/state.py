@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from yard.core import estimates, placement, reasons, resources, views
 from yard.core.decisions import Decision, Reject, Requeue, StartBackend, StopBackend
+from yard.core.fairness import Shares
 from yard.core.lifecycle import OCCUPYING, BackendState, Move, move
 from yard.core.placement import Plan, Reads, Room, loading
 from yard.core.queue import Req, ReqState
@@ -63,6 +64,7 @@ class Core:
     touched_devices: set[str] = field(default_factory=set)
     options_cache: dict[str, Options] = field(default_factory=dict)
     fit_cache: dict[str, tuple[bool, str]] = field(default_factory=dict)
+    shares: Shares | None = None  # the apps' fairness term; None: no app has a weight
     windows: Windows = field(default_factory=Windows)
 
     def unqueue(self, req: Req) -> None:
