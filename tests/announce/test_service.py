@@ -184,6 +184,7 @@ async def test_open_announcements_are_capped_per_app(
         ({"not_before": iso(100), "start_by": iso(50)}, "invalid_window", "start_by"),
         ({"start_by": iso(-10)}, "invalid_window", "start_by"),
         ({"window_s": -1}, "invalid_window", "window_s"),
+        ({"window_s": 86401}, "invalid_window", "window_s"),
         ({"window_s": 60, "count": 0}, "invalid_count", "count"),
         ({"window_s": 60, "count": True}, "invalid_count", "count"),
         ({"window_s": 60, "priority": "high"}, "invalid_priority", "priority"),

@@ -75,8 +75,15 @@ def parse(
                 'five fields, UTC, like "50 * * * *"'
             ) from None
         window = entry.get("window_s")
-        if isinstance(window, bool) or not isinstance(window, int | float) or not window > 0:
-            raise ValueError(f"{at}.window_s: must be a number of seconds > 0, got {window!r}")
+        if (
+            isinstance(window, bool)
+            or not isinstance(window, int | float)
+            or not 0 < window <= 24 * 3600
+        ):
+            raise ValueError(
+                f"{at}.window_s: must be a number of seconds > 0, at most 86400 (24 h), "
+                f"got {window!r}"
+            )
         count = entry.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 10_000:
             raise ValueError(f"{at}.count: must be a whole number from 1 to 10000, got {count!r}")

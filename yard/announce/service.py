@@ -49,6 +49,9 @@ OUTCOMES: tuple[Outcome, ...] = ("used", "expired", "withdrawn")
 MAX_COUNT = 10_000
 """The most requests one announcement may announce."""
 
+MAX_WINDOW_S = 24 * 3600.0
+"""The longest window an announcement may hold a model for (docs/wait-bound.md)."""
+
 
 class BadAnnouncement(Exception):
     """An announcement that cannot be accepted: an HTTP status, a stable code, a
@@ -361,6 +364,13 @@ def _parse(body: object, now: float, default_priority: float) -> _Fields:
             "invalid_window",
             "the window closes before it opens: start_by <= not_before",
             "start_by",
+        )
+    if closes - opens > MAX_WINDOW_S:
+        raise BadAnnouncement(
+            400,
+            "invalid_window",
+            f"the window is {closes - opens:.0f} s long; at most {MAX_WINDOW_S:.0f} s (24 h)",
+            "start_by" if "start_by" in body else "window_s",
         )
     if closes <= now:
         raise BadAnnouncement(
