@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 from pathlib import Path
 
 import trio
@@ -13,7 +14,7 @@ from tests.batches.helpers import chat_line, jsonl
 from tests.batches.virtual import content, submit, until_ended, yard
 from tests.engine.fakes import FakeLauncher, Script
 from tests.gateway.conftest import wait_until
-from tests.jobs.fakes import Answer, FakeUpstream
+from tests.jobs.fakes import Answer, FakeUpstream, proxy_request
 
 
 def _ids(upstream: FakeUpstream) -> list[str]:
@@ -109,3 +110,40 @@ async def test_lines_are_handed_in_by_model_so_each_model_loads_once(
     assert [name for _, name, _ in launcher.launched] == ["other", "llm"]
     served = [call.base_url for call in upstream.calls]
     assert served == sorted(served, key=served.index)  # one backend's lines, then the other's
+
+
+async def test_the_apps_interactive_requests_go_ahead_of_its_batch_lines(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    upstream = FakeUpstream(Answer(delay=10.0))
+    lines = [chat_line(f"r{i}") for i in range(5)]
+    async with yard(tmp_path, upstream) as batches:
+        batch = await submit(batches, jsonl(lines))
+        # r1 runs (r0's run is measured, so r2-r4 wait in the queue); then an
+        # interactive request of the same app, at its default priority.
+        await wait_until(lambda: len(upstream.calls) >= 2, poll_s=1)
+        interactive = dataclasses.replace(
+            proxy_request(app="alice", priority=50.0, path="/v1/chat/completions"),
+            backend="llm",
+            model="tiny",
+        )
+        job = await batches.jobs.submit(interactive, rerun_safe=False)
+        done = await until_ended(batches, batch.id)
+    order = _ids(upstream)
+    assert done.status == "completed"
+    assert order[2] == job["id"]  # right after the line that was running
+    assert len(order) == 6
+
+
+async def test_cancelling_a_batch_while_it_is_validating_ends_it_with_no_lines(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    upstream = FakeUpstream(Answer(delay=1.0))
+    async with yard(tmp_path, upstream) as batches:
+        batch = await submit(batches, jsonl([chat_line("a")]))
+        cancelled = await batches.cancel(batch.id, app="alice")
+        done = await until_ended(batches, batch.id)
+    assert cancelled.status == "cancelling"
+    assert done.status == "cancelled"
+    assert (done.total, done.completed, done.failed) == (0, 0, 0)
+    assert upstream.calls == []
