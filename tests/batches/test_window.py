@@ -54,3 +54,8 @@ async def test_lines_that_cannot_finish_inside_the_window_expire_unstarted(
     first = by_id[output[0]["response"]["request_id"]]
     assert first.start_by == batch.expires_at - SchedulerConfig().default_service_s
     assert by_id[output[1]["response"]["request_id"]].start_by == batch.expires_at - SERVICE_S
+    # The first line was on schedule (6 x 10 s left): below the app's default
+    # priority. Once measured, 5 x 1,000 s need more than the window has left:
+    # the lines run at the default.
+    assert first.priority == 40.0
+    assert by_id[output[1]["response"]["request_id"]].priority == 50.0
