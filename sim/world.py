@@ -426,7 +426,12 @@ class SimWorld:
         return process.log_lines() if process is not None else []
 
     async def launch(
-        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+        self,
+        backend: str,
+        gpus: tuple[str, ...],
+        *,
+        measure: bool = False,
+        context: int | None = None,
     ) -> SimProcess:
         await trio.lowlevel.checkpoint()
         model = self.models.get(backend)

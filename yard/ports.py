@@ -81,7 +81,12 @@ class Launcher(Protocol):
     """Starts backend processes."""
 
     async def launch(
-        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+        self,
+        backend: str,
+        gpus: tuple[str, ...],
+        *,
+        measure: bool = False,
+        context: int | None = None,
     ) -> BackendProcess:
         """Start ``backend`` placed on ``gpus`` and return at once (not ready yet).
 
@@ -89,7 +94,9 @@ class Launcher(Protocol):
         backend's memory profile); a launcher that can should then drive the
         backend to its worst-case footprint before it reports ready (the real
         supervisor fills a llama-server slot's context). Launchers with nothing
-        to do for it ignore it.
+        to do for it ignore it. ``context``: the context size the core chose
+        for a backend with a context range (its ``{context}`` placeholder);
+        None for the others.
 
         Raises :class:`BackendStartError` if it cannot even be spawned.
         """

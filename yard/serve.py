@@ -291,11 +291,16 @@ class LoggingLauncher:
         self._launcher = launcher
 
     async def launch(
-        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+        self,
+        backend: str,
+        gpus: tuple[str, ...],
+        *,
+        measure: bool = False,
+        context: int | None = None,
     ) -> BackendProcess:
-        """Launch through the wrapped launcher, ``measure`` passed on."""
+        """Launch through the wrapped launcher, ``measure`` and ``context`` passed on."""
         try:
-            process = await self._launcher.launch(backend, gpus, measure=measure)
+            process = await self._launcher.launch(backend, gpus, measure=measure, context=context)
         except BackendStartError as exc:
             log.warning("%s could not be started: %s", backend, exc.detail)
             raise

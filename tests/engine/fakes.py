@@ -166,7 +166,12 @@ class FakeLauncher:
         self.measured: list[bool] = []
 
     async def launch(
-        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+        self,
+        backend: str,
+        gpus: tuple[str, ...],
+        *,
+        measure: bool = False,
+        context: int | None = None,
     ) -> FakeProcess:
         await trio.lowlevel.checkpoint()
         if backend in self.refuse:

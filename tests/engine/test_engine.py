@@ -706,7 +706,12 @@ async def test_a_launcher_that_raises_fails_the_start_not_the_engine(
 ) -> None:
     class BrokenLauncher(FakeLauncher):
         async def launch(
-            self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+            self,
+            backend: str,
+            gpus: tuple[str, ...],
+            *,
+            measure: bool = False,
+            context: int | None = None,
         ) -> FakeProcess:
             await trio.lowlevel.checkpoint()
             raise OSError(24, "Too many open files")

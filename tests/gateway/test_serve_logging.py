@@ -101,7 +101,12 @@ class _Launcher:
     measured: list[bool] = field(default_factory=list)
 
     async def launch(
-        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+        self,
+        backend: str,
+        gpus: tuple[str, ...],
+        *,
+        measure: bool = False,
+        context: int | None = None,
     ) -> _Process:
         self.measured.append(measure)
         if backend not in self.processes:

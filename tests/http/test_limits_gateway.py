@@ -80,7 +80,12 @@ class _Launcher(FakeLauncher):
         self.backend = backend
 
     async def launch(
-        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+        self,
+        backend: str,
+        gpus: tuple[str, ...],
+        *,
+        measure: bool = False,
+        context: int | None = None,
     ) -> FakeProcess:
         await trio.lowlevel.checkpoint()
         process = _Process(backend, gpus, f"http://127.0.0.1:{self.backend.port}")

@@ -76,7 +76,12 @@ class Recorder:
     process: BackendProcess | None = None
 
     async def launch(
-        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+        self,
+        backend: str,
+        gpus: tuple[str, ...],
+        *,
+        measure: bool = False,
+        context: int | None = None,
     ) -> BackendProcess:
         self.process = await self.supervisor.launch(backend, gpus)
         return self.process

@@ -61,7 +61,12 @@ class FakeLauncher:
     launched: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
 
     async def launch(
-        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+        self,
+        backend: str,
+        gpus: tuple[str, ...],
+        *,
+        measure: bool = False,
+        context: int | None = None,
     ) -> FakeProcess:
         self.launched.append((backend, gpus))
         return self.process

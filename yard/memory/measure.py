@@ -51,6 +51,7 @@ class Measurement:
     before: the devices just before launch.
     attribution: per device, how its figures were obtained.
     notes: fallbacks taken, for people.
+    context: the context size it was started with (None: no range).
     """
 
     backend: str
@@ -64,6 +65,7 @@ class Measurement:
     before: tuple[DeviceDetail, ...] = ()
     attribution: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    context: int | None = None
 
     @property
     def peak_gpu_bytes(self) -> int:
@@ -80,6 +82,7 @@ class Measurement:
             gpu_bytes=self.peak_gpu_bytes,
             host_bytes=self.peak_bytes.get(HOST, 0),
             load_s=self.load_s,
+            context=self.context,
         )
 
 
@@ -118,6 +121,7 @@ async def measure_profile(
     warmup: Callable[[str], Awaitable[None]] | None = None,
     settle_s: float = 1.0,
     on_sample: Callable[[Phase, list[DeviceDetail]], None] | None = None,
+    context: int | None = None,
 ) -> Measurement:
     """Launch ``backend`` on ``gpus``, measure it, stop it, return the figures.
 
@@ -125,6 +129,8 @@ async def measure_profile(
         to its worst case (e.g. :func:`yard.memory.warmup.fill_llama_context`)
         when its configured warm-up does not already.
     on_sample: called with every reading (progress displays).
+    context: the context size to start it with (a backend with a context
+        range; None: its maximum); the measurement and its profile carry it.
 
     The caller bounds the whole measurement (``trio.fail_after``). Raises
     :class:`yard.ports.BackendStartError` if the backend fails to start, and
@@ -135,7 +141,7 @@ async def measure_profile(
     before = await meter.read_details({})
     if on_sample is not None:
         on_sample(phase, before)
-    process = await launcher.launch(backend, gpus)
+    process = await launcher.launch(backend, gpus, context=context)
     started = trio.current_time()
     pid = process.pid
     pids = {backend: pid} if pid is not None else {}
@@ -191,4 +197,5 @@ async def measure_profile(
         before=tuple(before),
         attribution=dict(tracker.attribution),
         notes=tuple(f"{device}: {note}" for device, note in sorted(tracker.notes.items())),
+        context=context,
     )

@@ -70,6 +70,17 @@ PROFILE_MIGRATIONS: Sequence[Migration] = (
         CREATE INDEX profile_history_by_backend ON profile_history (backend, id);
         """,
     ),
+    (
+        "profiles/2 context",
+        """
+        ALTER TABLE profiles ADD COLUMN context INTEGER;
+        ALTER TABLE profiles ADD COLUMN gpu_per_token REAL;
+        ALTER TABLE profiles ADD COLUMN host_per_token REAL;
+        ALTER TABLE profile_history ADD COLUMN context INTEGER;
+        ALTER TABLE profile_history ADD COLUMN gpu_per_token REAL;
+        ALTER TABLE profile_history ADD COLUMN host_per_token REAL;
+        """,
+    ),
 )
 """The profile store's tables (``data_dir/profiles.sqlite``)."""
 
@@ -228,19 +239,26 @@ class StoredProfile:
     parts: Mapping[str, object] = field(default_factory=dict)
 
 
-_COLUMNS = (
-    "key, backend, parts, gpu_bytes, host_bytes, load_s, steady_gpu_bytes, "
-    "steady_host_bytes, source, measured_at"
+_MEASURED = (
+    "gpu_bytes, host_bytes, load_s, steady_gpu_bytes, steady_host_bytes, source, measured_at, "
+    "context, gpu_per_token, host_per_token"
 )
+_COLUMNS = "key, backend, parts, " + _MEASURED
 
 
 def _row(row: tuple[object, ...]) -> StoredProfile:
-    key, backend, parts, gpu, host, load_s, steady_gpu, steady_host, source, at = row
+    key, backend, parts, gpu, host, load_s, steady_gpu, steady_host, source, at = row[:10]
+    context, gpu_per_token, host_per_token = row[10:]
     return StoredProfile(
         backend=str(backend),
         key=str(key),
         profile=Profile(
-            gpu_bytes=int(str(gpu)), host_bytes=int(str(host)), load_s=float(str(load_s))
+            gpu_bytes=int(str(gpu)),
+            host_bytes=int(str(host)),
+            load_s=float(str(load_s)),
+            context=None if context is None else int(str(context)),
+            gpu_per_token=None if gpu_per_token is None else float(str(gpu_per_token)),
+            host_per_token=None if host_per_token is None else float(str(host_per_token)),
         ),
         steady_gpu_bytes=None if steady_gpu is None else int(str(steady_gpu)),
         steady_host_bytes=None if steady_host is None else int(str(steady_host)),
@@ -248,6 +266,10 @@ def _row(row: tuple[object, ...]) -> StoredProfile:
         measured_at=float(str(at)),
         parts=json.loads(str(parts)) if parts else {},
     )
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
 
 
 class SqliteProfileStore:
@@ -348,16 +370,19 @@ class SqliteProfileStore:
             steady_host_bytes,
             source,
             record.measured_at,
+            profile.context,
+            profile.gpu_per_token,
+            profile.host_per_token,
         )
 
         def write(conn: sqlite3.Connection) -> None:
             conn.execute(
-                f"INSERT OR REPLACE INTO profiles ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", values
+                f"INSERT OR REPLACE INTO profiles ({_COLUMNS}) VALUES ({_marks(len(values))})",
+                values,
             )
             conn.execute(
-                "INSERT INTO profile_history (key, backend, gpu_bytes, host_bytes, load_s, "
-                "steady_gpu_bytes, steady_host_bytes, source, measured_at) "
-                "VALUES (?,?,?,?,?,?,?,?,?)",
+                f"INSERT INTO profile_history (key, backend, {_MEASURED}) "
+                f"VALUES ({_marks(len(values) - 1)})",
                 (values[0], values[1], *values[3:]),
             )
 
@@ -374,8 +399,7 @@ class SqliteProfileStore:
     async def history(self, backend: str, limit: int = 50) -> list[StoredProfile]:
         """Every measurement stored for ``backend`` (any footprint), newest first."""
         rows = await self._db.fetchall(
-            "SELECT key, backend, '', gpu_bytes, host_bytes, load_s, steady_gpu_bytes, "
-            "steady_host_bytes, source, measured_at FROM profile_history "
+            f"SELECT key, backend, '', {_MEASURED} FROM profile_history "
             "WHERE backend = ? ORDER BY id DESC LIMIT ?",
             (backend, limit),
         )

@@ -163,15 +163,27 @@ class Supervisor:
             orphans_reaped=self._orphans_reaped,
         )
 
-    def command_for(self, backend: BackendConfig, port: int, gpus: tuple[str, ...]) -> list[str]:
+    def command_for(
+        self,
+        backend: BackendConfig,
+        port: int,
+        gpus: tuple[str, ...],
+        context: int | None = None,
+    ) -> list[str]:
         """The backend's argv with every placeholder filled in."""
-        values = self._placeholders(backend, port, gpus)
+        values = self._placeholders(backend, port, gpus, context)
         return [arg.format_map(values) for arg in backend.command]
 
     def _placeholders(
-        self, backend: BackendConfig, port: int, gpus: tuple[str, ...]
+        self,
+        backend: BackendConfig,
+        port: int,
+        gpus: tuple[str, ...],
+        context: int | None = None,
     ) -> dict[str, str]:
         return {
+            # The core's choice within the backend's context range.
+            "context": "" if context is None else str(context),
             "port": str(port),
             "host": LOOPBACK,
             "model": backend.models[0] if backend.models else backend.name,
@@ -183,12 +195,19 @@ class Supervisor:
         }
 
     async def launch(
-        self, backend: str, gpus: tuple[str, ...], *, measure: bool = False
+        self,
+        backend: str,
+        gpus: tuple[str, ...],
+        *,
+        measure: bool = False,
+        context: int | None = None,
     ) -> ManagedProcess:
         """Start ``backend`` placed on ``gpus`` and return at once (not ready
         yet; see :meth:`ManagedProcess.wait_ready`). ``measure``: this is a
         measured first load; a llama-server backend then gets its context
-        filled before it is ready (:func:`fills_context`).
+        filled before it is ready (:func:`fills_context`). ``context``: the
+        context size chosen for a backend with a context range, its
+        ``{context}`` placeholder.
 
         Raises :class:`BackendStartError` if it is unknown, still running, or
         cannot be spawned (command not found, not executable, bad cwd).
@@ -204,7 +223,7 @@ class Supervisor:
         if previous is not None and previous.exit_status is None:
             raise BackendStartError(f"{backend} is already running (pid {previous.pid})")
         port = free_port()
-        values = self._placeholders(config, port, gpus)
+        values = self._placeholders(config, port, gpus, context)
         argv = [arg.format_map(values) for arg in config.command]
         env = dict(os.environ)
         # CUDA numbers GPUs fastest first by default, NVML (and so gpuN) by
