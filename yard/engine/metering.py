@@ -1,0 +1,197 @@
+"""Memory for the engine: the meter loop, the sampling of a measured first load,
+profiles raised from live readings, and the durable profile store.
+
+A meter or store that raises is logged and skipped: memory trouble never takes the
+engine down. Every figure reaches the core as an event sent through ``send_event``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import trio
+
+from yard.core.events import Event, MemoryMeasured, ProfileMeasured
+from yard.core.spec import HOST, Profile
+from yard.engine.records import BackendRecord, Policy, track_peaks
+from yard.ports import DeviceReading, Meter, ProfileStore
+
+log = logging.getLogger("yard.engine")
+
+
+class Metering:
+    """Reads memory and keeps profiles for one engine.
+
+    policy: the scheduler, asked for the profile it holds of a backend.
+    meter: reads memory (None: no measurements). profiles: durable profiles
+        (None: nothing persisted).
+    records: the engine's backend records, by name (read, never changed here).
+    send_event: hands an event to the core. spawn: starts a task in the engine's
+        nursery (nothing before the engine runs).
+    meter_interval_s: how often the meter is read while serving.
+    profile_interval_s: how often it is read during a measured first load.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        meter: Meter | None,
+        profiles: ProfileStore | None,
+        records: Mapping[str, BackendRecord],
+        send_event: Callable[[Event], None],
+        spawn: Callable[..., None],
+        meter_interval_s: float,
+        profile_interval_s: float,
+    ) -> None:
+        self.meter = meter
+        self.profile_interval_s = profile_interval_s
+        self._policy = policy
+        self._profiles = profiles
+        self._records = records
+        self._send_event = send_event
+        self._spawn = spawn
+        self._meter_interval_s = meter_interval_s
+        # Per backend: the (gpu, host) bytes of the highest profile sent or decided.
+        self._raised: dict[str, tuple[int, int]] = {}
+        self._failures = 0
+
+    def pids(self) -> dict[str, int]:
+        """The process id of every backend process that has one."""
+        pids: dict[str, int] = {}
+        for name, record in self._records.items():
+            if record.process is not None and record.process.pid is not None:
+                pids[name] = record.process.pid
+        return pids
+
+    async def read(self, pids: Mapping[str, int]) -> list[DeviceReading]:
+        """Read the meter; a failed read (a driver hiccup) is logged and yields
+        nothing, so that memory trouble never takes the engine down."""
+        assert self.meter is not None
+        try:
+            return await self.meter.read(pids)
+        except Exception:
+            self._failures += 1
+            if self._failures == 1 or self._failures % 100 == 0:
+                log.exception("reading memory failed (%d times so far)", self._failures)
+            return []
+
+    async def run(self) -> None:
+        """Read every device every ``meter_interval_s``, until cancelled."""
+        while True:
+            readings = await self.read(self.pids())
+            self.take_readings(readings)
+            await trio.sleep(self._meter_interval_s)
+
+    async def sample_first_load(self, record: BackendRecord) -> None:
+        """Track ``record``'s peaks every ``profile_interval_s``, until cancelled."""
+        assert self.meter is not None
+        while True:
+            readings = await self.read(self.pids())
+            track_peaks(record, readings)
+            await trio.sleep(self.profile_interval_s)
+
+    def finish_measurement(self, record: BackendRecord) -> Profile:
+        """Turn the peaks seen during a first load into a profile and tell the core."""
+        load_s = trio.current_time() - record.launched_at
+        gpu = max((b for d, b in record.peaks.items() if d != HOST), default=0)
+        profile = Profile(gpu_bytes=gpu, host_bytes=record.peaks.get(HOST, 0), load_s=load_s)
+        record.measure = False
+        self._raised.pop(record.name, None)
+        self._send_event(
+            ProfileMeasured(
+                backend=record.name,
+                gpu_bytes=profile.gpu_bytes,
+                host_bytes=profile.host_bytes,
+                load_s=profile.load_s,
+                source="measured",
+            )
+        )
+        return profile
+
+    def raised(self, backend: str, profile: Profile) -> None:
+        """The core raised ``backend``'s profile: remember it and store it."""
+        self._raised[backend] = (profile.gpu_bytes, profile.host_bytes)
+        self._spawn(self.store_profile, backend, profile)
+
+    async def store_profile(self, backend: str, profile: Profile) -> None:
+        """Persist ``profile`` (best effort: a failure is logged)."""
+        if self._profiles is None:
+            return
+        try:
+            await self._profiles.put(backend, profile)
+        except Exception:
+            # Persisting is best effort: the core already has the figure.
+            log.exception("could not store the profile of %s", backend)
+
+    async def load_stored_profiles(self, handle: Callable[[Event], Any]) -> None:
+        """Hand ``handle`` a ``ProfileMeasured("stored")`` for every backend the
+        policy knows that has a stored profile."""
+        if self._profiles is None:
+            return
+        now = trio.current_time()
+        for view in self._policy.snapshot(now, 0).backends:
+            profile = await self._profiles.get(view.name)
+            if profile is not None:
+                handle(
+                    ProfileMeasured(
+                        backend=view.name,
+                        gpu_bytes=profile.gpu_bytes,
+                        host_bytes=profile.host_bytes,
+                        load_s=profile.load_s,
+                        source="stored",
+                    )
+                )
+
+    def take_readings(self, readings: list[DeviceReading]) -> None:
+        """Send the core one ``MemoryMeasured`` per reading; a backend seen using
+        more than its profile gets a ``ProfileMeasured("raised")``, also stored."""
+        live: dict[str, tuple[int, int]] = {}
+        for reading in readings:
+            self._send_event(
+                MemoryMeasured(
+                    device=reading.device,
+                    used_bytes=reading.used_bytes,
+                    backends=tuple(sorted(reading.backends.items())),
+                )
+            )
+            host = reading.device == HOST
+            for name, used in reading.backends.items():
+                gpu_bytes, host_bytes = live.get(name, (0, 0))
+                if host:
+                    live[name] = (gpu_bytes, max(host_bytes, used))
+                else:
+                    live[name] = (max(gpu_bytes, used), host_bytes)
+        for name, (gpu_bytes, host_bytes) in live.items():
+            record = self._records.get(name)
+            if record is None:
+                continue
+            if record.measure:
+                track_peaks(record, readings)
+                continue
+            profile = self._policy.profile(name)
+            if profile is None:
+                continue
+            known_gpu, known_host = self._raised.get(name, (0, 0))
+            known_gpu = max(known_gpu, profile.gpu_bytes)
+            known_host = max(known_host, profile.host_bytes)
+            if gpu_bytes <= known_gpu and host_bytes <= known_host:
+                continue
+            raised = Profile(
+                gpu_bytes=max(gpu_bytes, known_gpu),
+                host_bytes=max(host_bytes, known_host),
+                load_s=profile.load_s,
+            )
+            self._raised[name] = (raised.gpu_bytes, raised.host_bytes)
+            self._send_event(
+                ProfileMeasured(
+                    backend=name,
+                    gpu_bytes=raised.gpu_bytes,
+                    host_bytes=raised.host_bytes,
+                    load_s=raised.load_s,
+                    source="raised",
+                )
+            )
+            self._spawn(self.store_profile, name, raised)
