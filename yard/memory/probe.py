@@ -36,7 +36,7 @@ from yard.memory.measure import Measurement, Phase, measure_profile
 from yard.memory.meter import MachineMeter, default_meter
 from yard.memory.profiles import open_profile_store
 from yard.memory.readings import DeviceDetail, format_bytes
-from yard.memory.warmup import fill_llama_context
+from yard.memory.warmup import FillProgress, fill_llama_context
 from yard.ports import BackendStartError
 
 
@@ -114,7 +114,10 @@ def fit_report(
 
 
 def context_fill(
-    backend: BackendConfig, *, no_fill: bool
+    backend: BackendConfig,
+    *,
+    no_fill: bool,
+    on_progress: Callable[[FillProgress], None] | None = None,
 ) -> Callable[[str], Awaitable[None]] | None:
     """The worst-case request the probe sends after the configured warm-up,
     or None: as the backend's ``warmup.fill_context`` says (``"auto"``: when
@@ -123,6 +126,7 @@ def context_fill(
     The probe fills the context itself and launches without ``measure``, so
     the supervisor does not fill it a second time. A failed fill raises
     :class:`ContextFillFailed`, naming the switches that skip it.
+    ``on_progress`` hears the server's progress reports.
     """
     from yard.supervisor import fills_context  # the supervisor's rule, one place
 
@@ -131,7 +135,7 @@ def context_fill(
 
     async def fill(base_url: str) -> None:
         try:
-            await fill_llama_context(base_url)
+            await fill_llama_context(base_url, on_progress)
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             raise ContextFillFailed(
                 f"the context fill failed ({exc!r}); set warmup.fill_context = false "
@@ -253,9 +257,9 @@ async def _probe(
             markup=False,
         )
         return 2
-    fill = context_fill(backend, no_fill=args.no_fill)
-    store = await open_profile_store(config, devices=meter.describe())
     display = _Display(err, backend.name, quiet=args.json)
+    fill = context_fill(backend, no_fill=args.no_fill, on_progress=display.warming)
+    store = await open_profile_store(config, devices=meter.describe())
     try:
         async with trio.open_nursery() as nursery:
             # The guard above made sure no yard runs on this data directory;
@@ -337,6 +341,7 @@ class _Display:
         self._live: Live | None = None
         self._started = 0.0
         self._peaks: dict[str, int] = {}
+        self._warmup = ""
 
     def live(self) -> contextlib.AbstractContextManager[object]:
         """The live display (nothing when quiet or not on a terminal)."""
@@ -353,6 +358,13 @@ class _Display:
         )
         return self._live
 
+    def warming(self, progress: FillProgress) -> None:
+        """A progress report of the context fill: shown in the title, and
+        printed as a line when there is no live display."""
+        self._warmup = progress.describe()
+        if self._live is None and not self._quiet:
+            self._console.print(f"{self._backend}: {self._warmup}", markup=False)
+
     def update(self, phase: Phase, details: list[DeviceDetail]) -> None:
         for detail in details:
             usage = detail.backends.get(self._backend)
@@ -365,8 +377,9 @@ class _Display:
 
     def _render(self, phase: Phase, details: list[DeviceDetail]) -> Table:
         elapsed = trio.current_time() - self._started
+        doing = self._warmup if phase == "warm-up" and self._warmup else phase
         table = Table(
-            title=f"probing {self._backend}: {phase} ({elapsed:.1f} s)", title_justify="left"
+            title=f"probing {self._backend}: {doing} ({elapsed:.1f} s)", title_justify="left"
         )
         for column in ("device", "now", "peak", "device used"):
             table.add_column(column, justify="left" if column == "device" else "right")

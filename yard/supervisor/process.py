@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import signal
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import IO
 import trio
 
 from yard.config import BackendConfig
+from yard.memory.warmup import FillProgress
 from yard.ports import BackendStartError, ExitStatus
 from yard.supervisor.groups import (
     alive,
@@ -43,6 +45,8 @@ from yard.supervisor.readiness import (
     poll_health,
     warm_up,
 )
+
+log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 """Where every backend listens."""
@@ -147,6 +151,8 @@ class ManagedProcess:
         self._hurry = hurry
         self._on_exit = on_exit
         self.fill_context = fill_context
+        self.warmup: FillProgress | None = None
+        """How far the context fill of a measured load is (None: none runs)."""
         self._ready = False
         self._sent_sigkill = False
         self._stop_requested = False
@@ -183,6 +189,10 @@ class ManagedProcess:
         """The last lines it wrote (stdout and stderr), oldest first."""
         return list(self._ring)
 
+    def _warming(self, progress: FillProgress) -> None:
+        self.warmup = progress
+        log.info("%s: %s", self.name, progress.describe())
+
     def note(self, line: str) -> None:
         """Add a line of yard's own to its log and ring (``[yard] ...``)."""
         self._ring.append(line)
@@ -208,7 +218,9 @@ class ManagedProcess:
                 await poll_health(self.base_url, self.config.health_path)
                 await warm_up(self.name, self.base_url, self.config.warmup)
                 if self.fill_context:
-                    await fill_context(self.config, self.base_url, self._process, self.note)
+                    await fill_context(
+                        self.config, self.base_url, self._process, self.note, self._warming
+                    )
                 self._ready = True
             except WarmupFailed as exc:
                 failure = str(exc)

@@ -19,7 +19,7 @@ import httpx
 import trio
 
 from yard.config import BackendConfig, WarmupConfig
-from yard.memory.warmup import fill_llama_context, looks_like_llama_server
+from yard.memory.warmup import FillProgress, fill_llama_context, looks_like_llama_server
 
 HEALTH_POLL_S = 0.1
 """Pause between two health checks."""
@@ -92,15 +92,26 @@ async def warm_up(name: str, base_url: str, warmup: WarmupConfig | None) -> None
 
 
 async def fill_context(
-    config: BackendConfig, base_url: str, process: trio.Process, note: Callable[[str], None]
+    config: BackendConfig,
+    base_url: str,
+    process: trio.Process,
+    note: Callable[[str], None],
+    on_progress: Callable[[FillProgress], None] | None = None,
 ) -> None:
     """Fill a slot's context (the worst case of a measured load), saying so
-    through ``note`` (the backend's log). With ``fill_context = true`` a
-    failure is :class:`WarmupFailed`; with ``"auto"`` (guessed from the
-    command) the backend still starts, unless it died under the fill."""
+    through ``note`` (the backend's log), with each progress report the
+    server sends (also handed to ``on_progress``). With ``fill_context =
+    true`` a failure is :class:`WarmupFailed`; with ``"auto"`` (guessed from
+    the command) the backend still starts, unless it died under the fill."""
     note("[yard] measured first load: filling a slot's context (the worst case)")
+
+    def progress(figures: FillProgress) -> None:
+        note(f"[yard] {figures.describe()}")
+        if on_progress is not None:
+            on_progress(figures)
+
     try:
-        await fill_llama_context(base_url)
+        await fill_llama_context(base_url, progress)
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         if config.fill_context is True:
             raise WarmupFailed(f"{config.name}: context fill failed: {exc!r}") from exc
