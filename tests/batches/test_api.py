@@ -233,3 +233,47 @@ async def test_cancel_ends_queued_lines_and_keeps_the_finished_ones(tmp_path: Pa
     assert sorted(line["custom_id"] for line in output + errors) == sorted(
         f"req-{i}" for i in range(6)
     )
+
+
+async def test_an_embeddings_batch_and_the_admin_who_reads_every_apps_batches(
+    tmp_path: Path,
+) -> None:
+    lines = [
+        {
+            "custom_id": f"e{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "tiny", "input": f"text {i}"},
+        }
+        for i in range(3)
+    ]
+    # Still inside the [server] table that running_yard writes first.
+    body = 'admin_key = "sk-admin"\n\n' + _body(tmp_path)
+    with trio.fail_after(60):
+        async with (
+            running_yard(tmp_path, body) as runtime,
+            _client(runtime.urls[0]) as client,
+            _client(runtime.urls[0], "sk-admin") as admin,
+        ):
+            file_id = await upload(client, jsonl(lines))
+            response = await client.post(
+                "/v1/batches",
+                json={
+                    "input_file_id": file_id,
+                    "endpoint": "/v1/embeddings",
+                    "completion_window": "2h",
+                },
+            )
+            assert response.status_code == 200, response.text
+            done = await until_ended(client, response.json()["id"])
+            output = await lines_of(client, done["output_file_id"])
+            listed = (await admin.get("/v1/batches")).json()["data"]
+            refused = await admin.post(
+                "/v1/files", files={"file": ("x", b"{}")}, data={"purpose": "batch"}
+            )
+    assert done["status"] == "completed"
+    assert done["expires_at"] - done["created_at"] == 2 * 3600
+    assert [line["response"]["body"]["object"] for line in output] == ["list"] * 3
+    assert [b["id"] for b in listed] == [done["id"]]
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "admin_cannot_submit"
