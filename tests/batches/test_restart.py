@@ -147,3 +147,23 @@ async def test_cancelling_a_batch_while_it_is_validating_ends_it_with_no_lines(
     assert done.status == "cancelled"
     assert (done.total, done.completed, done.failed) == (0, 0, 0)
     assert upstream.calls == []
+
+
+async def test_a_line_that_ends_while_the_service_time_is_read_wakes_the_feeder(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Answers are 500s, so no run is ever measured and each line waits for the
+    # one before it; the service-time read is slow, so a line ends during it.
+    upstream = FakeUpstream(Answer(delay=1.0, status=500))
+    async with yard(tmp_path, upstream) as batches:
+        read = batches.store.service_times
+
+        async def slow_read(backend: str, *, limit: int = 20) -> list[float]:
+            await trio.sleep(30)
+            return await read(backend, limit=limit)
+
+        batches.store.service_times = slow_read  # type: ignore[method-assign]
+        batch = await submit(batches, jsonl([chat_line(f"r{i}") for i in range(3)]))
+        with trio.fail_after(3600):
+            done = await until_ended(batches, batch.id)
+    assert (done.status, done.failed) == ("completed", 3)

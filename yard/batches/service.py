@@ -368,10 +368,12 @@ class Batches:
         config = self.config.backends.get(backend)
         slots = config.slots if config is not None else 1
         while driver.inflight[backend] >= slots:
+            # Taken before the read below: a line that ends meanwhile sets it.
+            ended = driver.ended
             _, _, measured = await self._service(backend, driver, fresh=True)
             if measured:
                 return
-            await driver.ended.wait()
+            await ended.wait()
 
     async def _validate(self, batch: BatchRecord) -> bool:
         """Check the input file; True if the batch is now in progress."""
