@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from sim import scenarios
-from sim.metrics import metrics
+from sim.metrics import apps_in, metrics
 from sim.runner import POLICIES, run
 
 
@@ -113,7 +113,24 @@ def render_table(name: str, title: str, rows: dict[str, dict[str, float]]) -> st
     requests = next(iter(rows.values()))["requests"]
     hours = ", ".join(f"{p} {row['sim_seconds'] / 3600:.1f} h" for p, row in rows.items())
     lines.append(f"{requests:.0f} requests; simulated time until the last one ended: {hours}.")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + render_apps(rows)
+
+
+def render_apps(rows: dict[str, dict[str, float]]) -> str:
+    """Per app, under each policy: requests, wait p50/p95 and served time (empty
+    when the scenario's requests name no app)."""
+    lines = []
+    for policy, row in rows.items():
+        cells = [
+            f"{app} {row[f'app_{app}_requests']:.0f} req, wait "
+            f"{row[f'app_{app}_wait_p50_s']:.1f}/{row[f'app_{app}_wait_p95_s']:.1f} s, "
+            f"served {row[f'app_{app}_served_s'] / 3600:.2f} h"
+            + (f", {row[f'app_{app}_rejected']:.0f} refused" if row[f"app_{app}_rejected"] else "")
+            for app in apps_in(row)
+        ]
+        if cells:
+            lines.append(f"- by app, {policy}: " + "; ".join(cells) + ".")
+    return "\n" + "\n".join(lines) + "\n" if lines else ""
 
 
 def _mark(ok: bool) -> str:
@@ -166,6 +183,10 @@ def _targets(args: argparse.Namespace) -> int:
     print(targets_ahead.announced_table(args.seed, found))
     print("Batch: 1,000 lines over three models (3h window) while chat runs (yard):\n")
     print(targets_ahead.batch_table(args.seed, found))
+    from sim import scenarios_apps
+
+    print("One app floods the queue (render, 400 at once every 20 min) (yard):\n")
+    print(scenarios_apps.flood_table(args.seed, max(1, args.jobs)))
     return 0
 
 

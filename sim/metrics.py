@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from sim.runner import SimResult
+from sim.runner import RequestRecord, SimResult
 
 CLASSES = ("high", "normal", "low")
 
@@ -98,6 +98,38 @@ def belady_loads(
     return loads
 
 
+def app_metrics(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """Per app (requests with an app name): ``app_NAME_requests``, its waits
+    (``app_NAME_wait_p50_s``, ``_p95_s``, ``_max_s``), ``app_NAME_served_s`` (the
+    service time of its requests served to the end: the slot time it was given)
+    and ``app_NAME_rejected``."""
+    by_app: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        if r.arrival.app:
+            by_app.setdefault(r.arrival.app, []).append(r)
+    out: dict[str, float] = {}
+    for app, rs in sorted(by_app.items()):
+        waits = [r.dispatches[0] - r.arrival.at for r in rs if r.dispatches]
+        out[f"app_{app}_requests"] = len(rs)
+        for q, name in ((0.50, "p50"), (0.95, "p95")):
+            out[f"app_{app}_wait_{name}_s"] = round(percentile(waits, q), 3)
+        out[f"app_{app}_wait_max_s"] = round(max(waits, default=0.0), 3)
+        out[f"app_{app}_served_s"] = round(
+            sum(r.arrival.service_s for r in rs if r.outcome == "ok"), 3
+        )
+        out[f"app_{app}_rejected"] = sum(r.outcome == "rejected" for r in rs)
+    return out
+
+
+def apps_in(row: Mapping[str, float]) -> list[str]:
+    """The app names a row of :func:`metrics` has figures for."""
+    return sorted(
+        k.removeprefix("app_").removesuffix("_requests")
+        for k in row
+        if k.startswith("app_") and k.endswith("_requests")
+    )
+
+
 def metrics(result: SimResult) -> dict[str, float]:
     """The figures of one run, by the names of ``python -m sim report --json``."""
     scenario = result.scenario
@@ -138,6 +170,8 @@ def metrics(result: SimResult) -> dict[str, float]:
         out[f"{prefix}wait_p50_s"] = round(percentile(values, 0.50), 3)
         out[f"{prefix}wait_p95_s"] = round(percentile(values, 0.95), 3)
         out[f"{prefix}wait_max_s"] = round(max(values, default=0.0), 3)
+
+    out.update(app_metrics(records))
 
     out["loads"] = len(result.launches)
     order = [backend for _, backend in result.dispatch_order]

@@ -135,7 +135,14 @@ def make_policy(name: str, scenario: Scenario) -> Policy:
     if name == "yard":
         from yard.core import Scheduler
 
-        policy: Policy = Scheduler(devices, backends, scenario.config)
+        apps = scenario.apps
+        policy: Policy = Scheduler(
+            devices,
+            backends,
+            scenario.config,
+            max_concurrent=apps.max_concurrent if apps else None,
+            weights=apps.weights if apps else None,
+        )
         return policy
     factory = BASELINES[name]
     return factory(devices, backends, {m.name: m.gpu_bytes for m in scenario.models})
@@ -236,6 +243,7 @@ async def _simulate(
         start_timeout_s=lambda backend: max(60.0, 5 * load_s.get(backend, 60.0)),
         meter_interval_s=scenario.meter_interval_s,
         profile_interval_s=0.25,
+        max_queued=scenario.apps.max_queued if scenario.apps and policy_name == "yard" else None,
     )
     ledger = world.ledger
     records: list[RequestRecord] = []
@@ -313,8 +321,8 @@ async def _simulate(
                     records.append(record)
                     # Submitted here, in arrival order, not by the client task, so that
                     # same-instant arrivals reach the core in workload order.
-                    admissions.append(
-                        engine.submit(
+                    try:
+                        admission = engine.submit(
                             backend=arrival.backend,
                             priority=arrival.priority,
                             app=arrival.app,
@@ -322,7 +330,12 @@ async def _simulate(
                             start_by=arrival.start_by,
                             allow_late=arrival.allow_late,
                         )
-                    )
+                    except Rejected as exc:  # at the door: [apps.NAME] max_queued
+                        record.end("rejected", exc.code)
+                        if done is not None:
+                            done(record)
+                        return
+                    admissions.append(admission)
                     ledger.wait(arrival.backend, +1)
                     if done is None:
                         clients.start_soon(client, len(admissions) - 1, record)

@@ -532,6 +532,11 @@ def get(name: str) -> Scenario:
     ahead = scenarios_ahead.get(name)
     if ahead is not None:
         return ahead
+    from sim import scenarios_apps
+
+    apps = scenarios_apps.get(name)
+    if apps is not None:
+        return apps
     if name.startswith("chaos-"):
         return chaos(int(name.removeprefix("chaos-")))
     if name.startswith("faults-"):

@@ -64,6 +64,17 @@ class Announcement:
 Workload = Callable[[random.Random], list[Arrival]]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppLimits:
+    """The ``[apps.NAME]`` limits a scenario runs yard with (the baselines ignore
+    them): ``max_queued`` at the engine's admission, ``max_concurrent`` and
+    ``weights`` in the core. Apps not named have none."""
+
+    max_queued: Mapping[str, int] = field(default_factory=dict)
+    max_concurrent: Mapping[str, int] = field(default_factory=dict)
+    weights: Mapping[str, float] = field(default_factory=dict)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     """A machine, its backends, a workload and the faults to inject.
@@ -77,6 +88,7 @@ class Scenario:
     seed: the default seed of ``python -m sim report``.
     policies: the policies the report runs it under (None: all).
     fault_plan: draws more faults from the run's generator, after the workload.
+    apps: per-app limits and weights for yard (see :class:`AppLimits`).
     announcements: what the apps announce, worked out from the workload (no draws,
         so a scenario with and without them sees the same requests); only yard's
         core is told, the baselines have no way to take them.
@@ -103,6 +115,7 @@ class Scenario:
     fault_plan: Callable[[random.Random], tuple[Fault, ...]] | None = None
     announcements: Callable[[Sequence[Arrival]], list[Announcement]] | None = None
     batch_queued_lines: int = 0
+    apps: AppLimits | None = None
 
     def model(self, name: str) -> ModelSpec:
         for model in self.models:
