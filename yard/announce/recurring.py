@@ -112,3 +112,9 @@ def next_window(entry: Recurring, now: float) -> tuple[float, float]:
         if opens + entry.window_s > now:
             return opens, opens + entry.window_s
     raise AssertionError("a cron schedule that never fires again")  # pragma: no cover
+
+
+def window_after(entry: Recurring, opens: float) -> tuple[float, float]:
+    """The window that opens next after one that opened at ``opens``."""
+    moment = next(iter(CronSim(entry.schedule, datetime.fromtimestamp(opens, UTC))))
+    return moment.timestamp(), moment.timestamp() + entry.window_s

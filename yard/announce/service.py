@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Literal
 import trio
 import trio.lowlevel
 
-from yard.announce.recurring import Recurring, next_window
+from yard.announce.recurring import Recurring, next_window, window_after
 from yard.announce.store import AnnouncementRecord, AnnouncementStore
 from yard.core import AnnouncementEnded, AnnouncementMade, AnnouncementWithdrawn
 from yard.http.errors import ApiError
@@ -240,37 +240,43 @@ class Announcements:
             await self.store.set_used(aid, used)
 
     async def _recur(self, entry: Recurring) -> None:
-        """Keep ``entry``'s next window announced, one window ahead."""
+        """Keep ``entry``'s next window announced: the window open now (or the
+        next one), and each following one as the one before it opens."""
+        opens, closes = next_window(entry, self._wall())
         while True:
-            now = self._wall()
-            opens, closes = next_window(entry, now)
-            app = self.config.apps.get(entry.app)
-            backend = self.config.backend_for_model(entry.model)
-            if backend is not None:
-                top = app.max_priority if app is not None else self.config.scheduler.max_priority
-                record = AnnouncementRecord(
-                    seq=0,
-                    id=f"cfg_{entry.key}_{int(opens)}",
-                    app=entry.app,
-                    model=entry.model,
-                    backend=backend.name,
-                    not_before=opens,
-                    start_by=closes,
-                    count=entry.count,
-                    used=0,
-                    priority=min(entry.priority, top),
-                    status="open",
-                    source="config",
-                    created_at=now,
-                    ended_at=None,
-                )
-                if await self.store.get(record.id) is None:
-                    await self.store.insert(record)
-                    stored = await self.store.get(record.id)
-                    if stored is not None:
-                        self._tell(stored)
-            # The next window is announced once this one opens.
-            await trio.sleep(max(0.0, opens - self._wall()) + 0.001)
+            await self._announce_recurring(entry, opens, closes)
+            await trio.sleep(max(0.0, opens - self._wall()))
+            opens, closes = window_after(entry, opens)
+
+    async def _announce_recurring(self, entry: Recurring, opens: float, closes: float) -> None:
+        backend = self.config.backend_for_model(entry.model)
+        if backend is None:
+            return
+        app = self.config.apps.get(entry.app)
+        top = app.max_priority if app is not None else self.config.scheduler.max_priority
+        record = AnnouncementRecord(
+            seq=0,
+            # One id per entry and window: made once, even across restarts.
+            id=f"cfg_{entry.key}_{int(opens)}",
+            app=entry.app,
+            model=entry.model,
+            backend=backend.name,
+            not_before=opens,
+            start_by=closes,
+            count=entry.count,
+            used=0,
+            priority=min(entry.priority, top),
+            status="open",
+            source="config",
+            created_at=self._wall(),
+            ended_at=None,
+        )
+        if await self.store.get(record.id) is not None:
+            return  # made before a restart: already told to the core on start
+        await self.store.insert(record)
+        stored = await self.store.get(record.id)
+        if stored is not None:
+            self._tell(stored)
 
     def _tell(self, record: AnnouncementRecord) -> None:
         """Send the core an open announcement, on its clock."""
