@@ -1,5 +1,5 @@
 """yard's HTTP side alone, for profiling the proxy: the real gateway app on
-hypercorn, with an engine stand-in that dispatches every request at once to
+yard's own HTTP server, with an engine stand-in that dispatches every request at once to
 one upstream (no scheduler, no backend processes).
 
 ``python -m bench.direct_gateway --upstream http://127.0.0.1:PORT --port 0``
@@ -25,15 +25,22 @@ from yard.http.runtime import Runtime
 
 
 class _Admission:
-    __slots__ = ("_assignment", "queued_s", "request_id")
+    """An admission dispatched at once (as on an idle engine): what
+    :func:`yard.admission.run_turn` and the gateway read of one."""
+
+    __slots__ = ("assignment", "queued_s", "request_id", "state")
 
     def __init__(self, request_id: str, base_url: str) -> None:
         self.request_id = request_id
         self.queued_s = 0.0
-        self._assignment = Assignment(request_id=request_id, backend="bench", base_url=base_url)
+        self.state = "dispatched"
+        self.assignment = Assignment(request_id=request_id, backend="bench", base_url=base_url)
 
     async def wait_dispatched(self) -> Assignment:
-        return self._assignment
+        return self.assignment
+
+    async def wait_verdict(self) -> bool:
+        return False
 
     def report(self, outcome: str = "ok", detail: str = "") -> None:
         pass

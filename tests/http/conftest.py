@@ -1,5 +1,5 @@
-"""Harness for the proxy tests: the real gateway app on hypercorn (loopback,
-free port), the fake engine, and an in-process fake backend."""
+"""Harness for the proxy tests: the real gateway app on yard's own HTTP server
+(loopback, free port), the fake engine, and an in-process fake backend."""
 
 from __future__ import annotations
 
