@@ -7,14 +7,29 @@ The rooms, from the inside out:
 
 - ``yard.core``: the scheduler. Pure: events and the time go in, decisions
   come out. No I/O, no clock, no randomness of its own.
+- ``yard.ports``: the edges (launcher, meter, profile store, logs), as
+  interfaces with fakes beside them.
 - ``yard.engine``: the Trio loop that feeds the core and carries out its
-  decisions through the ports of ``yard.ports``.
-- ``yard.supervisor``: real backend processes (start, health, logs, stop).
-- ``yard.memory``: meters (NVML, host) and profiles.
-- ``yard.store``: SQLite (jobs, profiles).
-- ``yard.http``: the quart-trio app: proxy, jobs, admin, dashboard, metrics.
+  decisions through the ports (``loop``, ``backends``, ``metering``).
+- ``yard.admission``: one request's turn (its Admission, ``run_turn``);
+  ``yard.errors``: ``Rejected``, the one refusal.
+- ``yard.supervisor``: real backend processes, by role (``launcher``,
+  ``process``, ``readiness``, ``groups``, ``pidfiles``).
+- ``yard.memory``: meters (``nvml``, ``drm``, ``apple``, ``host``; ``gpus``:
+  which GPU is which), profiles, first-load measurement, ``yard probe``.
 - ``yard.upstream``: the HTTP client that sends requests to backends.
-- ``yard.config``: the TOML configuration; ``yard.cli``: the command line.
+- ``yard.http``: yard's HTTP/1.1 server (``server``, ``connection``,
+  ``exchange``, ``wire``, ``sockio``, ``limits``), the browser ``guard``, the
+  data plane (``gateway``, ``intake``), the whole ``app`` with its Quart
+  control plane, ``runtime``, ``errors``, ``openapi``.
+- ``yard.jobs``: durable async jobs; ``yard.batches``: the OpenAI Batch API
+  on them; ``yard.announce``: work announced ahead; ``yard.db``: SQLite.
+- ``yard.observe``: dashboard, ``/metrics``, admin API; ``yard.status``: the
+  same in a terminal.
+- ``yard.config``: the TOML configuration, by section; ``yard.cli``: the
+  command line (``yard.serve``; ``yard.keys``: ``yard key new``).
+- ``yard.testing``: test backends (a real process, an in-process fake);
+  ``yard.demo``: a tiny model and the demo servers.
 - ``sim`` (beside the package): the same engine and core under virtual time.
 """
 
