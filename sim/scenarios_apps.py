@@ -21,7 +21,11 @@ Variants (the draws are the same in each; a variant keeps its part):
   issue 14): every render waits in the queue and ages.
 
 The target (``python -m sim targets``): on ``apps-flood-1gpu`` every other app's
-p95 wait is at most 1.2x its p95 on ``apps-calm-1gpu``.
+p95 wait over the day is at most 1.2x its p95 on ``apps-calm-1gpu``. The day's
+p95 of the chat and the newsroom is set by the breaking-news burst, so the table
+also shows each app's worst hour, not judged: there the flood still shows (the
+image model stays busy with renders, and the news and chat loads wait for its
+drain or evict each other).
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import replace
 
-from sim.metrics import metrics
-from sim.runner import run
+from sim.metrics import metrics, percentile
+from sim.runner import SimResult, run
 from sim.scenarios import HOUR, MINUTE, radio_day, radio_day_workload
 from sim.scenarios import get as get_scenario
 from sim.workload import AppLimits, Arrival, Scenario, lognormal, renumber
@@ -140,9 +144,37 @@ def flood_jobs(seeds: Sequence[int]) -> list[tuple[str, str, int]]:
     ]
 
 
+def hourly_p95(result: SimResult) -> dict[str, float]:
+    """``hour_H_APP_p95_s``: each other app's p95 wait among its requests that
+    arrived in hour ``H`` of the day (0 = 09:00), for the hours it sent any."""
+    waits: dict[tuple[int, str], list[float]] = {}
+    for r in result.records:
+        if r.dispatches and r.arrival.app in OTHERS:
+            key = (int(r.arrival.at // HOUR), r.arrival.app)
+            waits.setdefault(key, []).append(r.dispatches[0] - r.arrival.at)
+    return {f"hour_{h}_{app}_p95_s": percentile(ws, 0.95) for (h, app), ws in waits.items()}
+
+
 def _measure(job: tuple[str, str, int]) -> tuple[tuple[str, str, int], dict[str, float]]:
     name, policy, seed = job
-    return job, metrics(run(get_scenario(name), policy, seed))
+    result = run(get_scenario(name), policy, seed)
+    return job, metrics(result) | hourly_p95(result)
+
+
+def _worst_hour(calm: dict[str, float], flood: dict[str, float], app: str) -> str:
+    """The hour where ``app``'s p95 grew most, as ``HH:00 calm -> flood``."""
+    worst: tuple[float, int] | None = None
+    for h in range(int(HOURS)):
+        key = f"hour_{h}_{app}_p95_s"
+        if key in calm and key in flood:
+            growth = flood[key] - calm[key]
+            if worst is None or growth > worst[0]:
+                worst = (growth, h)
+    if worst is None:
+        return "-"
+    h = worst[1]
+    key = f"hour_{h}_{app}_p95_s"
+    return f"{9 + h:02d}:00 {calm[key]:.1f} -> {flood[key]:.1f} s"
 
 
 def flood_table(seeds: Sequence[int], jobs: int) -> str:
@@ -152,8 +184,9 @@ def flood_table(seeds: Sequence[int], jobs: int) -> str:
     with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
         found = dict(pool.map(_measure, todo))
     lines = [
-        "| seed | app | p95 wait, calm | p95 wait, flood | ratio (target <= 1.2) |",
-        "|---|---|---|---|---|",
+        "| seed | app | p95 wait, calm | p95 wait, flood | ratio (target <= 1.2) "
+        "| worst hour's p95 (not judged) |",
+        "|---|---|---|---|---|---|",
     ]
     for seed in seeds:
         calm = found[(apps_scenario("calm").name, "yard", seed)]
@@ -164,11 +197,12 @@ def flood_table(seeds: Sequence[int], jobs: int) -> str:
             ratio = after / before if before else (1.0 if after == 0 else math.inf)
             mark = "ok" if ratio <= TARGET_RATIO else "MISSED"
             lines.append(
-                f"| {seed} | {app} | {before:.1f} s | {after:.1f} s | {ratio:.2f} {mark} |"
+                f"| {seed} | {app} | {before:.1f} s | {after:.1f} s | {ratio:.2f} {mark} "
+                f"| {_worst_hour(calm, flood, app)} |"
             )
         lines.append(
             f"| {seed} | render | - | {flood['app_render_wait_p95_s']:.1f} s | "
             f"{flood['app_render_requests']:.0f} sent, {flood['app_render_rejected']:.0f} "
-            f"refused (max_queued), served {flood['app_render_served_s'] / 60:.0f} min |"
+            f"refused (max_queued), served {flood['app_render_served_s'] / 60:.0f} min | |"
         )
     return "\n".join(lines) + "\n"
