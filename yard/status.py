@@ -188,9 +188,12 @@ def _backends(status: Json) -> Table:
         if backend.get("pinned"):
             name.append(" pinned", style="cyan")
         state = backend.get("state", "?")
+        shown = Text(state, style=_STATE_STYLES.get(state, ""))
+        if backend.get("context"):
+            shown.append(f" context {backend['context']}", style="dim")
         table.add_row(
             name,
-            Text(state, style=_STATE_STYLES.get(state, "")),
+            shown,
             format_duration(backend.get("uptime_s")),
             f"{backend.get('inflight', 0)}/{backend.get('slots', 0)}",
             str(backend.get("queued", 0)),

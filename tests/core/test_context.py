@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tests.core.harness import GIB, Harness, host, of
-from yard.core import BackendSpec, ProfileMeasured, SchedulerConfig, StartBackend, StopBackend
+from yard.core import BackendSpec, Flag, ProfileMeasured, SchedulerConfig, StartBackend, StopBackend
 from yard.core.resources import STEP
 
 KIB = 1024
@@ -113,3 +113,14 @@ def test_a_backend_without_a_range_has_no_context() -> None:
     h = harness()
     [start] = h.arrive("r1", "other")
     assert isinstance(start, StartBackend) and start.context is None
+
+
+def test_live_use_is_weighed_against_the_profile_at_the_running_context() -> None:
+    h = harness()
+    learned(h)
+    h.load("other", "r0")
+    h.arrive("r1", "llm", at=1)  # starts at 28672: 8 GiB by the line
+    h.ready("llm", at=2)
+    assert h.memory("host", used_gib=16, at=3, other=8, llm=8) == []
+    flags = of(Flag, h.memory("host", used_gib=16.5, at=4, other=8, llm=8.5))
+    assert any("above its profile 8.0 GiB" in flag.reason for flag in flags)

@@ -5,7 +5,7 @@ and the model servers yard may start (:class:`BackendConfig`), and their readers
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -72,6 +72,9 @@ class BackendConfig:
     fill_context: on a measured first load, fill a slot's whole context after
         the warm-up (True, False, or ``"auto"``: llama-server only); see
         :func:`yard.supervisor.fills_context`.
+    context: the context sizes it may start with (min, max), given to its
+        command as ``{context}``; each start gets the largest that fits
+        (:mod:`yard.core.resources`). None: no range.
     """
 
     name: str
@@ -91,6 +94,7 @@ class BackendConfig:
     model_file: Path | None = None
     stop_grace_s: float = 10.0
     fill_context: FillContext = "auto"
+    context: tuple[int, int] | None = None
     path_templates: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """``cwd`` / ``model_file`` as written in the file (before placeholders)."""
 
@@ -144,9 +148,52 @@ BACKEND_KEYS = (
     "warmup",
     "model_file",
     "stop_grace_s",
+    "context",
 )
 
 WARMUP_KEYS = ("method", "path", "json", "fill_context")
+
+
+def _context(
+    r: _Reader,
+    table: dict[str, Any],
+    key: str,
+    command: Sequence[str],
+    env: Mapping[str, str],
+) -> tuple[int, int] | None:
+    """``context = { min = 4096, max = 32768 }``: a range the core chooses
+    from at each start, which the command must use as ``{context}``."""
+    uses = any("{context}" in text for text in (*command, *env.values()))
+    if "context" not in table:
+        if uses:
+            r.error(
+                f"{key}.command",
+                "uses {context} but the backend has no context range; add e.g. "
+                "context = { min = 4096, max = 32768 }",
+            )
+        return None
+    span = table["context"]
+    if not isinstance(span, dict) or set(span) != {"min", "max"}:
+        r.error(
+            f"{key}.context",
+            f"must be a table {{ min = N, max = M }} of token counts, got {span!r}",
+        )
+        return None
+    low, high = span["min"], span["max"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
+        r.error(f"{key}.context", f"min and max must be whole token counts, got {span!r}")
+        return None
+    if not 1 <= low <= high:
+        r.error(f"{key}.context", f"needs 1 <= min <= max, got min = {low}, max = {high}")
+        return None
+    if not uses:
+        r.error(
+            f"{key}.context",
+            "is set but the command never uses {context}; pass it to the server, "
+            'e.g. "-c", "{context}" for llama-server',
+        )
+        return None
+    return (low, high)
 
 
 def _devices(r: _Reader, data: dict[str, Any]) -> dict[str, DeviceConfig]:
@@ -317,6 +364,8 @@ def _backend(
                 json=w.get("json"),
             )
 
+    context = _context(r, table, key, command, env)
+
     slots = r.get(table, key, "slots", int, 1)
     if slots < 1:
         r.error(f"{key}.slots", f"must be at least 1, got {slots}")
@@ -338,6 +387,7 @@ def _backend(
         pinned=r.get(table, key, "pinned", bool, False),
         api=api,  # type: ignore[arg-type]
         warmup=warmup,
+        context=context,
         model_file=model_file,
         path_templates={
             key: text for key, text in (("cwd", cwd_text), ("model_file", model_file_text)) if text

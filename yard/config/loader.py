@@ -84,6 +84,7 @@ class Config:
                 slots=b.slots,
                 idle_ttl_s=b.idle_ttl_s,
                 pinned=b.pinned,
+                context=b.context,
             )
             for b in self.backends.values()
         ]

@@ -22,6 +22,7 @@ PLACEHOLDERS: Mapping[str, str] = {
     "data_dir": "yard's data directory, absolute",
     "config_dir": "the directory of the configuration file, absolute",
     "python": "the Python interpreter running yard (to start Python backends)",
+    "context": "the context size chosen for this start, within the backend's context range",
 }
 """Placeholders allowed in ``command`` and ``env`` values, with their meaning."""
 

@@ -166,7 +166,9 @@ def memory(core: Core, ev: MemoryMeasured, out: list[Decision]) -> None:
         b.live[ev.device] = nbytes
         changed = changed or b.held(ev.device) != before
         if b.profile is not None and not b.measuring:
-            limit = b.profile.gpu_bytes if ev.device != HOST else b.profile.host_bytes
+            # At the context it runs with (a backend with a context range).
+            figures = resources.at(b.profile, b.context)
+            limit = figures.gpu_bytes if ev.device != HOST else figures.host_bytes
             if nbytes > limit and b.overcommit is None:
                 b.overcommit = reasons.above_profile(nbytes, ev.device, limit)
                 out.append(Flag(backend=b.name, reason=f"{b.name}: {b.overcommit}"))

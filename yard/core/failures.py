@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
-from yard.core import reasons
+from yard.core import reasons, resources
 from yard.core.lifecycle import BackendState
 from yard.core.records import Backend, Device
 from yard.core.spec import HOST, Profile, SchedulerConfig
@@ -62,9 +62,9 @@ def raised_profile(
     was left for it there: next to the same neighbours it would run out again, so
     it is placed elsewhere or alone until live readings tell better.
     """
-    old = b.profile
-    if old is None:
+    if b.profile is None:
         return None
+    old = resources.at(b.profile, b.context)  # raised where it ran out
     live_gpu = max((b.live.get(g, 0) for g in b.gpus), default=0)
     live_host = b.live.get(HOST, 0)
     crowded = 0

@@ -127,3 +127,19 @@ def learn(old: Profile | None, new: Profile) -> Profile:
         gpu_per_token=max(0.0, (new.gpu_bytes - old.gpu_bytes) / span),
         host_per_token=max(0.0, (new.host_bytes - old.host_bytes) / span),
     )
+
+
+def at(profile: Profile, context: int | None) -> Profile:
+    """The same line, its figures given at ``context`` (``profile`` itself
+    when there is nothing to move: no context, no range, no slope)."""
+    if context is None or profile.context is None or context == profile.context:
+        return profile
+    if profile.gpu_per_token is None and profile.host_per_token is None:
+        return profile
+    delta = context - profile.context
+    return replace(
+        profile,
+        gpu_bytes=max(0, round(profile.gpu_bytes + (profile.gpu_per_token or 0.0) * delta)),
+        host_bytes=max(0, round(profile.host_bytes + (profile.host_per_token or 0.0) * delta)),
+        context=context,
+    )

@@ -72,7 +72,7 @@ class Backends:
             log.error("core started %s, which is already running; ignored", decision.backend)
             return False
         assert nursery is not None
-        record = BackendRecord(decision.backend, decision.gpus, decision.measure)
+        record = BackendRecord(decision.backend, decision.gpus, decision.measure, decision.context)
         self.records[decision.backend] = record
         nursery.start_soon(self._run, record)
         return True
@@ -96,7 +96,9 @@ class Backends:
         name = record.name
         record.launched_at = trio.current_time()
         try:
-            process = await self._launcher.launch(name, record.gpus, measure=record.measure)
+            process = await self._launcher.launch(
+                name, record.gpus, measure=record.measure, context=record.context
+            )
         except BackendStartError as exc:
             self.records.pop(name, None)
             self._started_failed(record, exc.detail, exc.oom)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import trio
 
+from yard.core import resources
 from yard.core.events import Event, MemoryMeasured, ProfileMeasured
 from yard.core.spec import HOST, Profile
 from yard.engine.records import BackendRecord, Policy, track_peaks
@@ -55,7 +57,8 @@ class Metering:
         self._spawn = spawn
         self._meter_interval_s = meter_interval_s
         # Per backend: the (gpu, host) bytes of the highest profile sent or decided.
-        self._raised: dict[str, tuple[int, int]] = {}
+        # Raised figures per backend, and the context they hold at.
+        self._raised: dict[str, tuple[int, int, int | None]] = {}
         self._failures = 0
 
     def pids(self) -> dict[str, int]:
@@ -97,7 +100,12 @@ class Metering:
         """Turn the peaks seen during a first load into a profile and tell the core."""
         load_s = trio.current_time() - record.launched_at
         gpu = max((b for d, b in record.peaks.items() if d != HOST), default=0)
-        profile = Profile(gpu_bytes=gpu, host_bytes=record.peaks.get(HOST, 0), load_s=load_s)
+        profile = Profile(
+            gpu_bytes=gpu,
+            host_bytes=record.peaks.get(HOST, 0),
+            load_s=load_s,
+            context=record.context,
+        )
         record.measure = False
         self._raised.pop(record.name, None)
         self._send_event(
@@ -107,13 +115,14 @@ class Metering:
                 host_bytes=profile.host_bytes,
                 load_s=profile.load_s,
                 source="measured",
+                context=profile.context,
             )
         )
         return profile
 
     def raised(self, backend: str, profile: Profile) -> None:
         """The core raised ``backend``'s profile: remember it and store it."""
-        self._raised[backend] = (profile.gpu_bytes, profile.host_bytes)
+        self._raised[backend] = (profile.gpu_bytes, profile.host_bytes, profile.context)
         self._spawn(self.store_profile, backend, profile)
 
     async def store_profile(self, backend: str, profile: Profile) -> None:
@@ -142,6 +151,9 @@ class Metering:
                         host_bytes=profile.host_bytes,
                         load_s=profile.load_s,
                         source="stored",
+                        context=profile.context,
+                        gpu_per_token=profile.gpu_per_token,
+                        host_per_token=profile.host_per_token,
                     )
                 )
 
@@ -174,17 +186,22 @@ class Metering:
             profile = self._policy.profile(name)
             if profile is None:
                 continue
-            known_gpu, known_host = self._raised.get(name, (0, 0))
+            # A backend with a context range is compared, and raised, at the
+            # context it runs with.
+            profile = resources.at(profile, record.context)
+            known_gpu, known_host, at = self._raised.get(name, (0, 0, record.context))
+            if at != record.context:
+                known_gpu = known_host = 0
             known_gpu = max(known_gpu, profile.gpu_bytes)
             known_host = max(known_host, profile.host_bytes)
             if gpu_bytes <= known_gpu and host_bytes <= known_host:
                 continue
-            raised = Profile(
+            raised = replace(
+                profile,
                 gpu_bytes=max(gpu_bytes, known_gpu),
                 host_bytes=max(host_bytes, known_host),
-                load_s=profile.load_s,
             )
-            self._raised[name] = (raised.gpu_bytes, raised.host_bytes)
+            self._raised[name] = (raised.gpu_bytes, raised.host_bytes, raised.context)
             self._send_event(
                 ProfileMeasured(
                     backend=name,
@@ -192,6 +209,9 @@ class Metering:
                     host_bytes=raised.host_bytes,
                     load_s=raised.load_s,
                     source="raised",
+                    context=raised.context,
+                    gpu_per_token=raised.gpu_per_token,
+                    host_per_token=raised.host_per_token,
                 )
             )
             self._spawn(self.store_profile, name, raised)

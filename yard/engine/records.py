@@ -91,6 +91,7 @@ class BackendRecord:
     """The engine's record of one backend process it started."""
 
     __slots__ = (
+        "context",
         "gpus",
         "launched_at",
         "measure",
@@ -102,10 +103,14 @@ class BackendRecord:
         "stop_requested",
     )
 
-    def __init__(self, name: str, gpus: tuple[str, ...], measure: bool) -> None:
+    def __init__(
+        self, name: str, gpus: tuple[str, ...], measure: bool, context: int | None = None
+    ) -> None:
         self.name = name
         self.gpus = gpus
         self.measure = measure
+        # The context size the core chose (a backend with a context range).
+        self.context = context
         self.process: BackendProcess | None = None
         self.stop_requested = False
         self.ready = False

@@ -473,6 +473,7 @@ class Gateway:
                     "owned_by": "yard",
                     "backend": backend,
                     "state": view.state if view is not None else "stopped",
+                    "context": view.context if view is not None else None,
                 }
             )
         path: str = scope["path"]

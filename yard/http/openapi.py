@@ -164,6 +164,11 @@ _SCHEMAS: dict[str, Schema] = {
                 "type": "string",
                 "description": "The backend's state: stopped, starting, ready, busy, ...",
             },
+            "context": {
+                "type": _nullable("integer"),
+                "description": "The context size the running backend was started with, "
+                "chosen within its configured context range (null: not running, or no range).",
+            },
         },
     },
     "ModelList": {
@@ -285,6 +290,7 @@ _SCHEMAS: dict[str, Schema] = {
                         "queued": {"type": "integer"},
                         "slots": {"type": "integer"},
                         "pinned": {"type": "boolean"},
+                        "context": {"type": _nullable("integer")},
                         "reason": {"type": _nullable("string")},
                     },
                 },

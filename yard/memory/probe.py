@@ -31,6 +31,7 @@ from rich.live import Live
 from rich.table import Table
 
 from yard.config import BackendConfig, Config, ConfigError, load_config
+from yard.core import resources
 from yard.core.spec import HOST, Profile
 from yard.memory.measure import Measurement, Phase, measure_profile
 from yard.memory.meter import MachineMeter, default_meter
@@ -268,17 +269,25 @@ async def _probe(
             await nursery.start(supervisor.run)
             timeout = args.timeout or backend.startup_timeout(None)
             try:
-                with display.live(), trio.fail_after(timeout):
-                    measurement = await measure_profile(
-                        backend=backend.name,
-                        gpus=gpus,
-                        launcher=supervisor,
-                        meter=meter,
-                        interval_s=args.interval,
-                        warmup=fill,
-                        settle_s=args.settle,
-                        on_sample=display.update,
-                    )
+                # A context range is measured at both ends: the line between
+                # them is what the scheduler chooses each start's context by.
+                points: list[Measurement] = []
+                for context in backend.context or (None,):
+                    with display.live(), trio.fail_after(timeout):
+                        points.append(
+                            await measure_profile(
+                                backend=backend.name,
+                                gpus=gpus,
+                                launcher=supervisor,
+                                meter=meter,
+                                interval_s=args.interval,
+                                warmup=fill,
+                                settle_s=args.settle,
+                                on_sample=display.update,
+                                context=context,
+                            )
+                        )
+                measurement = points[-1]
             except (
                 BackendStartError,
                 ContextFillFailed,
@@ -313,10 +322,14 @@ async def _probe(
             b.name for b in config.backends.values() if b.pinned and b.name not in pinned
         )
         key = (await store.key(backend.name)).digest
+        profile: Profile | None = None
+        for point in points:
+            profile = resources.learn(profile, point.profile())
+        assert profile is not None
         if not args.no_store:
             await store.store(
                 backend.name,
-                measurement.profile(),
+                profile,
                 steady_gpu_bytes=measurement.steady_gpu_bytes if gpus else None,
                 steady_host_bytes=measurement.steady_bytes.get(HOST),
                 source="probe",
@@ -324,6 +337,18 @@ async def _probe(
     finally:
         await store.aclose()
     report = _report(measurement, fits, margin, meter, key, unmeasured, stored=not args.no_store)
+    if len(points) > 1:
+        report["context"] = {
+            "points": {
+                str(point.context): {
+                    "gpu_bytes": point.peak_gpu_bytes,
+                    "host_bytes": point.peak_bytes.get(HOST, 0),
+                }
+                for point in points
+            },
+            "gpu_per_token": profile.gpu_per_token,
+            "host_per_token": profile.host_per_token,
+        }
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -469,6 +494,17 @@ def _print_table(console: Console, report: Mapping[str, object]) -> None:
             figures["attribution"],
         )
     console.print(table)
+    span = report.get("context")
+    if isinstance(span, dict):
+        points = "; ".join(
+            f"context {c}: {format_bytes(f['gpu_bytes'])} GPU, {format_bytes(f['host_bytes'])} host"
+            for c, f in span["points"].items()
+        )
+        slopes = (
+            f"{(span['gpu_per_token'] or 0) / 1024:.1f} KiB GPU, "
+            f"{(span['host_per_token'] or 0) / 1024:.1f} KiB host per token of context"
+        )
+        console.print(f"{points}: {slopes}")
     reclaimable = report["reclaimable_host_bytes"]
     assert isinstance(reclaimable, int)
     if reclaimable:

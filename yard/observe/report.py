@@ -173,6 +173,7 @@ def _backend_json(view: BackendView, now: float, models: Sequence[str]) -> Json:
         "pinned": view.pinned,
         "profile": _profile_json(view),
         "last_load_s": view.last_load_s,
+        "context": view.context,
         "reason": view.reason,
     }
 
