@@ -301,7 +301,7 @@ def _probe(yard: Yard, stop: threading.Event, watch: Watch) -> None:
 def healthz_answers(yard: Yard, *, min_s: float = 0.3) -> Iterator[Watch]:
     """Probe ``/healthz`` on fresh connections while the block runs (at least
     ``min_s``), then assert yard answered each probe with 200 within
-    :data:`HEALTHZ_WITHIN_S`. One probe in ten (at least one) up to
+    :data:`HEALTHZ_WITHIN_S`. One probe in ten (at least two) up to
     :data:`HEALTHZ_CAP_S` is forgiven: on a shared two-core machine at a load
     average of 17, a 60 MiB body put 2 of 20 probes at 110-175 ms. A stalled
     event loop shows as a probe over that cap, which never passes; the 100 ms
@@ -321,7 +321,7 @@ def healthz_answers(yard: Yard, *, min_s: float = 0.3) -> Iterator[Watch]:
     assert not watch.failures, f"/healthz failed during the attack: {watch.failures}"
     assert len(watch.latencies) >= 3, "too few /healthz probes ran during the attack"
     slow = sorted(t for t in watch.latencies if t > HEALTHZ_WITHIN_S)
-    forgiven = max(1, len(watch.latencies) // 10)
+    forgiven = max(2, -(-len(watch.latencies) // 10))
     assert len(slow) <= forgiven, (
         f"/healthz over {HEALTHZ_WITHIN_S * 1000:.0f} ms in {len(slow)} of "
         f"{len(watch.latencies)} probes: {slow}"
