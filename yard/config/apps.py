@@ -35,9 +35,10 @@ class AppConfig:
     max_queued: most of its requests waiting at once, synchronous and jobs
         alike; one more is refused with 429 (None: only the scheduler's
         ``queue_limit``).
-    weight: its share of GPU time relative to other apps at the same
-        effective priority (1 for each app that sets none); validated, not
-        yet used by the scheduler.
+    weight: its share of GPU time relative to other apps at about the same
+        effective priority (1 for each app that sets none): a request of an
+        app ahead of its share ranks up to ``[scheduler] share_points`` lower
+        (:mod:`yard.core.fairness`). No app with a weight other than 1: off.
     """
 
     name: str
