@@ -76,6 +76,8 @@ class ProxyRequest:
     allow_late: run it even when the deadline cannot be met.
     request_id: yard's id for it (also the job id's request, for jobs).
     model: the ``model`` it named, if it came through ``/v1``.
+    not_before: earliest start on the engine clock, or None (a time window).
+    window_label: how people read ``not_before`` ("13:50:00Z (X-Yard-Not-Before)").
     """
 
     method: str
@@ -90,6 +92,8 @@ class ProxyRequest:
     allow_late: bool
     request_id: str
     model: str | None = None
+    not_before: float | None = None
+    window_label: str = ""
 
     @property
     def target(self) -> bytes:

@@ -76,9 +76,22 @@ async def test_a_request_in_an_announced_window_finds_its_backend_ready(tmp_path
             warm.append(await _queue_ms(client))
             shown = (await client.get(f"/v1/announcements/{announcement}")).json()
             metrics = (await client.get("/metrics")).text
+            # A time window on a synchronous request: it waits, held, until it opens.
+            held = await client.post(
+                "/v1/chat/completions", json=CHAT, headers={"x-yard-start-after": "1.5"}
+            )
+            both = await client.post(
+                "/v1/chat/completions",
+                json=CHAT,
+                headers={"x-yard-start-after": "1", "x-yard-not-before": "2026-12-03T13:50:00Z"},
+            )
 
     print(f"X-Yard-Queue-Ms without announcement {cold}, inside the announced window {warm}")
     assert min(cold) > LOAD_S * 1000
     assert max(warm) < 50
     assert (shown["status"], shown["used"]) == ("used", 2)
     assert 'yard_announcements_total{app="radio",outcome="used"} 1.0' in metrics
+    assert held.status_code == 200
+    assert float(held.headers["x-yard-queue-ms"]) >= 1500
+    assert both.status_code == 400
+    assert both.json()["error"]["code"] == "invalid_window"

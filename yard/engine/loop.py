@@ -126,6 +126,7 @@ class Engine:
             send_event=self._send_event,
             spawn=self._nursery_start,
             start_timeout_s=start_timeout_s,
+            warmup=self._warmup,
         )
         self._nursery: trio.Nursery | None = None
         self._started = False
@@ -170,12 +171,16 @@ class Engine:
         allow_late: bool = False,
         arrived_at: float | None = None,
         requeued: bool = False,
+        not_before: float | None = None,
+        window_label: str = "",
     ) -> Admission:
         """Hand a request to the scheduler and return its :class:`Admission`.
 
         Times are on the engine clock. ``arrived_at`` is for requests that arrived
         before now (a job restored after a restart); ``requeued`` for one that was
-        already requeued once. Never blocks. After shutdown the admission is already
+        already requeued once. ``not_before``: the work must not start before then
+        (held until its window opens; ``window_label`` is how people read it, for
+        the reason it waits). Never blocks. After shutdown the admission is already
         rejected (503, ``shutting_down``).
 
         Raises :class:`Rejected` (429 ``app_queue_full``, with a Retry-After) when
@@ -213,6 +218,8 @@ class Engine:
             start_by=start_by,
             allow_late=allow_late,
             requeued=requeued,
+            not_before=not_before,
+            window_label=window_label,
         )
         self._deliver(event, now)
         return admission
@@ -287,6 +294,14 @@ class Engine:
             inflight_by_app=dict(self._book.inflight_by_app),
             refusals={app: dict(codes) for app, codes in self._refusals.items()},
         )
+
+    def _warmup(self, backend: str) -> str | None:
+        """The latest warm-up progress the supervisor noted in the backend's
+        log (``[yard] warm-up 40 % (...)``), or None."""
+        for line in reversed(self.backend_log(backend)[-20:]):
+            if line.startswith("[yard] warm-up "):
+                return line.removeprefix("[yard] ")
+        return None
 
     def backend_log(self, backend: str) -> list[str]:
         """The last log lines of the backend, from the ``logs`` it was given

@@ -44,11 +44,13 @@ from yard.http.errors import ApiError, error_body, error_headers
 from yard.http.intake import (
     INLINE_LIMIT,
     authenticate,
+    check_window,
     clamp_priority,
     flag,
     local_app,
     model_of,
     new_request_id,
+    parse_not_before,
     parse_start_by,
     too_large,
     without_connection_options,
@@ -148,6 +150,8 @@ class Gateway:
                 request_id=request_id,
                 start_by=request.start_by,
                 allow_late=request.allow_late,
+                not_before=request.not_before,
+                window_label=request.window_label,
             )
         except Rejected as exc:
             # Refused before it was queued (the app's max_queued).
@@ -322,6 +326,7 @@ class Gateway:
         forwarded: Headers = []
         authorization = content_type = content_length = None
         priority = start_by = start_within = allow_late = prefer = connection = None
+        not_before = start_after = None
         for name, value in scope["headers"]:
             if name.startswith(b"x-yard-"):
                 if name == b"x-yard-priority":
@@ -332,6 +337,10 @@ class Gateway:
                     start_within = value
                 elif name == b"x-yard-allow-late":
                     allow_late = value
+                elif name == b"x-yard-not-before":
+                    not_before = value
+                elif name == b"x-yard-start-after":
+                    start_after = value
                 continue
             if name == b"authorization":
                 authorization = value
@@ -402,6 +411,10 @@ class Gateway:
             upstream_path = raw_path.decode("latin-1")
 
         engine = self.runtime.engine
+        now = engine.now()
+        deadline = parse_start_by(now, start_by, start_within)
+        opens, window_label = parse_not_before(now, not_before, start_after)
+        check_window(opens, deadline)
         request = ProxyRequest(
             method=method,
             path=upstream_path,
@@ -411,10 +424,12 @@ class Gateway:
             backend=backend_config.name,
             app=app.name,
             priority=clamp_priority(config, app, priority),
-            start_by=parse_start_by(engine.now(), start_by, start_within),
+            start_by=deadline,
             allow_late=flag(allow_late, "X-Yard-Allow-Late"),
             request_id=request_id,
             model=model,
+            not_before=opens,
+            window_label=window_label,
         )
         is_async = rerun_safe = False
         if prefer is not None:

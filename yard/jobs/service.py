@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -253,12 +253,18 @@ class Jobs:
                     message="the deadline is out of range: it must fall between the years "
                     "0001 and 9999 (UTC)",
                 )
+        not_before = None
+        if request.not_before is not None:
+            # The window is kept on the wall clock, like the deadline: it survives restarts.
+            not_before = now_wall + (request.not_before - self.engine.now())
         quota = Quota(
             max_jobs=self.config.max_jobs_per_app,
             max_bytes=self.config.max_stored_bytes_per_app,
         )
         try:
-            job = await self._insert(job_id, request, start_by, rerun_safe, now_wall, quota)
+            job = await self._insert(
+                job_id, request, start_by, rerun_safe, now_wall, quota, not_before
+            )
         except QuotaExceeded as exc:
             raise self._over_quota(request.app, exc, now_wall) from None
         # On disk first, then into the queue: a crash in between leaves a
@@ -281,6 +287,7 @@ class Jobs:
         rerun_safe: bool,
         now_wall: float,
         quota: Quota,
+        not_before: float | None = None,
     ) -> JobRecord:
         return await self.store.insert(
             job_id=job_id,
@@ -289,6 +296,7 @@ class Jobs:
             backend=request.backend,
             priority=request.priority,
             start_by=start_by,
+            not_before=not_before,
             allow_late=request.allow_late,
             rerun_safe=rerun_safe,
             created_at=now_wall,
@@ -341,6 +349,11 @@ class Jobs:
             raise RuntimeError("Jobs.run() has not started")
         now_engine = self.engine.now()
         now_wall = self._wall()
+        # A time window (X-Yard-Not-Before), kept on the wall clock: held until it opens.
+        window: dict[str, Any] = {}
+        if job.not_before is not None:
+            window["not_before"] = now_engine + (job.not_before - now_wall)
+            window["window_label"] = f"{rfc3339(job.not_before)} (X-Yard-Not-Before)"
         admission = self.engine.submit(
             backend=job.backend,
             priority=job.priority,
@@ -352,6 +365,7 @@ class Jobs:
                 None if arrived_at_wall is None else now_engine - (now_wall - arrived_at_wall)
             ),
             requeued=job.requeued,
+            **window,
         )
         running = _Running(admission=admission, scope=trio.CancelScope())
         self._running[job.id] = running

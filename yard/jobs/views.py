@@ -81,6 +81,7 @@ def job_json(
         if view is None
         else number("effective_priority", view.effective_priority),
         "deadline": when("deadline", job.start_by),
+        "not_before": when("not_before", job.not_before),
         "allow_late": job.allow_late,
         "rerun_safe": job.rerun_safe,
         "requeued": job.requeued,
