@@ -15,6 +15,7 @@ from yard.core.events import (
     AdminPin,
     AdminUnload,
     BackendExited,
+    BackendLoading,
     BackendReady,
     BackendStopped,
     MemoryMeasured,
@@ -25,6 +26,12 @@ from yard.core.placement import Outcome
 from yard.core.records import Backend
 from yard.core.spec import HOST, Profile
 from yard.core.state import Core
+
+
+def loading(core: Core, ev: BackendLoading) -> None:
+    b = core.backends.get(ev.backend)
+    if b is not None and b.state is BackendState.STARTING:
+        b.loading = ev.progress
 
 
 def ready(core: Core, ev: BackendReady, now: float, out: list[Decision]) -> None:

@@ -130,6 +130,16 @@ class BackendReady(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class BackendLoading(Event):
+    """How far a load is, for people (e.g. ``"warm-up 40 % (3,277 of 8,192
+    tokens, 51 s)"``): shown in the backend's reason and in the waiting
+    reason of its requests until it is ready. Changes no decision."""
+
+    backend: str
+    progress: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BackendStartFailed(Event):
     """It exited or never became healthy within its start-up timeout. The
     engine has made sure the process is gone."""

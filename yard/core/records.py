@@ -50,6 +50,7 @@ class Backend:
     reserved: dict[str, int] = field(default_factory=dict)
     live: dict[str, int] = field(default_factory=dict)
     measuring: bool = False
+    loading: str = ""  # how far its load is (BackendLoading), while starting
     context: int | None = None
     started_at: float | None = None
     ready_at: float | None = None

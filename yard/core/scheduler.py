@@ -115,6 +115,7 @@ from yard.core.events import (
     AnnouncementMade,
     AnnouncementWithdrawn,
     BackendExited,
+    BackendLoading,
     BackendReady,
     BackendStartFailed,
     BackendStopped,
@@ -225,6 +226,8 @@ class Scheduler:
                 request_events.cancelled(core, event, now)
             case RequestFinished():
                 request_events.finished(core, event, now)
+            case BackendLoading():
+                backend_events.loading(core, event)
             case BackendReady():
                 backend_events.ready(core, event, now, out)
                 windows.profile_changed(core, event.backend, now)

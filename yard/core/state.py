@@ -129,6 +129,7 @@ class Core:
         b.reserved = {}
         b.live = {}
         b.measuring = False
+        b.loading = ""
         b.drain_reason = None
         b.idle_since = None
         b.overcommit = None
@@ -258,6 +259,7 @@ class Core:
         self.touched_devices.update(loading(d) for d in b.devices)
         b.reserved = {} if measure else dict(plan.need)
         b.live = {}
+        b.loading = ""
         b.measuring = measure
         b.started_at = now
         b.ready_at = None

@@ -123,7 +123,8 @@ def waiting_reason(
         return before + f"about to be dispatched to {b.name}"
     if b.state is BackendState.STARTING:
         cost = start_cost(b, now)
-        return before + f"waiting for {b.name} to load (est. {reasons.secs(cost)})"
+        loading = f"; loading: {b.loading}" if b.loading else ""
+        return before + f"waiting for {b.name} to load (est. {reasons.secs(cost)}{loading})"
     if b.state is BackendState.DRAINING:
         return before + f"waiting: {b.name} is draining ({b.reason})"
     if b.state is BackendState.STOPPING:
@@ -209,10 +210,18 @@ def backend_view(b: Backend, profile: Profile | None) -> BackendView:
         pinned=b.pinned,
         profile=profile,
         last_load_s=b.learned_load_s,
-        reason=f"{b.reason}; {b.queue.size} waiting: {b.wait_reason}" if waiting else b.reason,
+        reason=_reason(b, bool(waiting)),
         queued=b.queue.size,
         context=b.context if b.state in OCCUPYING else None,
     )
+
+
+def _reason(b: Backend, waiting: bool) -> str:
+    if waiting:
+        return f"{b.reason}; {b.queue.size} waiting: {b.wait_reason}"
+    if b.state is BackendState.STARTING and b.loading:
+        return f"{b.reason}; {b.loading}"
+    return b.reason
 
 
 def positions(ordered: list[Req]) -> tuple[dict[str, int], dict[str, int]]:

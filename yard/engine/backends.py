@@ -18,6 +18,7 @@ import trio
 from yard.core.decisions import StartBackend
 from yard.core.events import (
     BackendExited,
+    BackendLoading,
     BackendReady,
     BackendStartFailed,
     BackendStopped,
@@ -32,6 +33,9 @@ log = logging.getLogger("yard.engine")
 # Bound on how long to wait for a stopped backend's memory to show as free.
 _RELEASE_WAIT_S = 10.0
 
+WARMUP_POLL_S = 1.0
+"""How often a measured load's warm-up progress is looked at."""
+
 
 class Backends:
     """The backend processes one engine started, and the tasks that run them.
@@ -43,6 +47,8 @@ class Backends:
     send_event: hands an event to the core. spawn: starts a task in the engine's
         nursery.
     start_timeout_s: per backend, how long start-up plus warm-up may take.
+    warmup: per backend, the latest progress report of a measured load's
+        warm-up (``"warm-up 40 % (...)"``), or None.
     """
 
     def __init__(
@@ -54,6 +60,7 @@ class Backends:
         send_event: Callable[[Event], None],
         spawn: Callable[..., None],
         start_timeout_s: Callable[[str], float],
+        warmup: Callable[[str], str | None] = lambda backend: None,
     ) -> None:
         self.records = records
         self._launcher = launcher
@@ -61,6 +68,7 @@ class Backends:
         self._send_event = send_event
         self._spawn = spawn
         self._start_timeout_s = start_timeout_s
+        self._warmup = warmup
         # Counters for the engine's statistics().
         self.load_failures = 0
         self.ooms = 0
@@ -119,12 +127,14 @@ class Backends:
                     if record.stop_requested:
                         record.scope.cancel()
                     try:
-                        with trio.fail_after(self._start_timeout_s(name)):
+                        timeout = self._start_timeout_s(name)
+                        with trio.fail_after(timeout) as deadline:
+                            if record.measure:
+                                sampling.start_soon(self._watch_warmup, name, deadline, timeout)
                             await process.wait_ready()
                     except BackendStartError as exc:
                         failure = (exc.detail, exc.oom)
                     except trio.TooSlowError:
-                        timeout = self._start_timeout_s(name)
                         failure = (f"{name} did not become ready within {timeout:g} s", False)
                     except Exception as exc:
                         log.exception("waiting for %s to become ready failed", name)
@@ -161,6 +171,22 @@ class Backends:
                 return
         record.scope = None
         await self._stop_process(record)
+
+    async def _watch_warmup(self, name: str, deadline: trio.CancelScope, extend_s: float) -> None:
+        """Tell the core (and the log) each progress report of a measured
+        load's warm-up. A warm-up that reports progress is waited for: each
+        report gives it the start-up timeout again from then, so a long
+        context fill is not killed while it moves, and one that stalls is."""
+        last: str | None = None
+        while True:
+            await trio.sleep(WARMUP_POLL_S)
+            progress = self._warmup(name)
+            if progress is None or progress == last:
+                continue
+            last = progress
+            log.info("%s loading: %s", name, progress)
+            self._send_event(BackendLoading(backend=name, progress=progress))
+            deadline.deadline = max(deadline.deadline, trio.current_time() + extend_s)
 
     def _started_failed(self, record: BackendRecord, detail: str, oom: bool) -> None:
         self.load_failures += 1
