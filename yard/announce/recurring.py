@@ -36,7 +36,7 @@ class Recurring:
 
 
 def parse(
-    raw: object, *, apps: Sequence[str], models: Sequence[str], where: str = "[[announcements]]"
+    raw: object, *, apps: Sequence[str], models: Sequence[str], where: str = "announcements"
 ) -> tuple[Recurring, ...]:
     """Check the ``announcements`` array of the configuration; raises
     ``ValueError`` with a message naming the entry and the key."""

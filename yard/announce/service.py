@@ -300,11 +300,17 @@ class Announcements:
 def announcement_service(engine: Engine, jobs: JobStore, config: Config) -> Announcements:
     """The service ``yard serve`` runs: over the jobs database, with the
     configuration's limits and recurring announcements."""
+    per_app = {
+        name: app.max_announcements
+        for name, app in config.apps.items()
+        if app.max_announcements is not None
+    }
     return Announcements(
         engine=engine,
         store=AnnouncementStore(jobs.database),
         config=config,
-        limits=Limits(),
+        limits=Limits(default=config.scheduler.max_announcements, per_app=per_app),
+        recurring=config.announcements,
     )
 
 

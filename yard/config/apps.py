@@ -49,6 +49,7 @@ class AppConfig:
     models: tuple[str, ...] | None = None
     max_concurrent: int | None = None
     max_queued: int | None = None
+    max_announcements: int | None = None
     weight: float = 1.0
     _scope: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -95,6 +96,7 @@ APP_KEYS = (
     "max_concurrent",
     "max_queued",
     "weight",
+    "max_announcements",
 )
 
 APP_SECRETS = ("key", "key_env", "key_sha256")
@@ -193,6 +195,11 @@ def _app_limits(r: _Reader, table: dict[str, Any], key: str) -> AppConfig | None
         name: r.get(table, key, name, int, 0, _positive) if name in table else None
         for name in ("max_concurrent", "max_queued")
     }
+    announcements = (
+        r.get(table, key, "max_announcements", int, 0, _not_negative)
+        if "max_announcements" in table
+        else None
+    )
     weight = r.get(table, key, "weight", float, 1.0, _positive)
     if len(r.errors) > before:
         return None
@@ -204,7 +211,12 @@ def _app_limits(r: _Reader, table: dict[str, Any], key: str) -> AppConfig | None
         max_concurrent=counts["max_concurrent"],
         max_queued=counts["max_queued"],
         weight=weight,
+        max_announcements=announcements,
     )
+
+
+def _not_negative(value: int) -> str | None:
+    return None if value >= 0 else f"must be 0 or more, got {value}"
 
 
 def _check_app_models(

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from yard.announce import recurring
+from yard.announce.recurring import Recurring
 from yard.config.apps import AppConfig, _apps, _check_app_models, key_digest
 from yard.config.backends import BackendConfig, DeviceConfig, _backends, _devices
 from yard.config.jobs import JobsConfig, _jobs
@@ -34,6 +36,7 @@ class Config:
     apps: Mapping[str, AppConfig]
     backends: Mapping[str, BackendConfig]
     jobs: JobsConfig = field(default_factory=JobsConfig)
+    announcements: tuple[Recurring, ...] = ()
 
     @property
     def config_dir(self) -> Path:
@@ -187,7 +190,7 @@ def _check_exposure(
         )
 
 
-TOP_KEYS = ("server", "scheduler", "devices", "apps", "backends", "jobs")
+TOP_KEYS = ("server", "scheduler", "devices", "apps", "backends", "jobs", "announcements")
 
 SCHEDULER_KEYS = tuple(f.name for f in dataclasses.fields(SchedulerConfig))
 
@@ -229,6 +232,7 @@ def _build(r: _Reader, data: dict[str, Any]) -> Config:
     backends = _backends(r, r.table(data, "", "backends"), server)
     jobs = _jobs(r, r.table(data, "", "jobs"), server)
     _check_app_models(r, apps, backends)
+    announcements = _announcements(r, data.get("announcements"), apps, backends)
     if server.admin_key is not None:
         for app in apps.values():
             if app.has_key(server.admin_key):
@@ -242,7 +246,24 @@ def _build(r: _Reader, data: dict[str, Any]) -> Config:
         apps=apps,
         backends=backends,
         jobs=jobs,
+        announcements=announcements,
     )
+
+
+def _announcements(
+    r: _Reader,
+    raw: object,
+    apps: Mapping[str, AppConfig],
+    backends: Mapping[str, BackendConfig],
+) -> tuple[Recurring, ...]:
+    """``[[announcements]]``: recurring announcements (yard.announce.recurring)."""
+    models = [m for b in backends.values() for m in b.models]
+    try:
+        return recurring.parse(raw, apps=list(apps), models=models)
+    except ValueError as exc:
+        key, _, message = str(exc).partition(": ")
+        r.error(key, message)
+        return ()
 
 
 def _scheduler(r: _Reader, data: dict[str, Any]) -> SchedulerConfig:

@@ -154,6 +154,9 @@ class SchedulerConfig:
         the backend's exit report before it fails as ``backend_failed``.
     lead_margin_s: a backend is loaded this long more than its measured load
         time before announced or held work's window opens.
+    max_announcements: most announcements an app may have open at once
+        (``POST /v1/announcements``; ``[apps.NAME] max_announcements`` overrides
+        it). Read by the announcement service, not by the core.
     """
 
     aging_rate: float = 1.0
@@ -169,6 +172,7 @@ class SchedulerConfig:
     default_service_s: float = 10.0
     lost_grace_s: float = 5.0
     lead_margin_s: float = 2.0
+    max_announcements: int = 16
 
     def __post_init__(self) -> None:
         if self.aging_rate <= 0:
@@ -177,5 +181,7 @@ class SchedulerConfig:
             raise ValueError("max_priority must not be below min_priority")
         if self.deadline_boost < 0 or self.batch_bound < 0 or self.queue_limit < 1:
             raise ValueError("deadline_boost and batch_bound >= 0, queue_limit >= 1")
+        if self.lead_margin_s < 0 or self.max_announcements < 0:
+            raise ValueError("lead_margin_s and max_announcements must not be negative")
         if self.share_points < 0:
             raise ValueError("share_points must not be negative")
