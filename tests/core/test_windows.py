@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.core.harness import Harness, gpu, host
+from tests.core.harness import GIB, Harness, gpu, host
 from yard.core import (
     AnnouncementEnded,
     AnnouncementMade,
@@ -13,24 +13,39 @@ from yard.core import (
     BackendSpec,
     Dispatch,
     Event,
+    ProfileMeasured,
     RequestArrived,
+    Scheduler,
     SchedulerConfig,
     StartBackend,
     StopBackend,
 )
 
 
-def machine(idle_ttl_s: float | None = None, **cfg: float) -> Harness:
-    """One 24 GiB GPU; chat (16 GiB, loads in 20 s) and big (16 GiB, 30 s): one at a time."""
-    return Harness(
-        [
-            BackendSpec(name="chat", gpus=("gpu0",), idle_ttl_s=idle_ttl_s),
-            BackendSpec(name="big", gpus=("gpu0",)),
-        ],
-        devices=(gpu("gpu0", 24), host(64)),
-        config=SchedulerConfig(default_service_s=10, **cfg),  # type: ignore[arg-type]
-        profiles={"chat": (16, 1, 20), "big": (16, 1, 30)},
-    )
+def machine(idle_ttl_s: float | None = None, *, reference: bool = False, **cfg: float) -> Harness:
+    """One 24 GiB GPU; chat (16 GiB, loads in 20 s) and big (16 GiB, 30 s): one at a time.
+    ``reference``: its scheduler plans every load afresh on every event."""
+    backends = [
+        BackendSpec(name="chat", gpus=("gpu0",), idle_ttl_s=idle_ttl_s),
+        BackendSpec(name="big", gpus=("gpu0",)),
+    ]
+    devices = (gpu("gpu0", 24), host(64))
+    config = SchedulerConfig(default_service_s=10, **cfg)  # type: ignore[arg-type]
+    profiles = {"chat": (16.0, 1.0, 20.0), "big": (16.0, 1.0, 30.0)}
+    h = Harness(backends, devices=devices, config=config)
+    if reference:
+        h.s = Scheduler(devices, backends, config, replan_everything=True)
+    for name, (g, m, load) in profiles.items():
+        h.feed(
+            ProfileMeasured(
+                backend=name,
+                gpu_bytes=int(g * GIB),
+                host_bytes=int(m * GIB),
+                load_s=load,
+                source="stored",
+            )
+        )
+    return h
 
 
 def held(
@@ -285,6 +300,7 @@ def test_nothing_is_dispatched_before_its_not_before(
     announcements: list[tuple[int, str, int, int, int, int, bool]],
 ) -> None:
     h = machine(idle_ttl_s=30)
+    ref = machine(idle_ttl_s=30, reference=True)
     events: list[tuple[float, Event]] = []
     not_before: dict[str, float] = {}
     service: dict[str, float] = {}
@@ -309,6 +325,9 @@ def test_nothing_is_dispatched_before_its_not_before(
             events.append((float(t + 30), AnnouncementWithdrawn(announcement_id=aid)))
     events.sort(key=lambda e: e[0])
     h.play(events, service, until=5_000)  # type: ignore[arg-type]  # any event plays
+    # Incremental planning decides exactly as planning everything afresh would.
+    ref.play(events, service, until=5_000)  # type: ignore[arg-type]
+    assert ref.log == h.log
     for at, d in h.log:
         if isinstance(d, Dispatch):
             assert at >= not_before.get(d.request_id, 0.0), (d.request_id, at)
