@@ -1,0 +1,274 @@
+"""The Batch API (``/v1/files``, ``/v1/batches``, :mod:`yard.batches`)."""
+
+from __future__ import annotations
+
+from yard.http.openapi.common import (
+    AUTH_ERRORS,
+    Schema,
+    error_response,
+    json_response,
+    nullable,
+    op,
+    path_param,
+    query,
+    ref,
+    text_response,
+)
+
+_BATCH_STATUSES = [
+    "validating",
+    "failed",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "expired",
+    "cancelling",
+    "cancelled",
+]
+_STAMP = {"type": nullable("integer")}
+
+
+def _list_of(item: str) -> Schema:
+    return {
+        "type": "object",
+        "required": ["object", "data", "first_id", "last_id", "has_more"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": ref(item)},
+            "first_id": {"type": nullable("string")},
+            "last_id": {"type": nullable("string")},
+            "has_more": {"type": "boolean"},
+        },
+    }
+
+
+SCHEMAS: dict[str, Schema] = {
+    "File": {
+        "description": "A stored file (OpenAI's file object).",
+        "type": "object",
+        "required": ["id", "object", "bytes", "created_at", "filename", "purpose", "status"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "file"},
+            "bytes": {"type": "integer"},
+            "created_at": {"type": "integer"},
+            "expires_at": _STAMP,
+            "filename": {"type": "string"},
+            "purpose": {"enum": ["batch", "batch_output"]},
+            "status": {"const": "processed"},
+            "status_details": {"type": nullable("string")},
+        },
+    },
+    "FileList": _list_of("File"),
+    "FileDeleted": {
+        "type": "object",
+        "required": ["id", "object", "deleted"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "file"},
+            "deleted": {"type": "boolean"},
+        },
+    },
+    "FileUpload": {
+        "type": "object",
+        "required": ["file", "purpose"],
+        "properties": {
+            "file": {"type": "string", "contentMediaType": "application/octet-stream"},
+            "purpose": {"const": "batch"},
+        },
+    },
+    "BatchCreate": {
+        "type": "object",
+        "required": ["input_file_id", "endpoint", "completion_window"],
+        "properties": {
+            "input_file_id": {"type": "string"},
+            "endpoint": {
+                "enum": [
+                    "/v1/chat/completions",
+                    "/v1/completions",
+                    "/v1/embeddings",
+                    "/v1/responses",
+                    "/v1/moderations",
+                ]
+            },
+            "completion_window": {
+                "type": "string",
+                "description": 'Whole hours, 1h to jobs.batch_max_window_s ("24h").',
+            },
+            "metadata": {
+                "type": nullable("object"),
+                "additionalProperties": {"type": "string"},
+            },
+        },
+    },
+    "Batch": {
+        "description": "A batch (OpenAI's batch object). Every line is a job of the app.",
+        "type": "object",
+        "required": ["id", "object", "endpoint", "input_file_id", "completion_window", "status"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "batch"},
+            "endpoint": {"type": "string"},
+            "errors": {
+                "type": nullable("object"),
+                "properties": {
+                    "object": {"const": "list"},
+                    "data": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "code": {"type": "string"},
+                                "message": {"type": "string"},
+                                "param": {"type": nullable("string")},
+                                "line": {"type": nullable("integer")},
+                            },
+                        },
+                    },
+                },
+            },
+            "input_file_id": {"type": "string"},
+            "completion_window": {"type": "string"},
+            "status": {"enum": _BATCH_STATUSES},
+            "output_file_id": {"type": nullable("string")},
+            "error_file_id": {"type": nullable("string")},
+            "created_at": {"type": "integer"},
+            "in_progress_at": _STAMP,
+            "expires_at": _STAMP,
+            "finalizing_at": _STAMP,
+            "completed_at": _STAMP,
+            "failed_at": _STAMP,
+            "expired_at": _STAMP,
+            "cancelling_at": _STAMP,
+            "cancelled_at": _STAMP,
+            "request_counts": {
+                "type": "object",
+                "properties": {
+                    "total": {"type": "integer"},
+                    "completed": {"type": "integer"},
+                    "failed": {"type": "integer"},
+                },
+            },
+            "metadata": {"type": nullable("object")},
+        },
+    },
+    "BatchList": _list_of("Batch"),
+}
+_FILE_ID = path_param("file_id", "The file's id (`file-...`).")
+_BATCH_ID = path_param("batch_id", "The batch's id (`batch_...`).")
+_BATCH_ERRORS = {
+    **AUTH_ERRORS,
+    "501": error_response("`batches_unavailable`: this yard runs without the job service."),
+}
+
+
+def paths() -> Schema:
+    file_404 = {"404": error_response("`file_not_found`: no such file for this key.")}
+    batch_404 = {"404": error_response("`batch_not_found`: no such batch for this key.")}
+    cursor = query("after", "The last id of the previous page.")
+    return {
+        "/v1/files": {
+            "post": op(
+                "Upload a batch input file (multipart: file, purpose=batch)",
+                {
+                    "200": json_response(ref("File"), "Stored."),
+                    "400": error_response("`invalid_purpose`, `missing_required_parameter`."),
+                    "403": error_response("`admin_cannot_submit`: use an app's key."),
+                    "413": error_response("`file_too_large` (jobs.batch_max_file_bytes)."),
+                    "429": error_response("`too_many_files` (jobs.batch_max_files_per_app)."),
+                    **_BATCH_ERRORS,
+                },
+                requestBody={
+                    "required": True,
+                    "content": {"multipart/form-data": {"schema": ref("FileUpload")}},
+                },
+            ),
+            "get": op(
+                "The caller's files (the admin key sees every app's)",
+                {
+                    "200": json_response(ref("FileList"), "A page of files."),
+                    "400": error_response("`invalid_limit`, `invalid_order`."),
+                    **file_404,
+                    **_BATCH_ERRORS,
+                },
+                parameters=[
+                    query("purpose", "Only files of this purpose."),
+                    query("limit", "1 to 10000 (default 10000)."),
+                    query("order", "asc or desc (default desc)."),
+                    cursor,
+                ],
+            ),
+        },
+        "/v1/files/{file_id}": {
+            "get": op(
+                "A file",
+                {"200": json_response(ref("File"), "The file."), **file_404, **_BATCH_ERRORS},
+                parameters=[_FILE_ID],
+            ),
+            "delete": op(
+                "Delete a file",
+                {"200": json_response(ref("FileDeleted"), "Deleted."), **file_404, **_BATCH_ERRORS},
+                parameters=[_FILE_ID],
+            ),
+        },
+        "/v1/files/{file_id}/content": {
+            "get": op(
+                "A file's bytes (an output or error file: OpenAI's JSONL line format)",
+                {
+                    "200": text_response("application/octet-stream", "The bytes."),
+                    **file_404,
+                    **_BATCH_ERRORS,
+                },
+                parameters=[_FILE_ID],
+            )
+        },
+        "/v1/batches": {
+            "post": op(
+                "Create a batch (`Prefer: rerun-safe`: a line interrupted by a restart "
+                "runs once more)",
+                {
+                    "200": json_response(ref("Batch"), "Created, validating."),
+                    "400": error_response(
+                        "`invalid_request`, `invalid_completion_window`, `invalid_metadata` "
+                        "(`param` names the field)."
+                    ),
+                    "403": error_response("`admin_cannot_submit`: use an app's key."),
+                    **file_404,
+                    **_BATCH_ERRORS,
+                },
+                requestBody={
+                    "required": True,
+                    "content": {"application/json": {"schema": ref("BatchCreate")}},
+                },
+            ),
+            "get": op(
+                "The caller's batches, newest first (the admin key sees every app's)",
+                {
+                    "200": json_response(ref("BatchList"), "A page of batches."),
+                    "400": error_response("`invalid_limit`."),
+                    **batch_404,
+                    **_BATCH_ERRORS,
+                },
+                parameters=[query("limit", "1 to 100 (default 20)."), cursor],
+            ),
+        },
+        "/v1/batches/{batch_id}": {
+            "get": op(
+                "A batch: status, request counts, output and error files",
+                {"200": json_response(ref("Batch"), "The batch."), **batch_404, **_BATCH_ERRORS},
+                parameters=[_BATCH_ID],
+            )
+        },
+        "/v1/batches/{batch_id}/cancel": {
+            "post": op(
+                "Cancel a batch: queued lines end `batch_cancelled`, running ones finish",
+                {
+                    "200": json_response(ref("Batch"), "Cancelling (or cancelled)."),
+                    **batch_404,
+                    "409": error_response("`batch_not_cancellable`: it has ended."),
+                    **_BATCH_ERRORS,
+                },
+                parameters=[_BATCH_ID],
+            )
+        },
+    }
