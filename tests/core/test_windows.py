@@ -13,6 +13,7 @@ from yard.core import (
     BackendSpec,
     Dispatch,
     Event,
+    Flag,
     ProfileMeasured,
     RequestArrived,
     Scheduler,
@@ -174,9 +175,13 @@ def test_a_backend_with_announced_work_within_its_reload_time_is_not_evicted() -
     assert "keeping chat: 3 announced requests from t=100 is within its 20.0 s reload time" in (
         view.reason
     )
-    # nor stopped when idle past its idle_ttl_s
+    # nor stopped when idle past its idle_ttl_s, and it says why
     h.tick(200)
     assert h.stops() == []
+    kept = [f.reason for _, f in h.log if isinstance(f, Flag) and f.backend == "chat"]
+    assert kept == [
+        "keeping chat: 3 announced requests from t=100 is within its 20.0 s reload time"
+    ]
 
 
 def test_without_the_announcement_the_same_backend_is_evicted() -> None:

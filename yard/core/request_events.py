@@ -159,7 +159,11 @@ def finished(core: Core, ev: RequestFinished, now: float) -> None:
 def timer(core: Core, due: Due, now: float, out: list[Decision]) -> None:
     if due.kind is Timer.IDLE:
         b = core.backends[due.key]
-        if b.state is BackendState.READY and not b.running and not b.queue.size and b.ahead is None:
+        if b.state is BackendState.READY and not b.running and not b.queue.size:
+            if b.ahead is not None:
+                # Kept for work ahead; idle from when that ends (yard.core.windows).
+                out.append(Flag(backend=b.name, reason=b.ahead_keep_why))
+                return
             assert b.spec.idle_ttl_s is not None
             idle = now - (b.idle_since or now)
             core.stop(b, reasons.idle_stop(idle, b.spec.idle_ttl_s), out)
