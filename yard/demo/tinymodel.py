@@ -14,6 +14,8 @@ The file has:
   be tokenized, plus ``<unk>``, ``<s>``, ``</s>`` and the ChatML markers;
 - a ChatML chat template, so ``/v1/chat/completions`` works.
 
+The vocabulary and the template are in :mod:`yard.demo.vocabulary`.
+
 Command line::
 
     python -m yard.demo.tinymodel OUT.gguf --size-mb 5 --layers 4
@@ -29,14 +31,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import string
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypedDict
 
 import numpy as np
+
+from yard.demo.vocabulary import (
+    BOS_ID,
+    CHAT_TEMPLATE,
+    EOS_ID,
+    IM_END_ID,
+    MIN_VOCAB,
+    UNK_ID,
+    vocabulary,
+)
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -49,129 +60,6 @@ __all__ = [
     "write_tiny_llama",
 ]
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-"""ChatML, the template the model carries (``tokenizer.chat_template``)."""
-
-# Token types as GGUF numbers them (gguf.TokenType).
-_NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6
-_SPECIALS = ("<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>")
-_UNK_ID, _BOS_ID, _EOS_ID, _IM_START_ID, _IM_END_ID = range(5)
-_MIN_VOCAB = len(_SPECIALS) + 256 + 1
-_WORDS = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "it",
-    "you",
-    "that",
-    "he",
-    "was",
-    "for",
-    "on",
-    "are",
-    "as",
-    "with",
-    "his",
-    "they",
-    "at",
-    "be",
-    "this",
-    "have",
-    "from",
-    "or",
-    "one",
-    "had",
-    "by",
-    "word",
-    "but",
-    "not",
-    "what",
-    "all",
-    "were",
-    "we",
-    "when",
-    "your",
-    "can",
-    "said",
-    "there",
-    "use",
-    "an",
-    "each",
-    "which",
-    "she",
-    "do",
-    "how",
-    "their",
-    "if",
-    "will",
-    "up",
-    "other",
-    "about",
-    "out",
-    "many",
-    "then",
-    "them",
-    "these",
-    "so",
-    "some",
-    "her",
-    "would",
-    "make",
-    "like",
-    "him",
-    "into",
-    "time",
-    "has",
-    "look",
-    "two",
-    "more",
-    "write",
-    "go",
-    "see",
-    "number",
-    "no",
-    "way",
-    "could",
-    "people",
-    "my",
-    "than",
-    "first",
-    "water",
-    "been",
-    "call",
-    "who",
-    "oil",
-    "its",
-    "now",
-    "find",
-    "long",
-    "down",
-    "day",
-    "did",
-    "get",
-    "come",
-    "made",
-    "may",
-    "part",
-    "yard",
-    "model",
-    "queue",
-    "start",
-    "load",
-    "swap",
-    "memory",
-    "deadline",
-    "priority",
-    "request",
-]
 
 WeightType = Literal["f16", "f32"]
 
@@ -223,47 +111,6 @@ class ModelFacts:
         facts = dataclasses.asdict(self)
         facts["path"] = str(self.path)
         return facts
-
-
-def _vocabulary(vocab_size: int) -> tuple[list[str], list[float], list[int]]:
-    """Tokens, scores and types of a SentencePiece-style vocabulary.
-
-    Byte fallback makes any text tokenizable; the remaining pieces are words
-    and letter pairs so that ordinary prompts take fewer tokens than bytes.
-    """
-    tokens: list[str] = list(_SPECIALS)
-    types = [_UNKNOWN, _CONTROL, _CONTROL, _CONTROL, _CONTROL]
-    tokens += [f"<0x{b:02X}>" for b in range(256)]
-    types += [_BYTE] * 256
-
-    def pieces() -> Iterator[str]:
-        yield "▁"
-        for word in _WORDS:
-            yield "▁" + word
-        yield from (c for c in string.printable.strip() if c != " ")
-        for c in string.ascii_letters + string.digits:
-            yield "▁" + c
-        for a in string.ascii_lowercase:
-            for b in string.ascii_lowercase:
-                yield a + b
-                yield "▁" + a + b
-        n = 0
-        while True:  # endless unique filler for large vocabularies
-            yield f"▁w{n}"
-            n += 1
-
-    seen = set(tokens)
-    for piece in pieces():
-        if len(tokens) >= vocab_size:
-            break
-        if piece in seen:
-            continue
-        seen.add(piece)
-        tokens.append(piece)
-        types.append(_NORMAL)
-    # SentencePiece merges prefer higher scores: earlier pieces win.
-    scores = [0.0 if t != _NORMAL else -float(i) for i, t in enumerate(types)]
-    return tokens, scores, types
 
 
 _POOL = 1_000_003
@@ -327,9 +174,9 @@ def _check_dimensions(
         problems.append(f"n_head ({n_head}) must be a multiple of n_kv_head ({n_kv_head})")
     if n_ff < 1:
         problems.append(f"n_ff must be at least 1, got {n_ff}")
-    if vocab_size < _MIN_VOCAB:
+    if vocab_size < MIN_VOCAB:
         problems.append(
-            f"vocab_size must be at least {_MIN_VOCAB} (specials + 256 bytes), got {vocab_size}"
+            f"vocab_size must be at least {MIN_VOCAB} (specials + 256 bytes), got {vocab_size}"
         )
     if problems:
         raise ValueError("; ".join(problems))
@@ -404,7 +251,7 @@ def write_tiny_llama(
         n_ff=n_ff,
         vocab_size=vocab_size,
     )
-    tokens, scores, types = _vocabulary(vocab_size)
+    tokens, scores, types = vocabulary(vocab_size)
 
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
@@ -427,10 +274,10 @@ def write_tiny_llama(
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(types)
-    writer.add_unk_token_id(_UNK_ID)
-    writer.add_bos_token_id(_BOS_ID)
-    writer.add_eos_token_id(_EOS_ID)
-    writer.add_eot_token_id(_IM_END_ID)
+    writer.add_unk_token_id(UNK_ID)
+    writer.add_bos_token_id(BOS_ID)
+    writer.add_eos_token_id(EOS_ID)
+    writer.add_eot_token_id(IM_END_ID)
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)
