@@ -171,12 +171,16 @@ class Engine:
         allow_late: bool = False,
         arrived_at: float | None = None,
         requeued: bool = False,
+        not_before: float | None = None,
+        window_label: str = "",
     ) -> Admission:
         """Hand a request to the scheduler and return its :class:`Admission`.
 
         Times are on the engine clock. ``arrived_at`` is for requests that arrived
         before now (a job restored after a restart); ``requeued`` for one that was
-        already requeued once. Never blocks. After shutdown the admission is already
+        already requeued once. ``not_before``: the work must not start before then
+        (held until its window opens; ``window_label`` is how people read it, for
+        the reason it waits). Never blocks. After shutdown the admission is already
         rejected (503, ``shutting_down``).
 
         Raises :class:`Rejected` (429 ``app_queue_full``, with a Retry-After) when
@@ -214,6 +218,8 @@ class Engine:
             start_by=start_by,
             allow_late=allow_late,
             requeued=requeued,
+            not_before=not_before,
+            window_label=window_label,
         )
         self._deliver(event, now)
         return admission
