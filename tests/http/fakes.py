@@ -84,7 +84,9 @@ class FakeEngine:
         return admission
 
     def snapshot(self, limit: int = 200) -> Any:
-        backends = [SimpleNamespace(name=name, state="ready") for name in self.base_urls]
+        backends = [
+            SimpleNamespace(name=name, state="ready", context=None) for name in self.base_urls
+        ]
         return SimpleNamespace(backends=backends)
 
     async def wait_submitted(self, count: int) -> None:
