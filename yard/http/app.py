@@ -34,7 +34,8 @@ log = logging.getLogger("yard.http")
 
 def create_control_app(runtime: Runtime) -> Quart:
     """The Quart app for everything but the data plane."""
-    app = QuartTrio("yard")
+    # No app-wide /static route: the dashboard serves its own files at /dashboard/static.
+    app = QuartTrio("yard", static_folder=None)
     app.extensions[RUNTIME_KEY] = runtime
     app.config["YARD_RUNTIME"] = runtime
     # Long answers (job results, event streams) must not be cut by Quart.

@@ -133,7 +133,7 @@ _BACKEND = path_param("name", "A backend of the configuration.")
 
 
 def paths() -> Schema:
-    """``/admin/...``, ``/dashboard`` and its parts, and Quart's static route."""
+    """``/admin/...``, and ``/dashboard`` and its parts."""
     return {
         "/admin/status": {
             "get": op(
@@ -234,14 +234,6 @@ def paths() -> Schema:
                         "text/plain", "Not from loopback, and no admin key is set."
                     ),
                 },
-            )
-        },
-        "/static/{filename}": {
-            "get": op(
-                "Quart's static route (yard ships no files there)",
-                {"404": error_response("`not_found`.")},
-                parameters=[path_param("filename", "A file name.")],
-                security=[],
             )
         },
         "/dashboard/static/{filename}": {
