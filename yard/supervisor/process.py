@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 import signal
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -45,8 +44,6 @@ from yard.supervisor.readiness import (
     poll_health,
     warm_up,
 )
-
-log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 """Where every backend listens."""
@@ -191,7 +188,6 @@ class ManagedProcess:
 
     def _warming(self, progress: FillProgress) -> None:
         self.warmup = progress
-        log.info("%s: %s", self.name, progress.describe())
 
     def note(self, line: str) -> None:
         """Add a line of yard's own to its log and ring (``[yard] ...``)."""
