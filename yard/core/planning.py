@@ -23,8 +23,12 @@ only:
   another answer (a victim now refused, the eviction order changed);
 - an evicting plan whose own queue or victims were touched, or whose batching
   the clock has run out;
-- every backend after one whose new plan books, claims or takes otherwise, or
-  that carried something out in this round.
+- after a plan carried out in this round (a start, a stop, a drain), the plans
+  after it that read what that changed (the same tests, on what it touched);
+- a backend planned after a frontier that answers what its plan asked of it
+  otherwise: whether the devices of its options are claimed, how much is booked
+  there (only if it got past the claims), whether the backends it considered
+  as victims are taken.
 
 All other plans are reused as they are, with their effects on the frontier.
 
@@ -81,6 +85,8 @@ class _Step:
     plan: Plan | None  # None: it is still stopping, or has no place on this machine
     reads: Reads
     names: frozenset[str]  # the backends in reads
+    claims: frozenset[str]  # the devices whose claim it may have read
+    books: frozenset[str]  # the devices whose booking it may have read
     before: _Frontier  # the frontier it was planned after
     after: _Frontier | None  # the frontier after it, if its plan changed it
 
@@ -140,23 +146,27 @@ class Planner:
             dirty.update(self._weighers.get(device, ()))
         touched.clear()
         core.touched_devices.clear()
-        start = core.transitions
         index = {} if full else self._index
         steps: list[_Step] = []
         fresh: list[int] = []
         frontier = _EMPTY
         room: Room | None = None
         last_dirty = max(dirty, default=-1)
+        seen = core.transitions
         for i, b in enumerate(cands):
+            if core.transitions != seen and not full:
+                # A plan was carried out: the plans after it that read what it
+                # changed are planned again, the others stand.
+                seen = core.transitions
+                dirty |= self._dirty(touched, now)
+                for device in core.touched_devices:
+                    dirty.update(self._weighers.get(device, ()))
+                last_dirty = max(dirty, default=-1)
             k = index.get(b.name)
             prev = old[k] if k is not None and k not in dirty else None
-            if (
-                k is not None
-                and prev is not None
-                and core.transitions == start
-                and (frontier is prev.before or frontier.same(prev.before))
-            ):
-                if k > last_dirty and cands[i:] == self._order[k:]:
+            if k is not None and prev is not None:
+                same = frontier is prev.before or frontier.same(prev.before)
+                if same and k > last_dirty and cands[i:] == self._order[k:]:
                     # The rest is as it was: replay what changed the frontier.
                     for e in self._effects:
                         if e >= k:
@@ -164,11 +174,14 @@ class Planner:
                             frontier = old[e].after or frontier
                     steps.extend(old[k:])
                     break
-                steps.append(prev)
-                if prev.after is not None:
-                    self._replay(prev, out)
-                    frontier = prev.after
-                continue
+                if same or _reads_same(prev, frontier):
+                    if not same:
+                        _move(prev, frontier)
+                    steps.append(prev)
+                    if prev.after is not None:
+                        self._replay(prev, out)
+                        frontier = prev.after
+                    continue
             if room is None:
                 room = core.survey()
             step, room = self._plan(b, frontier, room, now, out)
@@ -285,39 +298,38 @@ class Planner:
         overtakes = head.overtakes if head is not None else 0
         if b.state is BackendState.STOPPING:
             b.wait_reason = reasons.waiting_for_stop(b.name)
+            none: frozenset[str] = frozenset()
             step = _Step(
-                b, b.state, head, urgent, overtakes, None, Reads(), frozenset(), frontier, None
+                b, b.state, head, urgent, overtakes, None, Reads(), none, none, none, frontier, None
             )
             return step, room
         reads = Reads()
-        plan = placement.blocked_at_once(b, core.options(b), frontier.claimed, room, reads)
+        options = core.options(b)
+        claims = frozenset(d for gpus, _ in options for d in gpus or (HOST,))
+        books: frozenset[str] = frozenset()
+        plan = placement.blocked_at_once(b, options, frontier.claimed, room, reads)
         if plan is None:
             reads = Reads()
             plan = core.best_plan(
                 b, head, frontier.booked, frontier.claimed, frontier.taken, now, room, reads
             )
+            books = claims | {HOST}
         names = reads.backends()
-        step = _Step(b, b.state, head, urgent, overtakes, plan, reads, names, frontier, None)
+        step = _Step(
+            b, b.state, head, urgent, overtakes, plan, reads, names, claims, books, frontier, None
+        )
         if plan is None:
             b.wait_reason = reasons.no_place(b.name)
             return step, room
         b.wait_reason = plan.reason
         if plan.status == Outcome.START:
             core.start(plan, now, out)
-            step.after = frontier.copy()
-            step.after.claimed.update(b.primary)
+            step.after = _after(plan, frontier)
             return step, core.survey()
         if plan.status == Outcome.BLOCKED:
             return step, room
-        # Waiting or evicting, it holds its place: what it needs is booked and its
-        # devices claimed, so that nothing ranked lower is placed there first.
         self._carry_out(plan, head, out)
-        after = frontier.copy()
-        after.taken.update(v.name for v in plan.victims)
-        for d, n in plan.need.items():
-            after.booked[d] = after.booked.get(d, 0) + n
-        after.claimed.update(plan.gpus or (HOST,))
-        step.after = after
+        step.after = _after(plan, frontier)
         return step, core.survey() if plan.stop else room
 
     def _replay(self, step: _Step, out: list[Decision]) -> None:
@@ -355,6 +367,41 @@ class Planner:
                 core.transition(b, Move.UNDRAIN, "ready again: the swap no longer needs its memory")
                 b.drain_reason = None
         core.victim_of = victim_of
+
+
+def _after(plan: Plan, frontier: _Frontier) -> _Frontier:
+    """The frontier after ``plan`` (one that starts, waits or evicts): its
+    devices claimed; waiting or evicting, it holds its place: what it needs is
+    booked and its victims taken, so that nothing ranked lower is placed there
+    first."""
+    after = frontier.copy()
+    after.claimed.update(plan.gpus or (HOST,))
+    if plan.status != Outcome.START:
+        after.taken.update(v.name for v in plan.victims)
+        for d, n in plan.need.items():
+            after.booked[d] = after.booked.get(d, 0) + n
+    return after
+
+
+def _reads_same(step: _Step, frontier: _Frontier) -> bool:
+    """Whether ``frontier`` answers what ``step``'s plan asked of the one it was
+    planned after the same way: whether its devices are claimed, how much is
+    booked there, whether the backends it considered as victims are taken."""
+    before = step.before
+    for d in step.claims:
+        if (d in frontier.claimed) != (d in before.claimed):
+            return False
+    for d in step.books:
+        if frontier.booked.get(d, 0) != before.booked.get(d, 0):
+            return False
+    return all((name in frontier.taken) == (name in before.taken) for name in step.names)
+
+
+def _move(step: _Step, frontier: _Frontier) -> None:
+    """Reuse ``step``'s plan after ``frontier`` (see :func:`_reads_same`)."""
+    step.before = frontier
+    if step.after is not None and step.plan is not None:
+        step.after = _after(step.plan, frontier)
 
 
 def _still_reads(step: _Step, name: str, boost: float) -> bool:
