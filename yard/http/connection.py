@@ -111,8 +111,9 @@ class Connection:
         (such a connection is closed at once at shutdown)."""
         self.waiting_since: float | None = None
         """Set while waiting on the client for a request's head (none of it,
-        or part) or for more of its body: the server may close such a
-        connection to make room at its cap (the longest waiting first)."""
+        or part) or for more of its body (also the rest of a body the app
+        answered without reading): the server may close such a connection to
+        make room at its cap (the longest waiting first)."""
         limits = server.limits
         self._keep_alive_s = limits.keep_alive_s
         self._head_timeout_s = limits.head_timeout_s
@@ -310,8 +311,14 @@ class Connection:
             try:
                 event = self.wire.next_event()
                 if event is wire.NEED_DATA:
-                    if not await self._receive(deadline):
-                        return False
+                    # The answer is out: nothing is lost if the server closes
+                    # this connection to make room.
+                    self.waiting_since = trio.current_time()
+                    try:
+                        if not await self._receive(deadline):
+                            return False
+                    finally:
+                        self.waiting_since = None
                     continue
             except wire.ProtocolError:
                 return False

@@ -135,8 +135,9 @@ class Server:
     def _make_room(self) -> bool:
         """At the cap: close the connection that has waited longest on its
         client (for a request head, idle between requests, or for more of a
-        body), so that one whose request is here (TCP_DEFER_ACCEPT) is
-        served instead. False when no connection waits on its client."""
+        body, also after its answer), so that one whose request is here
+        (TCP_DEFER_ACCEPT) is served instead. False when no connection waits
+        on its client."""
         oldest: Connection | None = None
         oldest_since = math.inf
         for conn in self.connections:
