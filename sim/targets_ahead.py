@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from sim import scenarios, scenarios_ahead
 from sim.metrics import metrics, percentile
 from sim.runner import SimResult, run
+from sim.workload import Arrival
 
 Row = dict[str, float]
 
@@ -81,14 +82,21 @@ def one_instance_floor(seed: int) -> float:
     always loaded and served their requests first come, first served, on their one
     instance (news-llm one slot, tts two): what queueing alone costs, whatever the
     policy, as long as each model runs once. Worked out from the workload, no run."""
-    arrivals = scenarios.radio_day_workload(random.Random(seed))
+    return queueing_floor(
+        scenarios.radio_day_workload(random.Random(seed)), {"news-llm": 1, "tts": 2}
+    )
+
+
+def queueing_floor(arrivals: Sequence[Arrival], slots: Mapping[str, int]) -> float:
+    """The p95 wait of the high-class ``arrivals`` for the backends in ``slots``
+    (backend: slots) when each backend is always loaded and serves first come,
+    first served on its one instance."""
     waits: list[float] = []
-    for backend, slots in (("news-llm", 1), ("tts", 2)):
-        free = [0.0] * slots
-        for a in sorted(
-            (a for a in arrivals if a.cls == "high" and a.backend == backend), key=lambda a: a.at
-        ):
-            slot = min(range(slots), key=lambda k: free[k])
+    for backend, count in slots.items():
+        free = [0.0] * count
+        mine = (a for a in arrivals if a.cls == "high" and a.backend == backend)
+        for a in sorted(mine, key=lambda a: a.at):
+            slot = min(range(count), key=lambda k: free[k])
             start = max(a.at, free[slot])
             waits.append(start - a.at)
             free[slot] = start + a.service_s

@@ -14,7 +14,7 @@ from sim.scenarios_ahead import (
     newsroom_announcements,
     radio_day_announced,
 )
-from sim.targets_ahead import ahead_metrics
+from sim.targets_ahead import ahead_metrics, queueing_floor
 from sim.workload import Arrival
 from yard.core.decisions import AnnouncementEnded, StartBackend
 
@@ -164,3 +164,16 @@ def test_fed_lines_follow_the_batch_services_pace() -> None:
         assert sum(r.arrival.at < first_end for r in on) <= model.slots, model.name
     again = run(scenario, "yard", seed=4)
     assert again.log_digest == result.log_digest
+
+
+def test_the_queueing_floor_is_first_come_first_served_on_one_instance() -> None:
+    def news(at: float, service_s: float) -> Arrival:
+        return Arrival(
+            at=at, request_id="", backend="news-llm", priority=90.0, service_s=service_s, cls="high"
+        )
+
+    # Three 90 s scripts at 0, 1 and 2 s on one slot wait 0, 89 and 178 s.
+    scripts = [news(0.0, 90.0), news(1.0, 90.0), news(2.0, 90.0)]
+    assert queueing_floor(scripts, {"news-llm": 1}) == 178.0
+    # With two slots only the third waits, for the first to end.
+    assert queueing_floor(scripts, {"news-llm": 2}) == 88.0
