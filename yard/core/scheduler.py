@@ -496,4 +496,5 @@ class Scheduler:
             ),
             queue=tuple(queue),
             queue_length=core.queued,
+            windows=windows.window_views(core),
         )

@@ -82,15 +82,43 @@ class DeviceView:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WindowView:
+    """One window of work ahead: a held request or an announcement.
+
+    kind: ``held`` (a request or job with a not-before) or ``announced``.
+    id: the announcement's id, or ``held:<request id>``.
+    opens, closes: engine times (a held request's window closes when it opens).
+    left: requests still expected (a held request: 1).
+    loads_from: when the core starts counting it for a load ahead (opens minus
+        the measured load time and the lead margin).
+    label: how people read ``opens`` ("13:50:00Z"), or empty.
+    """
+
+    id: str
+    kind: str
+    app: str
+    backend: str
+    opens: float
+    closes: float
+    priority: float
+    left: int
+    loads_from: float
+    label: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Snapshot:
     """The whole scheduler at one moment. ``queue`` is in dispatch order and
-    holds at most the ``limit`` asked for; ``queue_length`` counts them all."""
+    holds at most the ``limit`` asked for; ``queue_length`` counts them all.
+    ``windows``: the work ahead, by opening time (policies without windows
+    leave it empty)."""
 
     now: float
     devices: tuple[DeviceView, ...]
     backends: tuple[BackendView, ...]
     queue: tuple[QueuedView, ...]
     queue_length: int
+    windows: tuple[WindowView, ...] = ()
 
 
 # -- building them ------------------------------------------------------------------
@@ -242,6 +270,7 @@ __all__ = [
     "DeviceView",
     "QueuedView",
     "Snapshot",
+    "WindowView",
     "backend_view",
     "device_view",
     "dispatch_order",

@@ -47,6 +47,7 @@ from yard.core.queue import Req, ReqState, order_key
 from yard.core.records import Backend
 from yard.core.state import Core
 from yard.core.timers import Timer
+from yard.core.views import WindowView
 from yard.core.window_state import Kind, Window
 
 # -- held requests ------------------------------------------------------------
@@ -240,6 +241,31 @@ def profile_changed(core: Core, name: str, now: float) -> None:
     windows are near."""
     if core.windows.by_backend.get(name):
         _refresh(core, name, now)
+
+
+# -- what people see -----------------------------------------------------------
+
+
+def window_views(core: Core) -> tuple[WindowView, ...]:
+    """Every window ahead (held requests, announcements), by opening time."""
+    out = [
+        WindowView(
+            id=win.id,
+            kind=win.kind,
+            app=win.app,
+            backend=win.backend,
+            opens=win.opens,
+            closes=win.closes,
+            priority=win.priority,
+            left=win.left,
+            loads_from=_near_at(core, core.backends[win.backend], win),
+            label=win.label,
+        )
+        for wins in core.windows.by_backend.values()
+        for win in wins.values()
+    ]
+    out.sort(key=lambda v: (v.opens, v.id))
+    return tuple(out)
 
 
 # -- what planning sees -------------------------------------------------------
