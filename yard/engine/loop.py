@@ -104,6 +104,8 @@ class Engine:
         self._subscribers: list[
             tuple[trio.MemorySendChannel[LoggedDecision], tuple[type[Decision], ...] | None]
         ] = []
+        # Called with every event handled and every decision made (see watch()).
+        self._watchers: list[Callable[[float, Event | Decision], None]] = []
         # The requests it holds; their moves keep its counts.
         self._book = AdmissionBook()
         # The backend processes it started, by name (kept by self._backends).
@@ -272,6 +274,23 @@ class Engine:
         self._subscribers.append((send, kinds))
         return receive
 
+    def watch(self, watcher: Callable[[float, Event | Decision], None]) -> None:
+        """Call ``watcher(at, item)`` with every event the engine hands the core
+        and every decision it makes, in the engine's order, at the moment it
+        happens (engine time). It runs inside the engine's loop, so it must be
+        quick, must not block and must not raise: one that raises is logged
+        and dropped. For recorders that need exact times without a task of
+        their own (the dashboard's timeline); it changes nothing."""
+        self._watchers.append(watcher)
+
+    def _tell(self, at: float, item: Event | Decision) -> None:
+        for watcher in list(self._watchers):
+            try:
+                watcher(at, item)
+            except Exception:
+                log.exception("a watcher of the engine failed; it is dropped")
+                self._watchers.remove(watcher)
+
     def statistics(self) -> EngineStatistics:
         """Counters and gauges, as a frozen record."""
         return EngineStatistics(
@@ -381,6 +400,8 @@ class Engine:
         now = trio.current_time()
         self._events += 1
         self._handling = True
+        if self._watchers:
+            self._tell(now, event)
         try:
             decisions = self._scheduler.handle(event, now)
             if decisions:
@@ -408,6 +429,8 @@ class Engine:
         self._decisions += 1
         logged = LoggedDecision(at=now, decision=decision)
         self._log.append(logged)
+        if self._watchers:
+            self._tell(now, decision)
         if self._subscribers:
             for entry in list(self._subscribers):
                 subscriber, kinds = entry
