@@ -62,6 +62,14 @@ async def status() -> Response:
     return json_response(current_observer().status())
 
 
+@blueprint.get("/timeline")
+async def timeline() -> Response:
+    """The dashboard's timeline as data (:func:`yard.observe.timeline.build`):
+    per device and backend, the last hour's loading, loaded, serving and
+    stopping spans, and the announced windows and held work ahead."""
+    return json_response(current_observer().timeline())
+
+
 def _backend_state(observer: Observer, name: str) -> dict[str, object] | None:
     for view in observer.engine.snapshot(limit=0).backends:
         if view.name == name:

@@ -24,6 +24,7 @@ from urllib.parse import parse_qs
 
 import trio
 from jinja2 import Environment
+from markupsafe import Markup
 from quart import Blueprint, Response, current_app, render_template, request
 
 from yard.http.errors import error_body
@@ -31,7 +32,7 @@ from yard.observe import auth
 from yard.observe.report import Json
 from yard.observe.state import current_observer
 
-SECTIONS = ("summary", "memory", "backends", "queue", "decisions", "failures")
+SECTIONS = ("summary", "timeline", "memory", "backends", "queue", "decisions", "failures")
 """The parts of the page, in order; each is ``yard_observe/section_NAME.html``."""
 
 REFRESH_S = 1.0
@@ -93,10 +94,12 @@ def format_percent(part: float | None, whole: float) -> str:
     return f"{max(0.0, min(100.0, 100.0 * part / whole)):.2f}%"
 
 
-async def render_section(env: Environment, name: str, status: Json) -> str:
-    """One section of the page, rendered from the status document. Sections
-    need no request context, so the event stream renders them outside one."""
-    return await env.get_template(f"yard_observe/section_{name}.html").render_async(status=status)
+async def render_section(env: Environment, name: str, status: Json, **context: object) -> str:
+    """One section of the page, rendered from the status document (and
+    ``context``: ``timeline_svg`` for the timeline). Sections need no request
+    context, so the event stream renders them outside one."""
+    template = env.get_template(f"yard_observe/section_{name}.html")
+    return await template.render_async(status=status, **context)
 
 
 def _see_other(path: str) -> Response:
@@ -167,8 +170,10 @@ async def dashboard() -> Response | str | tuple[str, int]:
             error = "your session has expired or was logged out; enter the admin key again"
         return await _login_page(error, 401)
     status = observer.status()
+    svg = Markup(observer.timeline_svg())
     sections = {
-        name: await render_section(current_app.jinja_env, name, status) for name in SECTIONS
+        name: await render_section(current_app.jinja_env, name, status, timeline_svg=svg)
+        for name in SECTIONS
     }
     return await render_template(
         "yard_observe/dashboard.html",
@@ -257,8 +262,9 @@ async def events() -> Response:
             while not observer.stopping():
                 rendered_at = trio.current_time()
                 status = observer.status()
+                svg = Markup(observer.timeline_svg())
                 for name in SECTIONS:
-                    html = await render_section(env, name, status)
+                    html = await render_section(env, name, status, timeline_svg=svg)
                     if sent.get(name) != html:
                         sent[name] = html
                         yield sse_event("section", {"id": name, "html": html})

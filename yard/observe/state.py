@@ -11,9 +11,10 @@ import trio
 from prometheus_client import CollectorRegistry
 from quart import current_app, request
 
-from yard.observe import auth
+from yard.observe import auth, timeline
 from yard.observe.metrics import DecisionMetrics, new_registry
 from yard.observe.report import EngineSource, Json, apps_json, build_status
+from yard.observe.timeline_svg import render_svg
 
 if TYPE_CHECKING:
     from yard.http.runtime import MeterInfo, Runtime
@@ -46,6 +47,10 @@ class Observer:
     failures_before_delay, failure_max_delay_s: how wrong admin keys are
         slowed down (:class:`yard.observe.auth.LoginThrottle`).
     clock: monotonic seconds for sessions and the throttle (tests move it).
+    placements: backend name -> the GPUs it may be placed on (the timeline
+        puts work ahead for a backend not loaded lately there).
+    history: what the backends did lately, fed by ``engine.watch`` when the
+        engine has it (the timeline).
     """
 
     KEY: ClassVar[str] = "yard.observe"
@@ -64,12 +69,18 @@ class Observer:
     failures_before_delay: int = 5
     failure_max_delay_s: float = 300.0
     clock: Callable[[], float] = trio.current_time
+    placements: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    history: timeline.History = field(default_factory=timeline.History)
     registry: CollectorRegistry = field(init=False)
     decision_metrics: DecisionMetrics = field(init=False)
     sessions: auth.Sessions = field(init=False)
     throttle: auth.LoginThrottle = field(init=False)
+    _seeded: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
+        watch = getattr(self.engine, "watch", None)
+        if callable(watch):
+            watch(self.history.see)
         self.registry, self.decision_metrics = new_registry(
             self.engine, profile_margin=self.profile_margin, meter=self.meter
         )
@@ -87,6 +98,7 @@ class Observer:
             engine=runtime.engine,
             admin_key=config.server.admin_key,
             models={name: tuple(b.models) for name, b in config.backends.items()},
+            placements={name: tuple(b.gpus) for name, b in config.backends.items()},
             profile_margin=config.scheduler.profile_margin,
             started_at=runtime.started_at,
             profiles=runtime.profiles,
@@ -133,6 +145,26 @@ class Observer:
             document["meter"] = meter
         document["apps"] = apps_json(self.apps, document["statistics"])
         return document
+
+    def timeline(self, *, wall_now: float | None = None) -> Json:
+        """The timeline document (:func:`yard.observe.timeline.build`): the
+        last hour per device and backend, and the work ahead."""
+        snapshot = self.engine.snapshot(limit=0)
+        if not self._seeded:
+            # Backends started before this observer was attached.
+            self._seeded = True
+            self.history.seed(snapshot, self.engine.decisions())
+        return timeline.build(
+            self.history,
+            snapshot,
+            models=self.models,
+            placements=self.placements,
+            wall_now=wall_now,
+        )
+
+    def timeline_svg(self) -> str:
+        """The timeline as an SVG picture, for the dashboard."""
+        return render_svg(self.timeline())
 
     def refusal(self) -> auth.Refusal | None:
         """Why the current request may not act as the admin (None: it may).

@@ -14,7 +14,101 @@ from yard.http.openapi.common import (
     text_response,
 )
 
+_TIMES = {
+    "type": "number",
+    "description": "Engine time; each has a `*_wall` twin in epoch seconds.",
+}
+
 SCHEMAS: dict[str, Schema] = {
+    "Timeline": {
+        "description": "The dashboard's timeline: per device and backend, the last hour "
+        "(`spans`: `loading`, `loaded`, `serving`, `stopping`; `end` null while it goes on) "
+        "and the work ahead (`windows`: `announced` or `held`). Devices such as `gpu0|gpu1` "
+        "hold windows of a backend not loaded lately.",
+        "type": "object",
+        "required": ["now", "wall_now", "start", "end", "devices", "beyond"],
+        "properties": {
+            "now": _TIMES,
+            "wall_now": {"type": "number"},
+            "start": _TIMES,
+            "end": _TIMES,
+            "beyond": {
+                "type": "integer",
+                "description": "Windows further ahead than the picture shows (2 h).",
+            },
+            "devices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "lanes"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "lanes": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["backend", "models", "spans", "windows"],
+                                "properties": {
+                                    "backend": {"type": "string"},
+                                    "models": {"type": "array", "items": {"type": "string"}},
+                                    "spans": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "required": ["kind", "start", "end", "note"],
+                                            "properties": {
+                                                "kind": {
+                                                    "type": "string",
+                                                    "enum": [
+                                                        "loading",
+                                                        "loaded",
+                                                        "serving",
+                                                        "stopping",
+                                                    ],
+                                                },
+                                                "start": _TIMES,
+                                                "end": {"type": nullable("number")},
+                                                "note": {"type": "string"},
+                                            },
+                                        },
+                                    },
+                                    "windows": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "required": [
+                                                "id",
+                                                "kind",
+                                                "app",
+                                                "left",
+                                                "opens",
+                                                "closes",
+                                                "loads_from",
+                                            ],
+                                            "properties": {
+                                                "id": {"type": "string"},
+                                                "kind": {
+                                                    "type": "string",
+                                                    "enum": ["announced", "held"],
+                                                },
+                                                "app": {"type": "string"},
+                                                "priority": {"type": "number"},
+                                                "left": {"type": "integer"},
+                                                "label": {"type": "string"},
+                                                "opens": _TIMES,
+                                                "closes": _TIMES,
+                                                "loads_from": _TIMES,
+                                            },
+                                        },
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
     "Status": {
         "description": "Everything the dashboard shows (`yard status` prints the same).",
         "type": "object",
@@ -139,6 +233,13 @@ def paths() -> Schema:
             "get": op(
                 "Everything the dashboard shows",
                 {"200": json_response(ref("Status"), "The status document."), **AUTH_ERRORS},
+            )
+        },
+        "/admin/timeline": {
+            "get": op(
+                "The dashboard's timeline as data: the last hour per device and backend, "
+                "and the announced windows and held work ahead",
+                {"200": json_response(ref("Timeline"), "The timeline."), **AUTH_ERRORS},
             )
         },
         "/admin/backends/{name}/{action}": {
