@@ -104,6 +104,21 @@ def _tracks(items: Iterable[tuple[float, float]]) -> list[int]:
     return out
 
 
+def _label_at(left: float, label: str, x0: float, x1: float) -> tuple[float, float]:
+    """Where a window's label starts and ends: just inside its left edge, or,
+    near the right end of the picture, moved left so that it ends there."""
+    width = CHAR_W * len(label)
+    start = left + 4
+    if start + width > x1:
+        start = max(x0, x1 - width)
+    return round(start, 1), start + width
+
+
+def _x0_of(x: Any) -> float:
+    """The left end of the plot of the scale ``x``."""
+    return float(x(-math.inf))
+
+
 def render_svg(document: Json) -> str:
     """The timeline document (:func:`build`) as one ``<svg>`` element."""
     now, start, end = float(document["now"]), float(document["start"]), float(document["end"])
@@ -195,8 +210,9 @@ def _lane(body: list[str], lane: Json, y: float, x: Any, at: Any, x1: float, now
     extents = []
     for window in windows:
         left, right = x(window["opens"]), x(window["closes"])
-        text_end = left + 4 + CHAR_W * len(window_label(window, lane))
-        extents.append((left, min(x1, max(right, text_end))))
+        text_left, _ = _label_at(left, window_label(window, lane), _x0_of(x), x1)
+        text_end = text_left + CHAR_W * len(window_label(window, lane))
+        extents.append((min(left, text_left), max(right, text_end)))
     tracks = _tracks(extents)
     count = max(tracks, default=0) + 1 if windows else 1
     height = LANE_H + (count - 1) * TRACK_H
@@ -229,6 +245,7 @@ def _lane(body: list[str], lane: Json, y: float, x: Any, at: Any, x1: float, now
         wy = y + 4 + track * TRACK_H
         left, right = x(window["opens"]), x(window["closes"])
         label = window_label(window, lane)
+        text_x, _ = _label_at(left, label, _x0_of(x), x1)
         lead = x(window["loads_from"])
         if lead < left:
             body.append(
@@ -247,7 +264,7 @@ def _lane(body: list[str], lane: Json, y: float, x: Any, at: Any, x1: float, now
             f'height="{TRACK_H - 2}" '
             f'fill="{_COLORS["announced"]}" stroke="{_COLORS["announced_line"]}" '
             f'stroke-dasharray="4 2"/>'
-            f'<text x="{left + 4}" y="{wy + 11.5}">{_esc(_fit(label, x1 - left - 4))}</text>'
+            f'<text x="{text_x}" y="{wy + 11.5}">{_esc(_fit(label, x1 - text_x))}</text>'
             f"<title>{_esc(title)}</title></g>"
         )
     groups: dict[float, list[Json]] = {}
