@@ -21,7 +21,7 @@ from yard.observe.timeline import Json, clock
 WIDTH = 1100
 LABEL_W = 150
 RIGHT_PAD = 16
-AXIS_H = 30
+AXIS_H = 40
 DEVICE_H = 20
 LANE_H = 26
 TRACK_H = 17
@@ -46,6 +46,7 @@ _STYLE = (
     ".tl text{font:11px system-ui,sans-serif;fill:#1d2330}"
     ".tl .muted{fill:#64748b}.tl .dev{font-weight:600}"
     ".tl .now text{fill:#dc2626;font-weight:600}"
+    ".tl .window text{paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}"
 )
 
 
@@ -164,10 +165,10 @@ def render_svg(document: Json) -> str:
     parts.extend(_axis(document, x, x0, x1, height - LEGEND_H))
     parts.extend(body)
     parts.append(
-        f'<g class="now"><line x1="{x(now)}" x2="{x(now)}" y1="{AXIS_H - 6}" '
+        f'<g class="now"><line x1="{x(now)}" x2="{x(now)}" y1="{AXIS_H - 22}" '
         f'y2="{height - LEGEND_H}" stroke="{_COLORS["now"]}" stroke-width="2">'
         f"<title>now: {at(now)}</title></line>"
-        f'<text x="{x(now) + 3}" y="{AXIS_H - 8}">now</text></g>'
+        f'<text x="{x(now)}" y="{AXIS_H - 26}" text-anchor="middle">now</text></g>'
     )
     parts.extend(_legend(height - LEGEND_H + 14, document.get("beyond", 0)))
     parts.append("</svg>")
@@ -313,12 +314,10 @@ def _legend(y: float, beyond: int) -> list[str]:
         f'<path d="M{px} {y - 9} L{px + 10} {y - 9} L{px + 5} {y - 1} Z" fill="{_COLORS["held"]}"/>'
         f'<text x="{px + 15}" y="{y}">held request or job (not before)</text>'
     )
-    px += 30 + CHAR_W * 32
-    out.append(
-        f'<line x1="{px}" x2="{px}" y1="{y - 10}" y2="{y + 2}" stroke="{_COLORS["now"]}" '
-        f'stroke-width="2"/><text x="{px + 5}" y="{y}">now</text>'
+    note = (
+        "red line: now · dotted line: when a load ahead starts counting"
+        " · hover a mark for exact times"
     )
-    note = "dashed line: when a load ahead starts counting · hover a mark for exact times"
     if beyond:
         note += f" · {beyond} more window(s) further ahead than 2 h"
     out.append(f'<text class="muted" x="4" y="{y + 18}">{_esc(note)}</text></g>')
