@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import pytest
 import trio
 import trio.testing
 from quart_trio import QuartTrio
@@ -298,3 +299,27 @@ async def test_the_dashboard_shows_the_timeline_and_admin_serves_it_as_json(
     svg = section[section.index("<svg") : section.index("</svg>") + len("</svg>")]
     root = _parse(svg)
     assert root.find(f".//{SVG}g[@data-id='A']") is not None
+
+
+async def test_a_watcher_that_raises_is_dropped_and_the_engine_goes_on(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[tuple[float, str]] = []
+
+    def broken(at: float, item: object) -> None:
+        raise RuntimeError("a bug in a watcher")
+
+    async with running() as y:
+        y.engine.watch(broken)
+        y.engine.watch(lambda at, item: seen.append((at, type(item).__name__)))
+        admission = y.engine.submit(backend="llm", priority=50, request_id="a")
+        await admission.wait_dispatched()
+        assert trio.current_time() == 5.0
+    kinds = {"RequestArrived", "StartBackend", "BackendReady", "Dispatch"}
+    assert [(at, kind) for at, kind in seen if kind in kinds] == [
+        (0.0, "RequestArrived"),
+        (0.0, "StartBackend"),
+        (5.0, "BackendReady"),
+        (5.0, "Dispatch"),
+    ]
+    assert "a watcher of the engine failed; it is dropped" in caplog.text
