@@ -27,7 +27,7 @@ from yard.core.events import (
 )
 from yard.engine import Engine
 from yard.observe import Observer, install
-from yard.observe.timeline import AHEAD_MIN_S, History, Span
+from yard.observe.timeline import AHEAD_MIN_S, JOIN_S, History, Span
 from yard.observe.timeline_svg import render_svg
 
 GiB = 2**30
@@ -47,6 +47,9 @@ def test_history_records_loading_loaded_serving_and_stopping_at_exact_times() ->
     see(21.0, RequestFinished(request_id="b"))  # after its cancel: nothing more
     see(30.0, Dispatch(reason="ready", request_id="c", backend="llm"))
     see(31.0, RequestFinished(request_id="unknown"))
+    see(32.0, RequestFinished(request_id="c"))
+    # Less than JOIN_S after c: the same bar goes on.
+    see(32.0 + JOIN_S - 0.5, Dispatch(reason="ready", request_id="d", backend="llm"))
     assert history.spans(35.0) == [
         Span(backend="llm", kind="loading", devices=("gpu0",), start=10.0, end=17.5),
         Span(backend="llm", kind="loaded", devices=("gpu0",), start=17.5, end=None),
@@ -64,7 +67,7 @@ def test_history_records_loading_loaded_serving_and_stopping_at_exact_times() ->
             devices=("gpu0",),
             start=30.0,
             end=None,
-            note="up to 1 in flight, 0 served",
+            note="up to 1 in flight, 1 served",
         ),
     ]
     see(40.0, StopBackend(reason="idle for 600 s", backend="llm"))
@@ -142,14 +145,14 @@ async def running(*, admin_key: str | None = None) -> AsyncIterator[Yard]:
 
 
 async def a_busy_quarter_hour(engine: Engine) -> None:
-    """llm loads (0-5 s), serves a (5-8 s), then b and c together (10-14 s);
+    """llm loads (0-5 s), serves a (5-8 s), then b and c together (20-24 s);
     news-llm is announced for 30-40 min from now, and a web request for llm is
     held until 15 min."""
     a = engine.submit(backend="llm", priority=50, app="web", request_id="a")
     await a.wait_dispatched()
     await trio.sleep(3)
     a.report("ok")
-    await trio.sleep(2)
+    await trio.sleep(12)
     b = engine.submit(backend="llm", priority=50, app="web", request_id="b")
     await b.wait_dispatched()
     await trio.sleep(2)
@@ -179,9 +182,9 @@ async def test_the_timeline_shows_the_last_hour_and_the_work_ahead_at_exact_time
 ) -> None:
     async with running() as y:
         await a_busy_quarter_hour(y.engine)
-        assert trio.current_time() == 14.0
-        document = y.observer.timeline(wall_now=EPOCH + 14.0)
-    assert (document["start"], document["now"], document["end"]) == (14.0 - 3600, 14.0, 2414.0)
+        assert trio.current_time() == 24.0
+        document = y.observer.timeline(wall_now=EPOCH + 24.0)
+    assert (document["start"], document["now"], document["end"]) == (24.0 - 3600, 24.0, 2424.0)
     assert document["beyond"] == 0
     assert [d["name"] for d in document["devices"]] == ["gpu0", "host"]
     gpu0, host = document["devices"]
@@ -192,7 +195,7 @@ async def test_the_timeline_shows_the_last_hour_and_the_work_ahead_at_exact_time
         ("loading", 0.0, 5.0, ""),
         ("loaded", 5.0, None, ""),
         ("serving", 5.0, 8.0, "up to 1 in flight, 1 served"),
-        ("serving", 10.0, 14.0, "up to 2 in flight, 2 served"),
+        ("serving", 20.0, 24.0, "up to 2 in flight, 2 served"),
     ]
     assert llm["spans"][0]["end_wall"] == EPOCH + 5.0
     [held] = llm["windows"]
@@ -231,7 +234,7 @@ async def test_the_picture_has_a_row_per_device_bars_windows_and_a_now_line(
 ) -> None:
     async with running() as y:
         await a_busy_quarter_hour(y.engine)
-        document = y.observer.timeline(wall_now=EPOCH + 14.0)
+        document = y.observer.timeline(wall_now=EPOCH + 24.0)
     root = _parse(render_svg(document))
     rows = root.findall(f"{SVG}g[@class='device']")
     assert [r.get("data-row") for r in rows] == ["gpu0", "host"]
@@ -241,7 +244,7 @@ async def test_the_picture_has_a_row_per_device_bars_windows_and_a_now_line(
     serving = llm.findall(f"{SVG}rect[@class='span serving']")
     assert [_title(r) for r in serving] == [
         "llm serving: 20:26:45Z → 20:26:48Z (3s); up to 1 in flight, 1 served",
-        "llm serving: 20:26:50Z → 20:26:54Z (4s); up to 2 in flight, 2 served",
+        "llm serving: 20:27:00Z → 20:27:04Z (4s); up to 2 in flight, 2 served",
     ]
     [loading] = llm.findall(f"{SVG}rect[@class='span loading']")
     assert _title(loading) == "llm loading: 20:26:40Z → 20:26:45Z (5s)"
@@ -262,7 +265,7 @@ async def test_the_picture_has_a_row_per_device_bars_windows_and_a_now_line(
     assert text is not None and text.text == "news-llm ×3 · radio"
     assert "20:56:54Z → 21:06:54Z" in _title(window)
     assert "nothing loaded" in "".join(rows[1].itertext())
-    assert _title(now_line) == "now: 20:26:54Z"
+    assert _title(now_line) == "now: 20:27:04Z"
     legend = "".join(root.find(f"{SVG}g[@class='legend']").itertext())  # type: ignore[union-attr]
     for words in ("loading", "loaded, idle", "serving", "announced window", "held request"):
         assert words in legend

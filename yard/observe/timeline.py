@@ -11,8 +11,9 @@ Three parts:
   (``Snapshot.windows``) into one JSON-ready document (``GET /admin/timeline``).
 - :func:`yard.observe.timeline_svg.render_svg` draws that document.
 
-Serving is "at least one request in flight". Requests that were already in
-flight when the history began are not known, so not drawn.
+Serving is "at least one request in flight"; pauses shorter than ``JOIN_S``
+are not shown. Requests that were already in flight when the history began
+are not known, so not drawn.
 """
 
 from __future__ import annotations
@@ -46,8 +47,13 @@ Json = dict[str, Any]
 HORIZON_S = 3600.0
 """How far back the timeline looks."""
 
-SPAN_LIMIT = 2000
+SPAN_LIMIT = 5000
 """Most finished spans kept (all backends together)."""
+
+JOIN_S = 5.0
+"""Serving stretches of one backend less than this apart are drawn as one
+(about a pixel of the picture): a backend busy with one short request after
+another is one bar, and the history does not fill up with slivers."""
 
 AHEAD_MIN_S = 900.0
 """The timeline shows at least this far ahead."""
@@ -84,6 +90,7 @@ class _Open:
     devices: tuple[str, ...]
     most: int = 0  # serving: most requests in flight at once
     served: int = 0  # serving: requests that ended in it
+    idle_from: float | None = None  # serving: none in flight since (it may go on)
 
 
 class History:
@@ -106,6 +113,8 @@ class History:
 
     def see(self, at: float, item: Event | Decision) -> None:
         """Take one event or decision the engine saw at engine time ``at``."""
+        if type(item) not in _TRACKED:  # most events (arrivals, ticks, memory)
+            return
         match item:
             case Dispatch():
                 self._dispatched(at, item.request_id, item.backend)
@@ -187,7 +196,7 @@ class History:
                     kind=kind,
                     devices=span.devices,
                     start=span.start,
-                    end=None,
+                    end=span.idle_from,
                     note=_busy_note(span),
                 )
             )
@@ -210,6 +219,8 @@ class History:
             return
         if kind == "serving":
             note = _busy_note(span)
+            if span.idle_from is not None:
+                at = span.idle_from
         self._done.append(
             Span(
                 backend=backend,
@@ -233,6 +244,12 @@ class History:
         count = self._inflight.get(backend, 0) + 1
         self._inflight[backend] = count
         span = self._open.get((backend, "serving"))
+        if span is not None and span.idle_from is not None:
+            if at - span.idle_from < JOIN_S:
+                span.idle_from = None
+            else:
+                self._close(at, backend, "serving", "")
+                span = None
         if span is None:
             span = self._open[(backend, "serving")] = _Open(at, self._where.get(backend, (HOST,)))
         span.most = max(span.most, count)
@@ -249,7 +266,25 @@ class History:
             self._inflight[backend] = count
             return
         self._inflight.pop(backend, None)
-        self._close(at, backend, "serving", "")
+        if span is not None:
+            span.idle_from = at  # ends here unless the next comes within JOIN_S
+
+
+_TRACKED = frozenset(
+    {
+        Dispatch,
+        RequestFinished,
+        RequestCancelled,
+        Requeue,
+        Reject,
+        StartBackend,
+        BackendReady,
+        BackendStartFailed,
+        StopBackend,
+        BackendExited,
+        BackendStopped,
+    }
+)
 
 
 def _busy_note(span: _Open) -> str:
