@@ -15,6 +15,7 @@ from quart_trio import QuartTrio
 
 from tests.engine.fakes import FakeLauncher, Script
 from tests.observe.conftest import ADMIN_KEY, LOOPBACK, REMOTE
+from tests.observe.fakes import FakeEngine
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.core.decisions import Dispatch, StartBackend, StopBackend
 from yard.core.events import (
@@ -25,7 +26,7 @@ from yard.core.events import (
     RequestCancelled,
     RequestFinished,
 )
-from yard.engine import Engine
+from yard.engine import Engine, LoggedDecision
 from yard.observe import Observer, install
 from yard.observe.timeline import AHEAD_MIN_S, JOIN_S, History, Span
 from yard.observe.timeline_svg import render_svg
@@ -326,3 +327,24 @@ async def test_a_watcher_that_raises_is_dropped_and_the_engine_goes_on(
         (5.0, "Dispatch"),
     ]
     assert "a watcher of the engine failed; it is dropped" in caplog.text
+
+
+async def test_backends_started_before_the_observer_are_taken_from_the_log_and_snapshot(
+    engine: FakeEngine, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The fixture's llm is ready since 0.0; its load was decided at -12.5.
+    engine.log.append(
+        LoggedDecision(
+            at=-12.5, decision=StartBackend(reason="pinned", backend="llm", gpus=("gpu0",))
+        )
+    )
+    await trio.sleep(60)
+    observer = Observer(engine=engine, models={"llm": ("tiny-llm",)})
+    document = observer.timeline(wall_now=EPOCH)
+    lanes = {d["name"]: d["lanes"] for d in document["devices"]}
+    assert lanes["host"] == []
+    [llm] = lanes["gpu0"]
+    assert [(s["kind"], s["start"], s["end"]) for s in llm["spans"]] == [
+        ("loading", -12.5, 0.0),
+        ("loaded", 0.0, None),
+    ]
