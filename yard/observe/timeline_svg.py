@@ -193,8 +193,12 @@ def _axis(document: Json, x: Any, x0: float, x1: float, bottom: float) -> list[s
         out.append(
             f'<line x1="{px}" x2="{px}" y1="{AXIS_H - 4}" y2="{bottom}" '
             f'stroke="{_COLORS["grid"]}"/>'
-            f'<text class="muted" x="{px}" y="{AXIS_H - 10}" text-anchor="middle">{label}</text>'
         )
+        if abs(px - x(now)) >= 20:  # the now line would run through it
+            out.append(
+                f'<text class="muted" x="{px}" y="{AXIS_H - 10}" text-anchor="middle">'
+                f"{label}</text>"
+            )
         tick += step
     out.append(
         f'<text class="muted" x="4" y="{AXIS_H - 10}">UTC</text>'
