@@ -26,9 +26,10 @@ from yard.core.events import (
     RequestCancelled,
     RequestFinished,
 )
+from yard.core.views import Snapshot, WindowView
 from yard.engine import Engine, LoggedDecision
 from yard.observe import Observer, install
-from yard.observe.timeline import AHEAD_MIN_S, JOIN_S, History, Span
+from yard.observe.timeline import AHEAD_MIN_S, JOIN_S, History, Span, build
 from yard.observe.timeline_svg import render_svg
 
 GiB = 2**30
@@ -347,4 +348,48 @@ async def test_backends_started_before_the_observer_are_taken_from_the_log_and_s
     assert [(s["kind"], s["start"], s["end"]) for s in llm["spans"]] == [
         ("loading", -12.5, 0.0),
         ("loaded", 0.0, None),
+    ]
+
+
+def _announced(wid: str, app: str, opens: float, closes: float) -> WindowView:
+    return WindowView(
+        id=wid,
+        kind="announced",
+        app=app,
+        backend="news",
+        opens=opens,
+        closes=closes,
+        priority=70.0,
+        left=2,
+        loads_from=opens - 40.0,
+        label="",
+    )
+
+
+def test_overlapping_windows_are_stacked_and_names_are_escaped() -> None:
+    snapshot = Snapshot(
+        now=0.0,
+        devices=(),
+        backends=(),
+        queue=(),
+        queue_length=0,
+        windows=(
+            _announced("A", "radio", 600.0, 1200.0),
+            _announced("B", "<b>evil</b>", 900.0, 1500.0),
+            _announced("C", "radio", 8000.0, 9000.0),  # past the 2 h the picture shows
+        ),
+    )
+    document = build(History(), snapshot, models={"news": ("news-llm",)}, wall_now=EPOCH)
+    assert document["end"] == 1500.0  # the furthest shown window, in 5-minute steps
+    assert document["beyond"] == 1
+    root = _parse(render_svg(document))
+    windows = root.findall(f".//{SVG}g[@class='window announced']")
+    assert [w.get("data-id") for w in windows] == ["A", "B"]
+    boxes = [w.find(f"{SVG}rect") for w in windows]
+    ys = [float(b.get("y", "nan")) for b in boxes if b is not None]
+    assert ys[0] != ys[1]  # one above the other, so their labels do not overlap
+    labels = [w.find(f"{SVG}text") for w in windows]
+    assert [t.text for t in labels if t is not None] == [
+        "news-llm ×2 · radio",
+        "news-llm ×2 · <b>evil</b>",
     ]
