@@ -95,6 +95,8 @@ _CLOCK_MARGIN_S = 1e-3
 """Batching is planned again this long before the clock could end it (the
 comparison in :func:`~yard.core.estimates.overtake_denied` rounds differently)."""
 
+_NOTHING: frozenset[str] = frozenset()
+
 _EMPTY = _Frontier()
 """The frontier before the first plan of a round (never changed: plans copy it)."""
 
@@ -121,6 +123,8 @@ class Planner:
         self._weighers: dict[str, set[int]] = {}  # device -> the steps that weighed its memory
         self._evicting: set[int] = set()  # the steps that chose victims
         self._effects: list[int] = []  # the steps that booked, claimed or took
+        # per backend: its options, the devices whose claim and booking its plan may read
+        self._devices: dict[str, tuple[object, frozenset[str], frozenset[str]]] = {}
 
     def round(self, now: float, out: list[Decision]) -> None:
         """Plan the loads and carry out what the plans say."""
@@ -298,22 +302,27 @@ class Planner:
         overtakes = head.overtakes if head is not None else 0
         if b.state is BackendState.STOPPING:
             b.wait_reason = reasons.waiting_for_stop(b.name)
-            none: frozenset[str] = frozenset()
+            none = _NOTHING
             step = _Step(
                 b, b.state, head, urgent, overtakes, None, Reads(), none, none, none, frontier, None
             )
             return step, room
         reads = Reads()
         options = core.options(b)
-        claims = frozenset(d for gpus, _ in options for d in gpus or (HOST,))
-        books: frozenset[str] = frozenset()
+        known = self._devices.get(b.name)
+        if known is None or known[0] is not options:
+            claims = frozenset(d for gpus, _ in options for d in gpus or (HOST,))
+            known = (options, claims, claims | {HOST})
+            self._devices[b.name] = known
+        _, claims, books = known
         plan = placement.blocked_at_once(b, options, frontier.claimed, room, reads)
         if plan is None:
             reads = Reads()
             plan = core.best_plan(
                 b, head, frontier.booked, frontier.claimed, frontier.taken, now, room, reads
             )
-            books = claims | {HOST}
+        else:
+            books = _NOTHING
         names = reads.backends()
         step = _Step(
             b, b.state, head, urgent, overtakes, plan, reads, names, claims, books, frontier, None
