@@ -310,6 +310,7 @@ def app_at_limit(app: str, serving: int, limit: int) -> str:
         f"[apps.{app}] max_concurrent = {limit} allows; it goes when one of them ends"
     )
 
+
 # -- work ahead (yard.core.windows) ------------------------------------------
 
 
