@@ -163,6 +163,8 @@ async def test_no_accepted_job_is_lost_or_run_twice_across_fifty_sigkills(
     config = tmp_path / "yard.toml"
     config.write_text(
         f'[server]\nlisten = "127.0.0.1:{port}"\ndata_dir = "{data_dir}"\nstop_grace_s = 1\n\n'
+        # Fifty lives hand in about a thousand jobs, all kept: above the default quota.
+        + "[jobs]\nmax_jobs_per_app = 100000\n\n"
         + backend_toml(
             "llm",
             models=("tiny",),
