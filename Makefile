@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo-setup browser serve test lint typecheck unit bench sim-report clean
+.PHONY: setup demo-setup browser postgresql serve test lint typecheck unit bench sim-report clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,7 +55,13 @@ typecheck: setup
 browser:
 	command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
 
-unit: setup demo-setup browser
+# The cluster tests start a real PostgreSQL of their own (Debian's package) in a
+# temporary directory; they find initdb under /usr/lib/postgresql/*/bin.
+postgresql:
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
+		{ apt-get update -q && apt-get install -y -q postgresql; }
+
+unit: setup demo-setup browser postgresql
 	$(VENV)/bin/pytest
 
 test: lint typecheck unit
