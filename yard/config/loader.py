@@ -19,6 +19,7 @@ from yard.announce import recurring
 from yard.announce.recurring import Recurring
 from yard.config.apps import AppConfig, _apps, _check_app_models, key_digest
 from yard.config.backends import BackendConfig, DeviceConfig, _backends, _devices
+from yard.config.cluster import ClusterConfig, _cluster
 from yard.config.jobs import JobsConfig, _jobs
 from yard.config.reading import ConfigError, _Reader, parse_listen
 from yard.config.server import ServerConfig, _server
@@ -37,6 +38,7 @@ class Config:
     backends: Mapping[str, BackendConfig]
     jobs: JobsConfig = field(default_factory=JobsConfig)
     announcements: tuple[Recurring, ...] = ()
+    cluster: ClusterConfig | None = None
 
     @property
     def config_dir(self) -> Path:
@@ -190,7 +192,16 @@ def _check_exposure(
         )
 
 
-TOP_KEYS = ("server", "scheduler", "devices", "apps", "backends", "jobs", "announcements")
+TOP_KEYS = (
+    "server",
+    "scheduler",
+    "devices",
+    "apps",
+    "backends",
+    "jobs",
+    "announcements",
+    "cluster",
+)
 
 SCHEDULER_KEYS = tuple(f.name for f in dataclasses.fields(SchedulerConfig))
 
@@ -233,6 +244,7 @@ def _build(r: _Reader, data: dict[str, Any]) -> Config:
     jobs = _jobs(r, r.table(data, "", "jobs"), server)
     _check_app_models(r, apps, backends)
     announcements = _announcements(r, data.get("announcements"), apps, backends)
+    cluster = _cluster(r, data.get("cluster"))
     if server.admin_key is not None:
         for app in apps.values():
             if app.has_key(server.admin_key):
@@ -247,6 +259,7 @@ def _build(r: _Reader, data: dict[str, Any]) -> Config:
         backends=backends,
         jobs=jobs,
         announcements=announcements,
+        cluster=cluster,
     )
 
 
