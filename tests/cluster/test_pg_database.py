@@ -1,0 +1,115 @@
+"""PgDatabase against a real PostgreSQL: migrations, transactions, a lost server."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+import trio
+
+from tests.cluster.postgres import PostgresServer
+from yard.cluster.pg import DatabaseLost, PgDatabase, PgMigration
+from yard.db import DatabaseError
+
+MIGRATIONS = (
+    PgMigration(version=1, name="a table", sql="CREATE TABLE things (n integer NOT NULL)"),
+    PgMigration(
+        version=2,
+        name="a row written by the migration itself",
+        sql="CREATE TABLE runs (at timestamptz); INSERT INTO runs VALUES (now())",
+    ),
+)
+
+
+async def test_three_nodes_opening_at_once_migrate_exactly_once(postgres_dsn: str) -> None:
+    opened: list[PgDatabase] = []
+
+    async def open_one() -> None:
+        opened.append(await PgDatabase.open(postgres_dsn, MIGRATIONS))
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(open_one)
+    try:
+        db = opened[0]
+        assert await db.fetchall("SELECT count(*) FROM runs") == [(1,)]
+        rows = await db.fetchall("SELECT version, name FROM schema_migrations ORDER BY version")
+        assert rows == [(1, "a table"), (2, "a row written by the migration itself")]
+    finally:
+        for db in opened:
+            await db.close()
+
+
+async def test_reopening_applies_only_the_new_migrations(postgres_dsn: str) -> None:
+    with trio.fail_after(30):
+        db = await PgDatabase.open(postgres_dsn, MIGRATIONS[:1])
+        await db.close()
+        db = await PgDatabase.open(postgres_dsn, MIGRATIONS)
+        try:
+            assert await db.fetchone("SELECT count(*) FROM runs") == (1,)
+            assert await db.fetchone("SELECT count(*) FROM schema_migrations") == (2,)
+        finally:
+            await db.close()
+
+
+async def test_a_failed_migration_leaves_the_earlier_ones(postgres_dsn: str) -> None:
+    broken = (*MIGRATIONS, PgMigration(version=3, name="broken", sql="CREATE TABLE things ()"))
+    with trio.fail_after(30):
+        with pytest.raises(DatabaseError, match=r"migration 3 \(broken\) failed"):
+            await PgDatabase.open(postgres_dsn, broken)
+        db = await PgDatabase.open(postgres_dsn, MIGRATIONS)
+        try:
+            assert await db.fetchone("SELECT max(version) FROM schema_migrations") == (2,)
+        finally:
+            await db.close()
+
+
+async def test_a_database_of_a_newer_yard_is_refused(postgres_dsn: str) -> None:
+    with trio.fail_after(30):
+        await (await PgDatabase.open(postgres_dsn, MIGRATIONS)).close()
+        with pytest.raises(DatabaseError, match="newer than this yard knows"):
+            await PgDatabase.open(postgres_dsn, MIGRATIONS[:1])
+
+
+async def test_a_transaction_that_raises_is_rolled_back(postgres_dsn: str) -> None:
+    def insert_then_fail(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        conn.execute("INSERT INTO things VALUES (1)")
+        raise LookupError("no")
+
+    with trio.fail_after(30):
+        db = await PgDatabase.open(postgres_dsn, MIGRATIONS)
+        try:
+            with pytest.raises(LookupError):
+                await db.transaction(insert_then_fail)
+            assert await db.execute("INSERT INTO things VALUES (%s), (%s)", (2, 3)) == 2
+            assert await db.fetchall("SELECT n FROM things ORDER BY n") == [(2,), (3,)]
+            with pytest.raises(DatabaseError, match="PostgreSQL: "):
+                await db.execute("INSERT INTO things VALUES (NULL)")
+            assert db.healthy
+        finally:
+            await db.close()
+        with pytest.raises(DatabaseError, match="closed"):
+            await db.fetchone("SELECT 1")
+
+
+async def test_a_stopped_server_raises_database_lost_and_a_restart_heals(
+    postgres_server: PostgresServer,
+) -> None:
+    name = postgres_server.create_database()
+    try:
+        with trio.fail_after(60):
+            db = await PgDatabase.open(postgres_server.dsn(name), MIGRATIONS)
+            try:
+                await trio.to_thread.run_sync(postgres_server.stop)
+                with pytest.raises(DatabaseLost, match="PostgreSQL"):
+                    await db.fetchone("SELECT count(*) FROM things")
+                assert not db.healthy
+                with pytest.raises(DatabaseLost, match="cannot reach PostgreSQL"):
+                    await db.fetchone("SELECT count(*) FROM things")
+                await trio.to_thread.run_sync(postgres_server.start)
+                assert await db.fetchone("SELECT count(*) FROM things") == (0,)
+                assert db.healthy
+            finally:
+                await db.close()
+    finally:
+        postgres_server.drop_database(name)

@@ -1,0 +1,21 @@
+"""Several yard nodes sharing one PostgreSQL database (issue 13).
+
+The rooms of this package:
+
+- :mod:`yard.cluster.pg`: PostgreSQL from Trio (worker threads, a few
+  connections) and versioned migrations under an advisory lock.
+- :mod:`yard.cluster.schema`: the shared tables (jobs, nodes, profiles).
+- :mod:`yard.cluster.jobs`: :class:`PgJobStore`, the job store of a cluster,
+  with one priority order (``rank``) and claiming (``FOR UPDATE SKIP LOCKED``).
+- :mod:`yard.cluster.registry`: what each node serves, has loaded and has free.
+- :mod:`yard.cluster.listen`: ``LISTEN``/``NOTIFY`` wake-ups, without polling.
+- :mod:`yard.cluster.profiles`: profiles shared by every node with the same GPU.
+- :mod:`yard.cluster.node`, :mod:`yard.cluster.forward`: the node itself
+  (claiming loop, heartbeats, forwarding synchronous requests).
+"""
+
+from __future__ import annotations
+
+from yard.cluster.pg import DatabaseLost, PgDatabase, PgMigration
+
+__all__ = ["DatabaseLost", "PgDatabase", "PgMigration"]

@@ -1,0 +1,269 @@
+"""PostgreSQL for Trio: a few connections, each used by one thread at a time.
+
+Rules this module keeps (the PostgreSQL twin of :mod:`yard.db`):
+
+- Every call runs in a worker thread (``trio.to_thread.run_sync``) on one
+  connection taken from a small fixed set; the Trio loop never blocks on the
+  network. A call that has started in its thread runs to the end even if the
+  caller is cancelled: a transaction is committed or rolled back, never left
+  open.
+- Each public method is one transaction: :meth:`PgDatabase.transaction`
+  wraps ``fn`` in ``BEGIN`` ... ``COMMIT`` (``ROLLBACK`` if it raises);
+  :meth:`execute` and the fetches are single statements.
+- A lost server (refused, reset, shut down, timed out) raises
+  :class:`DatabaseLost`, and the connection it broke is dropped; the next
+  call connects afresh. :attr:`PgDatabase.healthy` says whether the last call
+  reached the server. Other SQL errors raise :class:`yard.db.DatabaseError`.
+- Migrations are versioned ``(version, name, sql)`` triples, applied in
+  order, each in its own transaction with its row in ``schema_migrations``,
+  under ``pg_advisory_xact_lock``: several nodes starting at once apply each
+  one exactly once. A database migrated by a newer yard (a version this one
+  does not know) is refused with a message saying so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+import trio
+
+from yard.db import DatabaseError
+
+__all__ = ["DatabaseLost", "PgDatabase", "PgMigration", "connect"]
+
+T = TypeVar("T")
+
+Row = tuple[Any, ...]
+"""A row as psycopg returns it (its default row factory)."""
+
+CONNECT_TIMEOUT_S = 5
+"""Longest wait to reach the server when (re)connecting."""
+
+_MIGRATION_LOCK = 0x79617264  # "yard": the advisory lock key of migrations
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PgMigration:
+    """One schema change. version: its place in the order (unique,
+    increasing). name: what it does, for people. sql: the statements (no
+    parameters), run in one transaction."""
+
+    version: int
+    name: str
+    sql: str
+
+
+class DatabaseLost(DatabaseError):
+    """The PostgreSQL server could not be reached, or the connection broke
+    during the call. Whether a write that raised this was committed is
+    unknown; the next call reconnects."""
+
+
+def connect(dsn: str, *, application_name: str = "yard") -> psycopg.Connection[Row]:
+    """A blocking autocommit connection to ``dsn`` (for a worker thread), with
+    a connect timeout and TCP keepalives so that a vanished server is noticed
+    in seconds, not after the kernel's hours. Raises :class:`DatabaseLost`."""
+    try:
+        return psycopg.connect(
+            dsn,
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT_S,
+            application_name=application_name,
+            keepalives=1,
+            keepalives_idle=5,
+            keepalives_interval=2,
+            keepalives_count=3,
+        )
+    except psycopg.Error as exc:
+        raise DatabaseLost(f"cannot reach PostgreSQL ({_where(dsn)}): {_first_line(exc)}") from exc
+
+
+def _where(dsn: str) -> str:
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return "the configured database"
+    return f"host {info.get('host', 'localhost')}, database {info.get('dbname', '?')}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class PgDatabase:
+    """One PostgreSQL database, used from Trio. Open it with :meth:`open`;
+    close it with :meth:`close` (idempotent)."""
+
+    def __init__(self, dsn: str, *, connections: int = 4, application_name: str = "yard") -> None:
+        # Use PgDatabase.open(): it also migrates.
+        if connections < 1:
+            raise ValueError("connections must be at least 1")
+        self._dsn = dsn
+        self._application_name = application_name
+        self._limiter = trio.CapacityLimiter(connections)
+        self._idle: list[psycopg.Connection[Row]] = []
+        self._closed = False
+        self.healthy = True
+        """Whether the last call reached the server (False after a
+        :class:`DatabaseLost`, True again after the next call that works)."""
+
+    @property
+    def dsn(self) -> str:
+        return self._dsn
+
+    @classmethod
+    async def open(
+        cls,
+        dsn: str,
+        migrations: Sequence[PgMigration],
+        *,
+        connections: int = 4,
+        application_name: str = "yard",
+    ) -> PgDatabase:
+        """Connect to ``dsn`` and apply every migration of ``migrations`` not
+        yet recorded (see the module rules).
+
+        connections: how many calls may run at once (one connection each).
+        Raises :class:`DatabaseLost` if the server cannot be reached and
+        :class:`DatabaseError` if a migration fails (it is rolled back;
+        earlier ones stay) or the database is newer than ``migrations``.
+        """
+        versions = [m.version for m in migrations]
+        if versions != sorted(set(versions)):
+            raise DatabaseError(f"migration versions must be unique and increasing: {versions}")
+        db = cls(dsn, connections=connections, application_name=application_name)
+        try:
+            await db._call(lambda conn: _migrate(conn, migrations))
+        except BaseException:
+            await db.close()
+            raise
+        return db
+
+    async def execute(self, query: str, params: Sequence[object] = ()) -> int:
+        """Run one statement in its own transaction; return the number of
+        rows it changed (``rowcount``; -1 for statements that change none)."""
+
+        def _execute(conn: psycopg.Connection[Row]) -> int:
+            return conn.execute(query, params or None).rowcount
+
+        return await self._call(_execute)
+
+    async def fetchall(self, query: str, params: Sequence[object] = ()) -> list[Row]:
+        """Every row of a query."""
+        return await self._call(lambda conn: conn.execute(query, params or None).fetchall())
+
+    async def fetchone(self, query: str, params: Sequence[object] = ()) -> Row | None:
+        """The first row of a query, or None."""
+        return await self._call(lambda conn: conn.execute(query, params or None).fetchone())
+
+    async def transaction(self, fn: Callable[[psycopg.Connection[Row]], T]) -> T:
+        """Run ``fn(connection)`` in a worker thread inside one transaction and
+        return what it returns; if ``fn`` raises, the transaction is rolled
+        back and the exception propagates (psycopg's own errors as
+        :class:`DatabaseError` or :class:`DatabaseLost`). ``fn`` must not
+        open or close transactions itself."""
+
+        def _transaction(conn: psycopg.Connection[Row]) -> T:
+            with conn.transaction():
+                return fn(conn)
+
+        return await self._call(_transaction)
+
+    async def close(self) -> None:
+        """Close every connection. Idempotent; later calls raise
+        :class:`DatabaseError`."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await trio.to_thread.run_sync(conn.close)
+
+    async def _call(self, fn: Callable[[psycopg.Connection[Row]], T]) -> T:
+        async with self._limiter:
+            if self._closed:
+                raise DatabaseError("the PostgreSQL database is closed")
+            # The thread puts the connection it used here if it is fit for
+            # reuse, whatever the outcome of fn.
+            held: list[psycopg.Connection[Row]] = [self._idle.pop()] if self._idle else []
+            try:
+                # Not abandoned on cancel: a transaction that has begun finishes.
+                result = await trio.to_thread.run_sync(self._in_thread, held, fn)
+            except DatabaseLost:
+                self.healthy = False
+                raise
+            finally:
+                for conn in held:
+                    if self._closed:
+                        conn.close()
+                    else:
+                        self._idle.append(conn)
+            self.healthy = True
+            return result
+
+    def _in_thread(
+        self, held: list[psycopg.Connection[Row]], fn: Callable[[psycopg.Connection[Row]], T]
+    ) -> T:
+        conn = held.pop() if held else None
+        if conn is None or conn.closed:
+            conn = connect(self._dsn, application_name=self._application_name)
+        try:
+            result = fn(conn)
+        except psycopg.Error as exc:
+            if conn.broken or conn.closed or isinstance(exc, psycopg.OperationalError):
+                conn.close()
+                raise DatabaseLost(
+                    f"lost PostgreSQL ({_where(self._dsn)}): {_first_line(exc)}"
+                ) from exc
+            held.append(conn)
+            raise DatabaseError(f"PostgreSQL: {_first_line(exc)}") from exc
+        except BaseException:
+            # fn's own error (or a bug): its transaction was rolled back; a
+            # connection left in any other state is not reused.
+            if conn.broken or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.close()
+            else:
+                held.append(conn)
+            raise
+        held.append(conn)
+        return result
+
+
+def _migrate(conn: psycopg.Connection[Row], migrations: Sequence[PgMigration]) -> None:
+    known = {m.version for m in migrations}
+    newest = max(known, default=0)
+    while True:
+        with conn.transaction():
+            # Held until this transaction ends: a second node starting now
+            # waits here, then finds the migration recorded.
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                "version integer PRIMARY KEY, name text NOT NULL, "
+                "applied_at double precision NOT NULL)"
+            )
+            done = {int(row[0]) for row in conn.execute("SELECT version FROM schema_migrations")}
+            unknown = sorted(done - known)
+            if unknown and unknown[-1] > newest:
+                raise DatabaseError(
+                    f"the database schema is at version {unknown[-1]}, newer than this yard "
+                    f"knows ({newest}): another node runs a newer yard; upgrade this one"
+                )
+            todo = [m for m in migrations if m.version not in done]
+            if not todo:
+                return
+            migration = todo[0]
+            try:
+                conn.execute(migration.sql)
+            except psycopg.Error as exc:
+                raise DatabaseError(
+                    f"migration {migration.version} ({migration.name}) failed: "
+                    f"{_first_line(exc)}; the database is left as it was before it"
+                ) from exc
+            conn.execute(
+                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (%s, %s, %s)",
+                (migration.version, migration.name, time.time()),
+            )
