@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import yard.cluster.policy as policy_module
+from tests.core.harness import Harness, gpu, host
 from yard.cluster.policy import (
     BackendState,
     Hunger,
@@ -18,9 +19,11 @@ from yard.cluster.policy import (
     Peer,
     Route,
     hungry,
+    local_backends,
     room_for,
     route,
 )
+from yard.core import BackendSpec
 
 # -- hungry -------------------------------------------------------------------------
 
@@ -59,16 +62,26 @@ def test_stopped_backend_claims_one_job_to_load_it_and_is_not_preferred() -> Non
 
 
 def test_stopped_backend_that_cannot_start_now_claims_nothing() -> None:
-    music = LocalBackend(name="music", state="stopped", startable=False)
+    music = LocalBackend(name="music", state="stopped", fits="no")
     assert not hungry([music])
 
 
-def test_stopped_backend_ready_on_another_node_is_left_to_it() -> None:
+def test_stopped_backend_loaded_on_another_node_is_left_to_it() -> None:
     image = LocalBackend(name="image", state="stopped")
     chat = LocalBackend(name="chat", slots=4, state="ready")
-    got = hungry([image, chat], ready_elsewhere=frozenset({"image", "chat"}))
-    # chat is ready here too: this node still takes its share.
+    got = hungry([image, chat], loaded_elsewhere=frozenset({"image", "chat"}))
+    # chat is loaded here too: this node still takes its share.
     assert got == Hunger(claim=("chat",), prefer=("chat",))
+
+
+def test_a_load_that_needs_an_eviction_is_left_to_a_node_with_room() -> None:
+    news = LocalBackend(name="news", state="stopped", fits="evict")
+    assert hungry([news], room_elsewhere=frozenset({"news"})) == Hunger()
+    # No other node has room: evicting here is the way.
+    assert hungry([news]).claim == ("news",)
+    # It fits here in free memory: no reason to wait for the other node.
+    free = LocalBackend(name="news", state="stopped", fits="free")
+    assert hungry([free], room_elsewhere=frozenset({"news"})).claim == ("news",)
 
 
 def test_claim_lists_are_sorted_and_prefer_is_within_claim() -> None:
@@ -155,7 +168,7 @@ NAMES = ("chat", "image", "music", "news", "tts")
 
 
 @st.composite
-def local_backends(draw: st.DrawFn) -> list[LocalBackend]:
+def some_backends(draw: st.DrawFn) -> list[LocalBackend]:
     names = draw(st.lists(st.sampled_from(NAMES), unique=True, max_size=len(NAMES)))
     out = []
     for name in names:
@@ -168,22 +181,23 @@ def local_backends(draw: st.DrawFn) -> list[LocalBackend]:
                 state=state,
                 running=0 if state != "ready" else draw(st.integers(0, slots)),
                 waiting=draw(st.integers(0, 5)),
-                startable=draw(st.booleans()),
+                fits=draw(st.sampled_from(("free", "evict", "no"))),
             )
         )
     return out
 
 
 @given(
-    backends=local_backends(),
+    backends=some_backends(),
     elsewhere=st.frozensets(st.sampled_from(NAMES)),
+    room=st.frozensets(st.sampled_from(NAMES)),
     ahead=st.integers(0, 3),
 )
 @settings(max_examples=300, deadline=None)
 def test_hungry_claims_only_served_backends_with_room(
-    backends: list[LocalBackend], elsewhere: frozenset[str], ahead: int
+    backends: list[LocalBackend], elsewhere: frozenset[str], room: frozenset[str], ahead: int
 ) -> None:
-    got = hungry(backends, ready_elsewhere=elsewhere, ahead=ahead)
+    got = hungry(backends, loaded_elsewhere=elsewhere, room_elsewhere=room, ahead=ahead)
     by_name = {b.name: b for b in backends}
     assert set(got.claim) <= set(by_name)
     assert set(got.prefer) <= set(got.claim)
@@ -192,17 +206,22 @@ def test_hungry_claims_only_served_backends_with_room(
         backend = by_name[name]
         assert room_for(backend, ahead=ahead) > 0
         if backend.state == "stopped":
-            # One job to load it, only if it can start, and only if no one has it ready.
-            assert backend.startable and backend.waiting == 0 and name not in elsewhere
+            # One job to load it, only if it can start, nobody else has it loaded, and
+            # nobody else could load it without the eviction this node would need.
+            assert backend.fits != "no" and backend.waiting == 0 and name not in elsewhere
+            assert backend.fits == "free" or name not in room
         else:
             # Never more waiting here than its slots (plus ``ahead``) can start.
             assert backend.running + backend.waiting < backend.slots + ahead
             assert name in got.prefer
     # Same records, same answer, in any order.
-    assert hungry(list(reversed(backends)), ready_elsewhere=elsewhere, ahead=ahead) == got
+    again = hungry(
+        list(reversed(backends)), loaded_elsewhere=elsewhere, room_elsewhere=room, ahead=ahead
+    )
+    assert again == got
 
 
-@given(backends=local_backends())
+@given(backends=some_backends())
 @settings(max_examples=200, deadline=None)
 def test_claiming_until_not_hungry_never_holds_more_than_can_start(
     backends: list[LocalBackend],
@@ -224,7 +243,7 @@ def test_claiming_until_not_hungry_never_holds_more_than_can_start(
             state=b.state,
             running=b.running,
             waiting=b.waiting + 1,
-            startable=b.startable,
+            fits=b.fits,
         )
     else:
         pytest.fail("hungry never became satisfied")
@@ -320,4 +339,61 @@ def test_policy_does_no_io() -> None:
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom)
     }
-    assert modules <= {"__future__", "collections", "dataclasses", "typing"}
+    assert modules <= {"__future__", "collections", "dataclasses", "typing", "yard"}
+    yard_modules = {
+        node.module or ""
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("yard")
+    }
+    assert all(m.startswith("yard.core") for m in yard_modules), yard_modules
+
+
+# -- local_backends, from the real core's snapshot ------------------------------------
+
+
+def _node() -> Harness:
+    backends = [
+        BackendSpec(name="news", gpus=("gpu0",)),
+        BackendSpec(name="chat", gpus=("gpu0",), slots=4),
+        BackendSpec(name="image", gpus=("gpu0",)),
+    ]
+    return Harness(
+        backends,
+        (gpu(gib=24), host()),
+        profiles={"news": (13, 2, 40), "chat": (4, 1, 12), "image": (8, 3, 25)},
+    )
+
+
+def _local(h: Harness) -> dict[str, LocalBackend]:
+    snap = h.s.snapshot(h.now, limit=0)
+    gpus_of = {"news": ("gpu0",), "chat": ("gpu0",), "image": ("gpu0",)}
+    got = local_backends(snap, gpus_of=gpus_of, margin=1.10)
+    return {b.name: b for b in got}
+
+
+def test_local_backends_reads_states_and_counts_from_the_snapshot() -> None:
+    h = _node()
+    h.arrive("c1", "chat", at=0.0)
+    h.arrive("c2", "chat", at=0.0)
+    local = _local(h)
+    assert local["chat"] == LocalBackend(
+        name="chat", slots=4, state="loading", waiting=2, fits="no"
+    )
+    # One load at a time on gpu0: nothing else can start while chat loads.
+    assert local["news"].fits == "no" and local["image"].fits == "no"
+    h.ready("chat", at=12.0)
+    local = _local(h)
+    assert local["chat"] == LocalBackend(name="chat", slots=4, state="ready", running=2, fits="no")
+    assert local["news"] == LocalBackend(name="news", state="stopped", fits="free")
+
+
+def test_a_load_that_fits_only_after_stopping_idle_backends_is_evict() -> None:
+    h = _node()
+    h.load("chat", "c1", at=0.0)
+    h.finish("c1", at=20.0)
+    h.load("news", "n1", at=21.0)
+    # 24 GiB - chat 4.4 - news 14.3 = 5.3 GiB free: image (8.8) needs idle chat gone.
+    assert _local(h)["image"].fits == "evict"
+    h.arrive("c2", "chat", at=70.0)
+    # chat busy, news busy: image cannot start now.
+    assert _local(h)["image"].fits == "no"

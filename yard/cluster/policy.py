@@ -1,6 +1,7 @@
 """Which shared jobs a node claims, and where a synchronous request is served.
 
-Pure functions over small records, no I/O (like :mod:`yard.core`): the node
+Pure functions over small records, no I/O (like :mod:`yard.core`, the only part of
+yard it reads): the node
 (:mod:`yard.cluster.node`) builds the records from its engine's snapshot and the
 registry, the simulation (:mod:`sim.cluster`) builds them from its simulated hosts,
 and both get the same answers.
@@ -11,8 +12,11 @@ The rules these functions keep:
   many jobs as it has free slots (slots minus running minus waiting here); for one
   that is loading, enough to fill its slots once it is ready; for one that is
   stopped, one job (the one whose arrival makes the node load it), and only when
-  the node could start it now and no other node has it ready with a free slot. A
-  node never holds a shared job it cannot start, so it never hoards the queue.
+  the node could start it now, no other node has it loaded or loading, and no
+  other node could load it without evicting anything when this one would have to.
+  A node never holds a shared job it cannot start, so it never hoards the queue,
+  and one instance of each backend serves the cluster unless memory says
+  otherwise, so loads stay near one host's.
 - **One priority order across the cluster.** :func:`hungry` says *which* backends a
   node may take a job for, not which job: the claim itself takes the best-ranked
   waiting job among them (``rank = priority - aging_rate * arrival``, static under
@@ -30,7 +34,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from yard.core.spec import HOST, Profile
+from yard.core.views import DeviceView, Snapshot
+
 BackendState = Literal["stopped", "loading", "ready"]
+
+Fit = Literal["free", "evict", "no"]
+"""Whether a stopped backend could start on this node now: ``free`` (it fits in free
+memory), ``evict`` (it fits once idle backends are stopped), ``no`` (busy backends
+or a load in progress on its devices are in the way)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,9 +56,8 @@ class LocalBackend:
     running: requests it is serving now.
     waiting: requests waiting here for it (claimed jobs not yet dispatched and
         local synchronous requests).
-    startable: this node could start it now: it fits next to the backends that
-        are busy, once idle ones are stopped, and its devices are not loading
-        something else. Read only for a stopped backend.
+    fits: for a stopped backend, whether it could start now (see :data:`Fit`);
+        :func:`local_backends` works it out from the engine's snapshot.
     """
 
     name: str
@@ -54,7 +65,7 @@ class LocalBackend:
     state: BackendState = "stopped"
     running: int = 0
     waiting: int = 0
-    startable: bool = True
+    fits: Fit = "free"
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -82,7 +93,8 @@ class Hunger:
 
 
 def room_for(backend: LocalBackend, *, ahead: int = 0) -> int:
-    """How many more shared jobs this node may claim for ``backend`` now.
+    """How many more shared jobs this node may claim for ``backend`` now, by its own
+    state alone (:func:`hungry` also weighs the other nodes).
 
     ahead: extra jobs that may wait here beyond the free slots of a ready or
         loading backend (0: none; a few hide the claim's round trip to the
@@ -91,22 +103,27 @@ def room_for(backend: LocalBackend, *, ahead: int = 0) -> int:
     """
     if backend.state == "stopped":
         # One job makes the node load it; more are claimed once it is loading.
-        return 1 if backend.startable and backend.waiting == 0 and backend.running == 0 else 0
+        idle = backend.waiting == 0 and backend.running == 0
+        return 1 if idle and backend.fits != "no" else 0
     return max(0, backend.slots + ahead - backend.running - backend.waiting)
 
 
 def hungry(
     backends: Sequence[LocalBackend],
     *,
-    ready_elsewhere: frozenset[str] = frozenset(),
+    loaded_elsewhere: frozenset[str] = frozenset(),
+    room_elsewhere: frozenset[str] = frozenset(),
     ahead: int = 0,
 ) -> Hunger:
     """The backends this node should claim a shared job for now, and which it prefers.
 
     backends: every backend this node serves (others are never claimed for).
-    ready_elsewhere: backends another live node has ready with a free slot (from
-        the registry). A stopped backend here is not claimed for while another node
-        can start its jobs without a load; a ready or loading one still is.
+    loaded_elsewhere: backends another live node has loaded or loading (the
+        registry's ``loaded``). A stopped backend here is left to that node: one
+        instance in the cluster serves its jobs, as one instance does on one host.
+    room_elsewhere: stopped backends another live node could load into its free
+        memory (the registry's ``free_mib`` against the profile). A stopped backend
+        that fits here only by evicting idle ones is left to that node.
     ahead: see :func:`room_for`.
 
     Returns a :class:`Hunger`; the claim takes the best-ranked job among
@@ -117,13 +134,122 @@ def hungry(
     claim: set[str] = set()
     prefer: set[str] = set()
     for backend in backends:
-        if backend.state == "stopped" and backend.name in ready_elsewhere:
+        if backend.state == "stopped" and (
+            backend.name in loaded_elsewhere
+            or (backend.fits == "evict" and backend.name in room_elsewhere)
+        ):
             continue
         if room_for(backend, ahead=ahead) > 0:
             claim.add(backend.name)
             if backend.state != "stopped":
                 prefer.add(backend.name)
     return Hunger(claim=tuple(sorted(claim)), prefer=tuple(sorted(prefer)))
+
+
+def local_backends(
+    snapshot: Snapshot,
+    *,
+    gpus_of: Mapping[str, tuple[str, ...]],
+    margin: float,
+) -> list[LocalBackend]:
+    """This node's backends for :func:`hungry`, from its engine's snapshot.
+
+    gpus_of: the GPUs each backend may use (its spec; a stopped backend's view
+        names none). margin: the scheduler's ``profile_margin``.
+
+    A stopped backend ``fits`` ``free`` when its profile (times ``margin``) fits in
+    the free memory of one of its GPUs and of the host, ``evict`` when it fits
+    there once ready backends with nothing running or waiting are stopped, ``no``
+    otherwise or while another backend is starting on that GPU (one load at a
+    time). A backend with no profile yet loads alone, so it fits ``free`` only on
+    a GPU with nothing on it. A draining or stopping backend counts as stopped and
+    cannot start again until it is gone.
+    """
+    devices = {d.name: d for d in snapshot.devices}
+    views = snapshot.backends
+    starting_on = {g for b in views if b.state == "starting" for g in b.gpus}
+    occupied = {g for b in views if b.gpus for g in b.gpus}
+    idle_on: dict[str, int] = {}
+    for b in views:
+        if b.state == "ready" and not b.inflight and not b.queued and not b.pinned:
+            for where in (*b.gpus, HOST):
+                if where in devices:
+                    dev = devices[where]
+                    need = _need(b.profile, where, margin)
+                    idle_on[where] = idle_on.get(where, 0) + max(
+                        need, dev.live_bytes.get(b.name, 0)
+                    )
+    out = []
+    for b in views:
+        state: BackendState
+        fits: Fit = "no"
+        if b.state == "ready":
+            state = "ready"
+        elif b.state == "starting":
+            state = "loading"
+        else:
+            state = "stopped"
+            if b.state in ("stopped", "failed"):
+                fits = _fits(
+                    b.name,
+                    b.profile,
+                    gpus_of.get(b.name, ()),
+                    devices,
+                    starting_on,
+                    occupied,
+                    idle_on,
+                    margin,
+                )
+        out.append(
+            LocalBackend(
+                name=b.name,
+                slots=b.slots,
+                state=state,
+                running=b.inflight,
+                waiting=b.queued,
+                fits=fits,
+            )
+        )
+    return out
+
+
+def _need(profile: Profile | None, device: str, margin: float) -> int:
+    if profile is None:
+        return 0
+    raw = profile.host_bytes if device == HOST else profile.gpu_bytes
+    return int(raw * margin)
+
+
+def _fits(
+    name: str,
+    profile: Profile | None,
+    gpus: tuple[str, ...],
+    devices: Mapping[str, DeviceView],
+    starting_on: set[str],
+    occupied: set[str],
+    idle_on: Mapping[str, int],
+    margin: float,
+) -> Fit:
+    host = devices.get(HOST)
+    host_need = _need(profile, HOST, margin)
+    host_free = host.free_bytes if host is not None else host_need
+    host_idle = idle_on.get(HOST, 0)
+    best: Fit = "no"
+    for gpu in gpus or (HOST,):
+        dev = devices.get(gpu)
+        if dev is None or gpu in starting_on:
+            continue
+        if profile is None:
+            # Measured alone: only an empty GPU will do.
+            if gpu not in occupied:
+                return "free"
+            continue
+        need = _need(profile, gpu, margin) if gpu != HOST else host_need
+        if need <= dev.free_bytes and host_need <= host_free:
+            return "free"
+        if need <= dev.free_bytes + idle_on.get(gpu, 0) and host_need <= host_free + host_idle:
+            best = "evict"
+    return best
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
