@@ -20,7 +20,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from yard.announce.schema import MIGRATIONS as ANNOUNCE_MIGRATIONS
 from yard.batches.schema import MIGRATIONS as BATCH_MIGRATIONS
@@ -46,6 +46,7 @@ __all__ = [
     "JobError",
     "JobRecord",
     "JobStore",
+    "JobStoreLike",
     "Quota",
     "QuotaExceeded",
     "Status",
@@ -127,6 +128,79 @@ _COLUMNS = (
     "requeued, status, created_at, started_at, finished_at, queued_s, error_code, "
     "error_message, error_status, result_status, result_bytes, result_type, not_before"
 )
+
+
+class JobStoreLike(Protocol):
+    """What the job service (:class:`yard.jobs.service.Jobs`) and a restart
+    (:mod:`yard.jobs.restore`) need of a job store: :class:`JobStore` (SQLite,
+    one machine) and :class:`yard.cluster.jobs.PgJobStore` (PostgreSQL, a
+    cluster) both have it. See :class:`JobStore` for what each method does."""
+
+    async def insert(
+        self,
+        *,
+        job_id: str,
+        app: str,
+        model: str,
+        backend: str,
+        priority: float,
+        start_by: float | None,
+        allow_late: bool,
+        rerun_safe: bool,
+        created_at: float,
+        request: StoredRequest,
+        quota: Quota | None = None,
+        not_before: float | None = None,
+    ) -> JobRecord: ...
+
+    async def delete(self, job_id: str) -> None: ...
+
+    async def mark_running(self, job_id: str, *, at: float, queued_s: float) -> bool: ...
+
+    async def mark_requeue_spent(self, job_id: str) -> None: ...
+
+    async def mark_requeued(self, job_id: str) -> bool: ...
+
+    async def mark_rerun(self, job_id: str) -> bool: ...
+
+    async def finish(
+        self,
+        job_id: str,
+        status: Status,
+        *,
+        at: float,
+        error: JobError | None = None,
+        result: StoredResult | None = None,
+    ) -> bool: ...
+
+    async def expire(self, *, finished_before: float) -> list[str]: ...
+
+    async def forget_result(self, job_id: str) -> bool: ...
+
+    async def usage(self, app: str) -> Usage: ...
+
+    async def purge(self, *, finished_before: float) -> int: ...
+
+    async def get(self, job_id: str) -> JobRecord | None: ...
+
+    async def list_jobs(
+        self,
+        *,
+        app: str | None,
+        statuses: Sequence[Status] = (),
+        limit: int = 20,
+        before_seq: int | None = None,
+    ) -> list[JobRecord]: ...
+
+    async def unfinished(self) -> list[JobRecord]: ...
+
+    async def request(self, job_id: str) -> StoredRequest | None: ...
+
+    async def result(self, job_id: str) -> StoredResult | None: ...
+
+    async def counts(self) -> dict[str, int]: ...
+
+    async def close(self) -> None: ...
 
 
 class JobStore:

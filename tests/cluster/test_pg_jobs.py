@@ -1,0 +1,364 @@
+"""PgJobStore against a real PostgreSQL: the SQLite store's behaviour, one
+priority order across nodes, claims that never collide, reaping a dead node."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import trio
+
+from yard.cluster.jobs import PgJobStore, rank_of
+from yard.cluster.pg import PgDatabase
+from yard.cluster.schema import MIGRATIONS
+from yard.jobs.records import JobError, Quota, QuotaExceeded, StoredRequest, StoredResult
+from yard.jobs.restore import INTERRUPTED
+from yard.jobs.store import JobStore, JobStoreLike
+
+REQUEST = StoredRequest(
+    method="POST",
+    path="/v1/audio/speech",
+    query="format=wav",
+    headers=((b"content-type", b"application/json"), (b"x-odd", b"caf\xe9")),
+    body=b'{"input": "hi"}',
+)
+RESULT = StoredResult(status=200, headers=((b"content-type", b"audio/wav"),), body=b"RIFF\x00")
+
+Stores = Callable[[str], Awaitable[PgJobStore]]
+
+
+def _is_job_store(store: PgJobStore, sqlite: JobStore) -> tuple[JobStoreLike, JobStoreLike]:
+    # mypy checks that both stores satisfy the service's protocol.
+    return store, sqlite
+
+
+@pytest.fixture
+async def stores(postgres_dsn: str) -> AsyncIterator[Stores]:
+    """Opens the store of a node (its own connections) on one database."""
+    opened: list[PgJobStore] = []
+
+    async def open_store(node: str) -> PgJobStore:
+        db = await PgDatabase.open(postgres_dsn, MIGRATIONS, application_name=node)
+        opened.append(PgJobStore(db, node=node, aging_rate=0.1))
+        return opened[-1]
+
+    try:
+        yield open_store
+    finally:
+        for store in opened:
+            await store.close()
+
+
+async def add(
+    store: PgJobStore,
+    job_id: str,
+    *,
+    at: float = 100.0,
+    priority: float = 50.0,
+    backend: str = "tts",
+    rerun_safe: bool = False,
+    quota: Quota | None = None,
+) -> None:
+    await store.insert(
+        job_id=job_id,
+        app="radio",
+        model="voice",
+        backend=backend,
+        priority=priority,
+        start_by=None,
+        allow_late=False,
+        rerun_safe=rerun_safe,
+        created_at=at,
+        request=REQUEST,
+        quota=quota,
+    )
+
+
+async def claim_all(store: PgJobStore, node: str, backends: tuple[str, ...]) -> list[str]:
+    claimed: list[str] = []
+    while (job := await store.claim(node, backends)) is not None:
+        claimed.append(job.id)
+    return claimed
+
+
+# -- what the SQLite store does ------------------------------------------------
+
+
+async def test_the_request_and_result_come_back_exactly_as_stored(stores: Stores) -> None:
+    store = await stores("n1")
+    await add(store, "a")
+    assert await store.request("a") == REQUEST
+    assert await store.mark_running("a", at=101.0, queued_s=1.0)
+    assert await store.finish("a", "succeeded", at=102.0, result=RESULT)
+    assert await store.result("a") == RESULT
+    assert await store.request("a") is None
+    job = await store.get("a")
+    assert job is not None
+    assert (job.status, job.result_status, job.result_bytes, job.result_type) == (
+        "succeeded",
+        200,
+        5,
+        "audio/wav",
+    )
+    assert (job.started_at, job.finished_at, job.queued_s) == (101.0, 102.0, 1.0)
+
+
+async def test_a_job_ends_once_and_the_first_end_wins(stores: Stores) -> None:
+    store = await stores("n1")
+    await add(store, "a")
+    cancelled = JobError(code="cancelled", message="bye", status=499)
+    assert await store.finish("a", "cancelled", at=110.0, error=cancelled)
+    assert not await store.finish("a", "succeeded", at=111.0, result=RESULT)
+    assert not await store.mark_running("a", at=112.0, queued_s=1.0)
+    job = await store.get("a")
+    assert job is not None
+    assert (job.status, job.finished_at, job.error) == ("cancelled", 110.0, cancelled)
+    assert await store.result("a") is None
+    assert await store.request("a") is None
+    with pytest.raises(ValueError, match="final status"):
+        await store.finish("a", "running", at=1.0)
+
+
+async def test_expiry_forgetting_and_purging_follow_the_sqlite_store(stores: Stores) -> None:
+    store = await stores("n1")
+    for job_id, at in (("old", 100.0), ("new", 200.0), ("waiting", 50.0), ("read", 60.0)):
+        await add(store, job_id, at=at)
+    await store.finish("old", "succeeded", at=150.0, result=RESULT)
+    await store.finish("new", "succeeded", at=250.0, result=RESULT)
+    await store.finish("read", "succeeded", at=260.0, result=RESULT)
+    assert not await store.forget_result("waiting")
+    assert await store.forget_result("read")
+    assert await store.result("read") is None
+    assert await store.expire(finished_before=200.0) == ["old"]
+    assert await store.result("old") is None
+    assert await store.result("new") == RESULT
+    assert await store.counts() == {
+        "queued": 1,
+        "running": 0,
+        "succeeded": 1,
+        "failed": 0,
+        "cancelled": 0,
+        "expired": 2,
+    }
+    assert await store.purge(finished_before=151.0) == 1
+    assert await store.get("old") is None
+    assert await store.get("waiting") is not None
+
+
+async def test_requeue_and_rerun_flags_move_as_in_sqlite(stores: Stores) -> None:
+    store = await stores("n1")
+    await add(store, "oom")
+    await add(store, "safe", rerun_safe=True)
+    assert not await store.mark_requeued("oom")  # not running
+    assert await store.mark_running("oom", at=101.0, queued_s=1.0)
+    await store.mark_requeue_spent("oom")
+    assert await store.mark_requeued("oom")
+    assert await store.mark_running("safe", at=101.0, queued_s=1.0)
+    assert await store.mark_rerun("safe")
+    assert await store.mark_running("safe", at=102.0, queued_s=2.0)
+    assert not await store.mark_rerun("safe")  # the one rerun is spent
+    oom, safe = await store.get("oom"), await store.get("safe")
+    assert oom is not None and safe is not None
+    assert (oom.status, oom.requeued, oom.started_at) == ("queued", True, None)
+    assert (safe.status, safe.rerun_used) == ("running", True)
+    # Both are this node's now (it ran them): a restart of it puts them back.
+    assert [job.id for job in await store.unfinished()] == ["oom", "safe"]
+    await store.delete("oom")
+    assert await store.get("oom") is None
+
+
+async def test_listing_filters_by_app_status_and_cursor(stores: Stores) -> None:
+    store = await stores("n1")
+    for job_id in ("a", "b", "c"):
+        await add(store, job_id)
+    await store.finish("b", "failed", at=101.0, error=INTERRUPTED)
+    newest = await store.list_jobs(app="radio", limit=2)
+    assert [job.id for job in newest] == ["c", "b"]
+    older = await store.list_jobs(app=None, before_seq=newest[-1].seq)
+    assert [job.id for job in older] == ["a"]
+    assert [job.id for job in await store.list_jobs(app=None, statuses=("failed",))] == ["b"]
+    assert await store.list_jobs(app="other") == []
+
+
+async def test_the_quota_holds_when_two_nodes_take_in_jobs_at_once(stores: Stores) -> None:
+    one, two = await stores("n1"), await stores("n2")
+    quota = Quota(max_jobs=5, max_bytes=10_000)
+    refused: list[str] = []
+
+    async def hand_in(store: PgJobStore, prefix: str) -> None:
+        for i in range(8):
+            try:
+                await add(store, f"{prefix}{i}", quota=quota)
+            except QuotaExceeded:
+                refused.append(f"{prefix}{i}")
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hand_in, one, "x")
+            nursery.start_soon(hand_in, two, "y")
+    usage = await one.usage("radio")
+    assert (usage.jobs, usage.bytes, usage.oldest_finished_at) == (5, 5 * len(REQUEST.body), None)
+    assert len(refused) == 11
+
+
+# -- one queue -------------------------------------------------------------------
+
+
+async def test_a_high_rank_job_of_node_1_goes_before_a_lower_one_of_node_2(
+    stores: Stores,
+) -> None:
+    one, two = await stores("n1"), await stores("n2")
+    # Handed in to node 2 first, lower priority.
+    await add(two, "low", priority=10.0, at=1000.0)
+    await add(one, "high", priority=50.0, at=1001.0)
+    for claimer in (one, two):
+        first = await claimer.claim(claimer.node, ("tts",))
+        assert first is not None and first.id == "high"
+        await claimer.release("high", claimer.node)
+    # Aging, with the rate the stores were given (0.1/s): a job waiting 500 s
+    # longer has made up 50 points of priority.
+    await add(two, "patient", priority=0.0, at=0.0)
+    assert await claim_all(one, "n1", ("tts",)) == ["patient", "high", "low"]
+    assert rank_of(0.0, 0.0, 0.1) > rank_of(50.0, 1001.0, 0.1)
+
+
+async def test_a_loaded_backend_breaks_ties_between_equal_ranks_only(stores: Stores) -> None:
+    one = await stores("n1")
+    await add(one, "cold", backend="llm", priority=50.0)
+    await add(one, "warm", backend="tts", priority=50.0)
+    await add(one, "urgent-cold", backend="llm", priority=60.0)
+    claimed = []
+    while (job := await one.claim("n1", ("llm", "tts"), prefer=("tts",))) is not None:
+        claimed.append(job.id)
+    assert claimed == ["urgent-cold", "warm", "cold"]
+
+
+async def test_a_node_claims_only_backends_it_serves(stores: Stores) -> None:
+    one = await stores("n1")
+    await add(one, "song", backend="music")
+    await add(one, "talk", backend="tts")
+    assert await one.waiting() == {"music": 1, "tts": 1}
+    assert await one.claim("n1", ()) is None
+    job = await one.claim("n1", ("tts", "llm"))
+    assert job is not None and job.id == "talk"
+    assert await one.claim("n1", ("tts", "llm")) is None
+    assert await one.waiting(("tts", "music", "llm")) == {"tts": 0, "music": 1, "llm": 0}
+    assert [j.id for j in await one.claimed("n1")] == ["talk"]
+
+
+async def test_claimers_racing_never_get_the_same_job(stores: Stores) -> None:
+    nodes = [await stores(f"n{i}") for i in range(3)]
+    jobs_per_round = 40
+    for round_ in range(5):
+        ids = [f"r{round_}-{i}" for i in range(jobs_per_round)]
+        for job_id, store in zip(ids, itertools.cycle(nodes), strict=False):
+            await add(store, job_id, priority=float(len(job_id) % 3))
+        got: dict[str, list[str]] = {}
+
+        async def claimer(store: PgJobStore, name: str, into: dict[str, list[str]]) -> None:
+            into[name] = await claim_all(store, store.node, ("tts",))
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                # Two claimers per node: each store has several connections,
+                # so up to six claims are in flight at once.
+                for i, store in enumerate(nodes):
+                    nursery.start_soon(claimer, store, f"{store.node}a{i}", got)
+                    nursery.start_soon(claimer, store, f"{store.node}b{i}", got)
+        claimed = [job_id for batch in got.values() for job_id in batch]
+        assert sorted(claimed) == sorted(ids), f"round {round_}: {got}"
+        assert await nodes[0].waiting() == {}
+
+
+async def test_release_puts_a_job_back_at_its_old_place(stores: Stores) -> None:
+    one, two = await stores("n1"), await stores("n2")
+    await add(one, "first", priority=50.0)
+    await add(one, "second", priority=40.0)
+    job = await one.claim("n1", ("tts",))
+    assert job is not None and job.id == "first"
+    assert not await two.release("first", "n2")  # not n2's to give back
+    assert await one.release("first", "n1")
+    assert not await one.release("first", "n1")
+    assert await claim_all(two, "n2", ("tts",)) == ["first", "second"]
+
+
+# -- a dead node ---------------------------------------------------------------------
+
+
+async def test_reaping_a_dead_node_follows_the_restart_rules(stores: Stores) -> None:
+    dead, alive = await stores("dead"), await stores("alive")
+    await add(dead, "queued", priority=50.0, at=100.0)
+    await add(dead, "running", priority=49.0, at=100.0)
+    await add(dead, "safe", priority=48.0, at=100.0, rerun_safe=True)
+    await add(dead, "safe-again", priority=47.0, at=100.0, rerun_safe=True)
+    await add(alive, "later", priority=45.0, at=100.0)
+    assert await claim_all(dead, "dead", ("tts",)) == [
+        "queued",
+        "running",
+        "safe",
+        "safe-again",
+        "later",
+    ]
+    assert await dead.release("later", "dead")
+    for job_id in ("running", "safe", "safe-again"):
+        assert await dead.mark_running(job_id, at=101.0, queued_s=1.0)
+    assert await dead.mark_rerun("safe-again")  # its rerun was used by a restart
+    assert await dead.mark_running("safe-again", at=102.0, queued_s=2.0)
+
+    summaries = []
+
+    async def reap() -> None:
+        summaries.append(await alive.reap("dead", now=200.0))
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reap)
+            nursery.start_soon(reap)
+    winner, loser = sorted(summaries, key=lambda s: -s.total)
+    assert loser.total == 0
+    assert sorted(winner.released) == ["queued"]
+    assert winner.rerun == ("safe",)
+    assert sorted(winner.interrupted) == ["running", "safe-again"]
+    for job_id in ("running", "safe-again"):
+        job = await alive.get(job_id)
+        assert job is not None
+        assert (job.status, job.error, job.finished_at) == ("failed", INTERRUPTED, 200.0)
+        assert await alive.request(job_id) is None
+    # Back at their old places: before the job that waited behind them.
+    assert await claim_all(alive, "alive", ("tts",)) == ["queued", "safe", "later"]
+    # The dead node, come back with its old memory, runs none of them again.
+    for job_id in ("queued", "safe"):
+        assert not await dead.mark_running(job_id, at=300.0, queued_s=1.0)
+    assert await dead.unfinished() == []
+    safe = await alive.get("safe")
+    assert safe is not None and (safe.rerun_used, safe.status) == (True, "queued")
+
+
+async def test_finish_races_cancel_and_exactly_one_wins(stores: Stores) -> None:
+    one, two = await stores("n1"), await stores("n2")
+    cancelled = JobError(code="cancelled", message="cancelled by the client", status=499)
+    outcomes = {"succeeded": 0, "cancelled": 0}
+    for i in range(40):
+        job_id = f"j{i}"
+        await add(one, job_id)
+        assert await one.mark_running(job_id, at=101.0, queued_s=1.0)
+        won: dict[str, bool] = {}
+
+        async def succeed(jid: str, into: dict[str, bool]) -> None:
+            into["succeeded"] = await one.finish(jid, "succeeded", at=102.0, result=RESULT)
+
+        async def cancel(jid: str, into: dict[str, bool]) -> None:
+            into["cancelled"] = await two.finish(jid, "cancelled", at=102.0, error=cancelled)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(succeed, job_id, won)
+                nursery.start_soon(cancel, job_id, won)
+        assert sorted(won.values()) == [False, True], won
+        winner = next(status for status, ok in won.items() if ok)
+        outcomes[winner] += 1
+        job = await two.get(job_id)
+        assert job is not None and job.status == winner
+        assert (await two.result(job_id) is not None) == (winner == "succeeded")
+    assert sum(outcomes.values()) == 40

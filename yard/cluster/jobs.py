@@ -1,0 +1,532 @@
+"""The jobs of a cluster in PostgreSQL: one shared queue in one priority order.
+
+Rules this module keeps (beside those of :mod:`yard.jobs.store`, which it
+mirrors method for method, so :class:`yard.jobs.service.Jobs` runs on either):
+
+- **One order.** With linear aging a waiting job's effective priority is
+  ``priority + aging_rate * (now - created_at)``; the part that differs
+  between jobs, ``rank = priority - aging_rate * created_at``, never changes.
+  So one index (``jobs_waiting``) orders every node's waiting jobs, and a job
+  handed to node 1 with a higher rank is claimed before a lower one handed to
+  node 2, whichever node claims.
+- **Claims.** A job is inserted unclaimed, and ``NOTIFY yard_jobs, backend``
+  goes out in the same transaction (so a listener never wakes before the row
+  is visible). :meth:`PgJobStore.claim` takes the best unclaimed queued job
+  of the given backends with ``FOR UPDATE SKIP LOCKED``: two nodes claiming
+  at once never get the same job and never wait for each other. A claimed job
+  stays ``queued`` in the claiming node's own queue until it runs.
+- **A job ends exactly once, and runs on one node.** Every final move is a
+  conditional update, as in SQLite. :meth:`PgJobStore.mark_running` also
+  requires the job to be claimed by this store's node (or by none, and then
+  claims it): a node that was declared dead and reaped, but still holds the
+  job in memory, finds it gone instead of running it a second time.
+- **Dead nodes.** :meth:`PgJobStore.reap` applies the rules of a restart
+  (:mod:`yard.jobs.restore`) to the jobs a dead node held: queued ones go back
+  unclaimed with their rank and seq (their old place); running ones end
+  ``failed`` with code ``interrupted``, unless rerun-safe with the rerun
+  unused, in which case they go back once. Several reapers at once are safe:
+  row locks and the conditions let exactly one move each job.
+- **Quotas** are checked under a per-app advisory lock, so two nodes taking
+  in jobs of one app at once cannot both squeeze past it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+from yard.cluster.pg import PgDatabase, Row
+from yard.cluster.schema import JOBS_CHANNEL
+from yard.jobs.records import (
+    STATUSES,
+    UNFINISHED,
+    JobError,
+    JobRecord,
+    Quota,
+    QuotaExceeded,
+    Status,
+    StoredRequest,
+    StoredResult,
+    Usage,
+)
+from yard.jobs.restore import INTERRUPTED
+from yard.jobs.store import _dump_headers, _load_headers, _record
+
+__all__ = ["PgJobStore", "ReapSummary", "rank_of"]
+
+_COLUMNS = (
+    "seq, id, app, model, backend, priority, start_by, allow_late, rerun_safe, rerun_used, "
+    "requeued, status, created_at, started_at, finished_at, queued_s, error_code, "
+    "error_message, error_status, result_status, result_bytes, result_type, not_before"
+)
+"""The columns of a :class:`JobRecord`, in the order ``_record`` reads them."""
+
+_ENDED = "('succeeded', 'failed', 'cancelled')"
+
+
+def rank_of(priority: float, created_at: float, aging_rate: float) -> float:
+    """A job's place in the one priority order (higher goes first): its
+    effective priority at time 0, ``priority - aging_rate * created_at``."""
+    return priority - aging_rate * created_at
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReapSummary:
+    """What :meth:`PgJobStore.reap` did with a dead node's jobs (their ids)."""
+
+    released: tuple[str, ...] = ()
+    rerun: tuple[str, ...] = ()
+    interrupted: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return len(self.released) + len(self.rerun) + len(self.interrupted)
+
+    def describe(self) -> str:
+        return (
+            f"{len(self.released)} queued back to the shared queue, {len(self.rerun)} rerun "
+            f"(marked rerun-safe), {len(self.interrupted)} interrupted"
+        )
+
+
+class PgJobStore:
+    """The jobs of a cluster, as seen from one node.
+
+    db: opened with :data:`yard.cluster.schema.MIGRATIONS`. node: this node's
+    name (the origin of the jobs it takes in, the claimer in
+    :meth:`mark_running`, and whose jobs :meth:`unfinished` returns).
+    aging_rate: the scheduler's, to compute a job's rank when
+    :meth:`insert` is not given one.
+    """
+
+    def __init__(self, db: PgDatabase, *, node: str, aging_rate: float = 0.0) -> None:
+        self._db = db
+        self._node = node
+        self._aging_rate = aging_rate
+
+    @property
+    def node(self) -> str:
+        return self._node
+
+    @property
+    def database(self) -> PgDatabase:
+        return self._db
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    # -- writes --------------------------------------------------------------
+
+    async def insert(
+        self,
+        *,
+        job_id: str,
+        app: str,
+        model: str,
+        backend: str,
+        priority: float,
+        start_by: float | None,
+        allow_late: bool,
+        rerun_safe: bool,
+        created_at: float,
+        request: StoredRequest,
+        quota: Quota | None = None,
+        not_before: float | None = None,
+        rank: float | None = None,
+        origin: str | None = None,
+    ) -> JobRecord:
+        """Record a new queued, unclaimed job and its request, and wake every
+        listening node (``NOTIFY yard_jobs, backend``), in one transaction.
+
+        rank: its place in the order (default :func:`rank_of` with this
+        store's aging rate). origin: the node that took it in (default this
+        one). quota: as in :meth:`yard.jobs.store.JobStore.insert`; raises
+        :class:`QuotaExceeded` and stores nothing.
+        """
+        size = len(request.body)
+        if rank is None:
+            rank = rank_of(priority, created_at, self._aging_rate)
+
+        def _insert(conn: psycopg.Connection[Row]) -> JobRecord:
+            if quota is not None:
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"yard quota {app}",))
+                usage = _usage(conn, app)
+                if usage.jobs >= quota.max_jobs or usage.bytes + size > quota.max_bytes:
+                    raise QuotaExceeded(usage, quota, size)
+            row = conn.execute(
+                "INSERT INTO jobs (id, app, model, backend, priority, start_by, allow_late, "
+                "rerun_safe, status, created_at, request_bytes, not_before, rank, origin) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'queued', %s, %s, %s, %s, %s) "
+                f"RETURNING {_COLUMNS}",
+                (
+                    job_id,
+                    app,
+                    model,
+                    backend,
+                    priority,
+                    start_by,
+                    allow_late,
+                    rerun_safe,
+                    created_at,
+                    size,
+                    not_before,
+                    rank,
+                    origin or self._node,
+                ),
+            ).fetchone()
+            assert row is not None
+            conn.execute(
+                "INSERT INTO job_requests (job_id, method, path, query, headers, body) "
+                "VALUES (%s, %s, %s, %s, %s, %s)",
+                (
+                    job_id,
+                    request.method,
+                    request.path,
+                    request.query,
+                    _dump_headers(request.headers),
+                    request.body,
+                ),
+            )
+            conn.execute("SELECT pg_notify(%s, %s)", (JOBS_CHANNEL, backend))
+            return _record(row)
+
+        return await self._db.transaction(_insert)
+
+    async def delete(self, job_id: str) -> None:
+        """Forget a job entirely (one that was never accepted)."""
+        await self._db.execute("DELETE FROM jobs WHERE id = %s", (job_id,))
+
+    async def mark_running(self, job_id: str, *, at: float, queued_s: float) -> bool:
+        """Queued -> running (or running again, after a requeue) on this node,
+        before its request goes upstream. False if the job has ended
+        (cancelled meanwhile) or another node holds it now."""
+        changed = await self._db.execute(
+            "UPDATE jobs SET status = 'running', started_at = %s, queued_s = %s, "
+            "claimed_by = %s, claimed_at = COALESCE(claimed_at, %s) "
+            "WHERE id = %s AND status IN ('queued', 'running') "
+            "AND (claimed_by = %s OR claimed_by IS NULL)",
+            (at, queued_s, self._node, at, job_id, self._node),
+        )
+        return changed == 1
+
+    async def mark_requeue_spent(self, job_id: str) -> None:
+        """Its one requeue after a self-caused OOM may be used now: never grant
+        another (kept for good)."""
+        await self._db.execute("UPDATE jobs SET requeued = true WHERE id = %s", (job_id,))
+
+    async def mark_requeued(self, job_id: str) -> bool:
+        """Running -> queued (still in this node's queue): the core put it back
+        after a self-caused OOM."""
+        changed = await self._db.execute(
+            "UPDATE jobs SET status = 'queued', requeued = true, started_at = NULL "
+            "WHERE id = %s AND status = 'running'",
+            (job_id,),
+        )
+        return changed == 1
+
+    async def mark_rerun(self, job_id: str) -> bool:
+        """Running -> queued after a restart of this node, for a job the client
+        marked rerun-safe; the one rerun is spent."""
+        changed = await self._db.execute(
+            "UPDATE jobs SET status = 'queued', rerun_used = true, started_at = NULL "
+            "WHERE id = %s AND status = 'running' AND rerun_safe AND NOT rerun_used",
+            (job_id,),
+        )
+        return changed == 1
+
+    async def finish(
+        self,
+        job_id: str,
+        status: Status,
+        *,
+        at: float,
+        error: JobError | None = None,
+        result: StoredResult | None = None,
+    ) -> bool:
+        """End an unfinished job with ``status`` (and its error or result).
+        False if it had already ended: the first end wins, on any node."""
+        if status in UNFINISHED:
+            raise ValueError(f"finish() needs a final status, not {status!r}")
+
+        def _finish(conn: psycopg.Connection[Row]) -> bool:
+            cursor = conn.execute(
+                "UPDATE jobs SET status = %s, finished_at = %s, error_code = %s, "
+                "error_message = %s, error_status = %s, result_status = %s, "
+                "result_bytes = %s, result_type = %s "
+                "WHERE id = %s AND status IN ('queued', 'running')",
+                (
+                    status,
+                    at,
+                    None if error is None else error.code,
+                    None if error is None else error.message,
+                    None if error is None else error.status,
+                    None if result is None else result.status,
+                    None if result is None else len(result.body),
+                    None if result is None else result.content_type,
+                    job_id,
+                ),
+            )
+            if cursor.rowcount != 1:
+                return False
+            # Its request will never run again: drop the bytes now.
+            conn.execute("DELETE FROM job_requests WHERE job_id = %s", (job_id,))
+            if result is not None:
+                conn.execute(
+                    "INSERT INTO job_results (job_id, status, headers, body) "
+                    "VALUES (%s, %s, %s, %s)",
+                    (job_id, result.status, _dump_headers(result.headers), result.body),
+                )
+            return True
+
+        return await self._db.transaction(_finish)
+
+    async def expire(self, *, finished_before: float) -> list[str]:
+        """Jobs that ended before ``finished_before`` become ``expired`` and
+        their results are deleted. Returns their ids."""
+
+        def _expire(conn: psycopg.Connection[Row]) -> list[str]:
+            ids = [
+                str(row[0])
+                for row in conn.execute(
+                    f"UPDATE jobs SET status = 'expired' WHERE status IN {_ENDED} "
+                    "AND finished_at < %s RETURNING id",
+                    (finished_before,),
+                )
+            ]
+            conn.execute("DELETE FROM job_results WHERE job_id = ANY(%s)", (ids,))
+            return ids
+
+        return await self._db.transaction(_expire)
+
+    async def forget_result(self, job_id: str) -> bool:
+        """An ended job becomes ``expired`` now and its result is deleted.
+        False if the job has not ended (or does not exist)."""
+
+        def _forget(conn: psycopg.Connection[Row]) -> bool:
+            cursor = conn.execute(
+                "UPDATE jobs SET status = 'expired' WHERE id = %s AND status IN "
+                "('succeeded', 'failed', 'cancelled', 'expired')",
+                (job_id,),
+            )
+            conn.execute("DELETE FROM job_results WHERE job_id = %s", (job_id,))
+            return cursor.rowcount == 1
+
+        return await self._db.transaction(_forget)
+
+    async def usage(self, app: str) -> Usage:
+        """What ``app`` keeps stored now, over the whole cluster."""
+        return await self._db.transaction(lambda conn: _usage(conn, app))
+
+    async def purge(self, *, finished_before: float) -> int:
+        """Forget expired jobs that ended before ``finished_before``."""
+        return await self._db.execute(
+            "DELETE FROM jobs WHERE status = 'expired' AND finished_at < %s", (finished_before,)
+        )
+
+    # -- the shared queue ----------------------------------------------------
+
+    async def claim(
+        self, node: str, backends: Sequence[str], *, prefer: Sequence[str] = ()
+    ) -> JobRecord | None:
+        """Take the best unclaimed queued job of ``backends`` for ``node``:
+        highest rank first, then (between equal ranks only) a backend of
+        ``prefer`` (those loaded on ``node``), then arrival. Jobs another node
+        is claiming this instant are skipped, not waited for. None if there
+        is nothing to claim."""
+        if not backends:
+            return None
+
+        def _claim(conn: psycopg.Connection[Row]) -> JobRecord | None:
+            row = conn.execute(
+                f"UPDATE jobs SET claimed_by = %s, claimed_at = extract(epoch FROM now()) "
+                f"WHERE seq = (SELECT seq FROM jobs WHERE status = 'queued' "
+                f"AND claimed_by IS NULL AND backend = ANY(%s) "
+                f"ORDER BY rank DESC, backend = ANY(%s) DESC, seq "
+                f"LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING {_COLUMNS}",
+                (node, list(backends), list(prefer)),
+            ).fetchone()
+            return None if row is None else _record(row)
+
+        return await self._db.transaction(_claim)
+
+    async def release(self, job_id: str, node: str) -> bool:
+        """Give a job ``node`` claimed and has not started back to the shared
+        queue, at its old place (same rank and seq), and wake the others.
+        False if ``node`` does not hold it queued (any more)."""
+
+        def _release(conn: psycopg.Connection[Row]) -> bool:
+            row = conn.execute(
+                "UPDATE jobs SET claimed_by = NULL, claimed_at = NULL "
+                "WHERE id = %s AND claimed_by = %s AND status = 'queued' RETURNING backend",
+                (job_id, node),
+            ).fetchone()
+            if row is None:
+                return False
+            conn.execute("SELECT pg_notify(%s, %s)", (JOBS_CHANNEL, str(row[0])))
+            return True
+
+        return await self._db.transaction(_release)
+
+    async def reap(self, node: str, *, now: float) -> ReapSummary:
+        """Apply the restart rules to the jobs of ``node``, found dead (see
+        the module rules): queued ones back to the shared queue at their old
+        place; running ones interrupted, or back once if rerun-safe. Wakes the
+        other nodes for the backends of the jobs it put back. Safe to call
+        from several nodes at once: each job is moved by exactly one."""
+
+        def _reap(conn: psycopg.Connection[Row]) -> ReapSummary:
+            released = conn.execute(
+                "UPDATE jobs SET claimed_by = NULL, claimed_at = NULL "
+                "WHERE claimed_by = %s AND status = 'queued' RETURNING id, backend",
+                (node,),
+            ).fetchall()
+            rerun = conn.execute(
+                "UPDATE jobs SET status = 'queued', rerun_used = true, started_at = NULL, "
+                "claimed_by = NULL, claimed_at = NULL "
+                "WHERE claimed_by = %s AND status = 'running' AND rerun_safe AND NOT rerun_used "
+                "RETURNING id, backend",
+                (node,),
+            ).fetchall()
+            interrupted = [
+                str(row[0])
+                for row in conn.execute(
+                    "UPDATE jobs SET status = 'failed', finished_at = %s, error_code = %s, "
+                    "error_message = %s, error_status = %s "
+                    "WHERE claimed_by = %s AND status = 'running' RETURNING id",
+                    (
+                        now,
+                        INTERRUPTED.code,
+                        INTERRUPTED.message,
+                        INTERRUPTED.status,
+                        node,
+                    ),
+                )
+            ]
+            conn.execute("DELETE FROM job_requests WHERE job_id = ANY(%s)", (interrupted,))
+            for backend in sorted({str(row[1]) for row in (*released, *rerun)}):
+                conn.execute("SELECT pg_notify(%s, %s)", (JOBS_CHANNEL, backend))
+            return ReapSummary(
+                released=tuple(str(row[0]) for row in released),
+                rerun=tuple(str(row[0]) for row in rerun),
+                interrupted=tuple(interrupted),
+            )
+
+        return await self._db.transaction(_reap)
+
+    async def waiting(self, backends: Sequence[str] | None = None) -> dict[str, int]:
+        """How many unclaimed queued jobs each backend has (of ``backends``,
+        or all); backends asked for with none waiting are given as 0."""
+        if backends is None:
+            rows = await self._db.fetchall(
+                "SELECT backend, count(*) FROM jobs WHERE status = 'queued' "
+                "AND claimed_by IS NULL GROUP BY backend"
+            )
+        else:
+            rows = await self._db.fetchall(
+                "SELECT backend, count(*) FROM jobs WHERE status = 'queued' "
+                "AND claimed_by IS NULL AND backend = ANY(%s) GROUP BY backend",
+                (list(backends),),
+            )
+        found = {str(backend): int(n) for backend, n in rows}
+        if backends is not None:
+            return {backend: found.get(backend, 0) for backend in backends}
+        return found
+
+    async def claimed(self, node: str) -> list[JobRecord]:
+        """The unfinished jobs ``node`` holds, in arrival order."""
+        rows = await self._db.fetchall(
+            f"SELECT {_COLUMNS} FROM jobs WHERE claimed_by = %s "
+            "AND status IN ('queued', 'running') ORDER BY seq",
+            (node,),
+        )
+        return [_record(row) for row in rows]
+
+    # -- reads ---------------------------------------------------------------
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        row = await self._db.fetchone(f"SELECT {_COLUMNS} FROM jobs WHERE id = %s", (job_id,))
+        return None if row is None else _record(row)
+
+    async def list_jobs(
+        self,
+        *,
+        app: str | None,
+        statuses: Sequence[Status] = (),
+        limit: int = 20,
+        before_seq: int | None = None,
+    ) -> list[JobRecord]:
+        """Jobs newest first, of the whole cluster: of ``app`` (None: every
+        app), with one of ``statuses`` (empty: any), older than
+        ``before_seq`` (a cursor)."""
+        where: list[str] = []
+        params: list[object] = []
+        if app is not None:
+            where.append("app = %s")
+            params.append(app)
+        if statuses:
+            where.append("status = ANY(%s)")
+            params.append(list(statuses))
+        if before_seq is not None:
+            where.append("seq < %s")
+            params.append(before_seq)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = await self._db.fetchall(
+            f"SELECT {_COLUMNS} FROM jobs {clause} ORDER BY seq DESC LIMIT %s", (*params, limit)
+        )
+        return [_record(row) for row in rows]
+
+    async def unfinished(self) -> list[JobRecord]:
+        """The queued and running jobs this node holds, in arrival order: what
+        a restart of this node puts back (:mod:`yard.jobs.restore`). Jobs in
+        the shared queue are claimed, not restored."""
+        return await self.claimed(self._node)
+
+    async def request(self, job_id: str) -> StoredRequest | None:
+        row = await self._db.fetchone(
+            "SELECT method, path, query, headers, body FROM job_requests WHERE job_id = %s",
+            (job_id,),
+        )
+        if row is None:
+            return None
+        method, path, query, headers, body = row
+        return StoredRequest(
+            method=str(method),
+            path=str(path),
+            query=str(query),
+            headers=_load_headers(str(headers)),
+            body=bytes(body),
+        )
+
+    async def result(self, job_id: str) -> StoredResult | None:
+        row = await self._db.fetchone(
+            "SELECT status, headers, body FROM job_results WHERE job_id = %s", (job_id,)
+        )
+        if row is None:
+            return None
+        status, headers, body = row
+        return StoredResult(
+            status=int(status), headers=_load_headers(str(headers)), body=bytes(body)
+        )
+
+    async def counts(self) -> dict[str, int]:
+        """How many jobs of the cluster are in each status."""
+        rows = await self._db.fetchall("SELECT status, count(*) FROM jobs GROUP BY status")
+        found = {str(status): int(n) for status, n in rows}
+        return {status: found.get(status, 0) for status in STATUSES}
+
+
+def _usage(conn: psycopg.Connection[Row], app: str) -> Usage:
+    row = conn.execute(
+        "SELECT count(*), "
+        "COALESCE(SUM(CASE WHEN status IN ('queued', 'running') THEN request_bytes "
+        "ELSE COALESCE(result_bytes, 0) END), 0), "
+        "MIN(CASE WHEN status NOT IN ('queued', 'running') THEN finished_at END) "
+        "FROM jobs WHERE app = %s AND status != 'expired'",
+        (app,),
+    ).fetchone()
+    assert row is not None
+    jobs, size, oldest = row
+    oldest_at = None if oldest is None else float(oldest)
+    return Usage(jobs=int(jobs), bytes=int(size), oldest_finished_at=oldest_at)
