@@ -15,7 +15,9 @@ server can get its answer wrong:
 - ``/big``: a proper 8 MiB answer (for clients that never read it);
 - ``/hold``: a proper answer, after 5 s (to keep requests busy).
 
-Every answer closes the connection after it, so a lie never waits in a pool.
+Every answer closes the connection after it and says so (``connection:
+close``; ``/short-cl`` does not, as its stray bytes are the lie), so a lie
+never waits in a pool.
 """
 
 from __future__ import annotations
@@ -28,23 +30,31 @@ import sys
 import time
 
 BIG = 8 * 2**20
+# Every answer closes the connection after it, and says so (RFC 9112 section
+# 9.6): a connection closed without it would be pooled by yard and, if the
+# close has not reached yard by the next request, that request's write would
+# meet the close (a 502 no retry may hide, as yard never retries).
+_CLOSE = b"connection: close\r\n"
 
 
 def _answer(path: str, cookie: str) -> bytes:
     ok = b'{"ok":true}'
     pid = b"x-liar-pid: %d\r\n" % os.getpid()
-    proper = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + pid
+    proper = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + _CLOSE + pid
     if path in ("/health", "/ok"):
         return proper + b"content-length: %d\r\n\r\n%s" % (len(ok), ok)
     if path == "/te-and-cl":
         framing = b"transfer-encoding: chunked\r\ncontent-length: 100\r\n\r\n"
         return proper + framing + b"5\r\nhello\r\n0\r\n\r\n"
     if path == "/short-cl":
-        return proper + b"content-length: 5\r\n\r\nhello, and more than that"
+        # Without "connection: close": the bytes after the declared length
+        # must keep yard from pooling the connection.
+        keep = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + pid
+        return keep + b"content-length: 5\r\n\r\nhello, and more than that"
     if path == "/bare-cr":
         return proper + b"x-evil: a\rinjected: 1\r\ncontent-length: 2\r\n\r\nok"
     if path == "/status-99":
-        return b"HTTP/1.1 099 Too Early For Anything\r\ncontent-length: 2\r\n\r\nok"
+        return b"HTTP/1.1 099 Too Early For Anything\r\n" + _CLOSE + b"content-length: 2\r\n\r\nok"
     if path == "/huge-head":
         filler = b"".join(b"x-filler-%04d: %s\r\n" % (i, b"f" * 80) for i in range(1200))
         return proper + filler + b"content-length: 2\r\n\r\nok"
@@ -60,7 +70,7 @@ def _answer(path: str, cookie: str) -> bytes:
         return proper + b"content-length: %d\r\n\r\n%s" % (len(ok), ok)
     if path == "/big":
         return proper + b"content-length: %d\r\n\r\n" % BIG + b"b" * BIG
-    return b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
+    return b"HTTP/1.1 404 Not Found\r\n" + _CLOSE + b"content-length: 0\r\n\r\n"
 
 
 class _Handler(socketserver.BaseRequestHandler):
