@@ -74,6 +74,7 @@ from yard.config import AppConfig, Config
 from yard.errors import Rejected
 from yard.http.intake import local_app
 from yard.jobs.service import JobFinished, JobNotFound, Jobs
+from yard.jobs.store import JobStore
 
 log = logging.getLogger("yard.batches")
 
@@ -112,6 +113,9 @@ class Batches:
         self, *, jobs: Jobs, config: Config, wall: Callable[[], float] = time.time
     ) -> None:
         self.jobs = jobs
+        if not isinstance(jobs.store, JobStore):
+            # Lines become jobs in the same SQLite transaction as their batch.
+            raise TypeError("the Batch API needs the job service on the SQLite job store")
         self.store = BatchStore(jobs.store)
         self.config = config
         self._wall = wall

@@ -33,12 +33,14 @@ Rules it keeps:
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from yard.admission import Assignment, ResponseCut, UpstreamLost, run_turn
+from yard.cluster.forward import Forwarder, Target, trusted_arrival
 from yard.engine import Rejected
 from yard.http.errors import ApiError, error_body, error_headers
 from yard.http.intake import (
@@ -85,6 +87,14 @@ class _ClientGone(Exception):
     """The client disconnected while its body was being read."""
 
 
+class _Forward(Exception):
+    """Another node of the cluster serves this request (:mod:`yard.cluster.forward`)."""
+
+    def __init__(self, target: Target, body: bytes, priority: float) -> None:
+        super().__init__(target.node)
+        self.target, self.body, self.priority = target, body, priority
+
+
 class Gateway:
     """The ASGI app yard serves: the data plane, in front of ``control``."""
 
@@ -98,6 +108,10 @@ class Gateway:
         # Looked up once: ``yard.observe.register`` leaves it while the
         # control app is built, before this app exists.
         self._observe: RequestHook | None = runtime.observe_request
+        # A cluster node forwards requests another node should serve.
+        self._forwarder: Forwarder | None = (
+            runtime.cluster.forwarder if runtime.cluster is not None else None
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Route one ASGI connection event.
@@ -134,11 +148,13 @@ class Gateway:
     async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = new_request_id()
         try:
-            request, is_async, rerun_safe = await self._read(scope, receive, request_id)
+            request, is_async, rerun_safe, arrived_at = await self._read(scope, receive, request_id)
         except ApiError as exc:
             return await _send_error(send, exc.status, exc.code, exc.message, request_id, None)
         except _ClientGone:
             return None
+        except _Forward as forward:
+            return await self._forward(scope, send, forward, request_id)
         if is_async:
             return await self._submit_job(request, rerun_safe, send)
         engine = self.runtime.engine
@@ -150,6 +166,7 @@ class Gateway:
                 request_id=request_id,
                 start_by=request.start_by,
                 allow_late=request.allow_late,
+                arrived_at=arrived_at,
                 not_before=request.not_before,
                 window_label=request.window_label,
             )
@@ -318,18 +335,47 @@ class Gateway:
         await send({"type": "http.response.start", "status": 202, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
+    async def _forward(self, scope: Scope, send: Send, forward: _Forward, request_id: str) -> None:
+        """Serve the request through the node it belongs on (cluster mode)."""
+        assert self._forwarder is not None
+        raw = scope.get("raw_path") or scope["path"].encode()
+        query = scope.get("query_string", b"")
+        outcome = await self._forwarder.proxy(
+            forward.target,
+            method=scope["method"],
+            raw_target=raw + b"?" + query if query else raw,
+            headers=scope["headers"],
+            body=forward.body,
+            priority=forward.priority,
+            arrived_at=time.time(),
+            request_id=request_id,
+            send=send,
+        )
+        if self._observe is not None:
+            self._observe(
+                model="", backend="", outcome=f"forwarded_{outcome}", queued_s=None, latency_s=None
+            )
+
     async def _read(
         self, scope: Scope, receive: Receive, request_id: str
-    ) -> tuple[ProxyRequest, bool, bool]:
-        """Read and check one request: (request, respond-async?, rerun-safe?)."""
+    ) -> tuple[ProxyRequest, bool, bool, float | None]:
+        """Read and check one request: (request, respond-async?, rerun-safe?,
+        original arrival on the engine clock for a trusted forwarded one)."""
         config = self.runtime.config
         forwarded: Headers = []
         authorization = content_type = content_length = None
         priority = start_by = start_within = allow_late = prefer = connection = None
         not_before = start_after = None
+        forwarded_by = arrived_header = signature = None
         for name, value in scope["headers"]:
             if name.startswith(b"x-yard-"):
-                if name == b"x-yard-priority":
+                if name == b"x-yard-forwarded-by":
+                    forwarded_by = value
+                elif name == b"x-yard-arrived-at":
+                    arrived_header = value
+                elif name == b"x-yard-cluster-signature":
+                    signature = value
+                elif name == b"x-yard-priority":
                     priority = value
                 elif name == b"x-yard-start-by":
                     start_by = value
@@ -400,6 +446,14 @@ class Gateway:
                 # Off the loop: see yard.http.intake for why this is enough.
                 model = await trio.to_thread.run_sync(model_of, method, content_type, body)
             backend_config = config.backend_for_model(model)
+            if self._forwarder is not None and forwarded_by is None and app.may_use(model):
+                target = self._forwarder.route(
+                    model,
+                    served_here=backend_config is not None,
+                    is_async=prefer is not None and b"respond-async" in prefer.lower(),
+                )
+                if target is not None:
+                    raise _Forward(target, body, clamp_priority(config, app, priority))
             # Outside the app's models: the same answer as a model that does
             # not exist, so that the app cannot tell them apart.
             if backend_config is None or not app.may_use(model):
@@ -438,7 +492,19 @@ class Gateway:
             }
             is_async = b"respond-async" in tokens
             rerun_safe = b"rerun-safe" in tokens
-        return request, is_async, rerun_safe
+        arrived_at = None
+        if forwarded_by is not None and self._forwarder is not None:
+            wall = time.time()
+            first = trusted_arrival(
+                secret=self._forwarder.secret,
+                forwarded_by=forwarded_by,
+                arrived_at=arrived_header,
+                signature=signature,
+                now_wall=wall,
+            )
+            if first is not None:
+                arrived_at = now - (wall - first)
+        return request, is_async, rerun_safe, arrived_at
 
     async def _read_body(self, receive: Receive) -> bytes:
         message = await receive()

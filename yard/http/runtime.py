@@ -20,6 +20,7 @@ import trio
 if TYPE_CHECKING:
     from yard.announce.service import Announcements
     from yard.batches.service import Batches
+    from yard.cluster.node import Node
     from yard.config import Config
     from yard.engine import Engine
     from yard.ports import ProfileStore
@@ -99,6 +100,8 @@ class Runtime:
     meter: which memory meter yard reads (status, ``/metrics``), if any.
     observe_request: the metrics hook the gateway calls for each proxied
         request (left here by ``yard.observe.register``), if any.
+    cluster: this node of a cluster (``[cluster]``; :mod:`yard.cluster.node`),
+        or None for a yard on its own.
     """
 
     config: Config
@@ -115,6 +118,7 @@ class Runtime:
     profiles: ProfileStore | None = None
     meter: MeterInfo | None = None
     observe_request: RequestHook | None = None
+    cluster: Node | None = None
 
 
 def _default_pool() -> UpstreamPool:

@@ -20,6 +20,14 @@ Rules it keeps:
   runner finishing and a client cancelling at the same moment.
 - Times shown to people are wall-clock (RFC 3339); times given to the engine
   are on its clock, converted at the moment of the call.
+
+In a cluster (``shared=True``, the store a
+:class:`~yard.cluster.jobs.PgJobStore`) a handed-in job is only stored, in
+the shared queue, unclaimed: the node that claims it
+(:mod:`yard.cluster.node`) calls :meth:`Jobs.enqueue`. Waiting for a job's end
+then also re-reads the store (another node may run it), and a result that
+cannot be written because the database is lost is kept and written once it is
+back.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -36,12 +44,13 @@ import trio
 from yard.admission import AdmissionLike, Assignment, UpstreamLost, run_turn
 from yard.config import JobsConfig
 from yard.core.views import QueuedView
+from yard.db import DatabaseError
 from yard.errors import Rejected
 from yard.jobs.restore import restore
 from yard.jobs.store import (
     JobError,
     JobRecord,
-    JobStore,
+    JobStoreLike,
     Quota,
     QuotaExceeded,
     Status,
@@ -100,6 +109,10 @@ class _Gone(Exception):
     """The job was cancelled while it was being dispatched."""
 
 
+class _Unreachable(Exception):
+    """The shared database was lost as the job was about to start."""
+
+
 @dataclass(slots=True)
 class _Running:
     admission: AdmissionLike
@@ -133,20 +146,37 @@ class Jobs:
     pool: the upstream connection pool (the gateway's).
     upstream: how requests reach backends (default: ``forward`` over ``pool``).
     wall: the wall clock (``time.time``; tests pass a virtual one).
+    shared: the store is a cluster's shared queue: :meth:`submit` stores a
+        job without enqueuing it (a node claims it), see the module notes.
+    on_change: called when a job was handed in, dispatched or ended here
+        (the cluster node looks for work then).
+    release: gives a claimed job that has not started back to the shared
+        queue (one found unstartable while the database was lost).
     """
+
+    RETRY_S = 1.0
+    """How often a result is written again while the shared database is lost,
+    and how often a wait for a job's end re-reads a shared store."""
 
     def __init__(
         self,
         *,
         engine: EngineLike,
-        store: JobStore,
+        store: JobStoreLike,
         pool: UpstreamPool | None = None,
         upstream: Upstream | None = None,
         config: JobsConfig | None = None,
         wall: Callable[[], float] = time.time,
+        shared: bool = False,
+        on_change: Callable[[], None] | None = None,
+        release: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self.engine = engine
         self.store = store
+        self.shared = shared
+        self._on_change = on_change or _nothing
+        self.release = release
+        self.unwritten = 0
         self.config = config or JobsConfig()
         self._upstream: Upstream = upstream or pooled(pool)
         self._wall = wall
@@ -270,6 +300,11 @@ class Jobs:
         # On disk first, then into the queue: a crash in between leaves a
         # queued job that the next start enqueues. So does a stop that began
         # while it was being written: it is accepted, and waits for the restart.
+        if self.shared:
+            # The shared queue: whichever node can start it soonest claims it.
+            self._counts["submitted"] += 1
+            self._on_change()
+            return self.describe(job)
         if self._nursery is not None:
             try:
                 self.enqueue(job)
@@ -391,7 +426,12 @@ class Jobs:
             if job.finished:
                 self._ended.pop(job_id, None)
                 return job
-            await event.wait()
+            if self.shared:
+                # Another node may run it: its end is seen in the store only.
+                with trio.move_on_after(self.RETRY_S):
+                    await event.wait()
+            else:
+                await event.wait()
 
     async def cancel(self, job_id: str, *, app: str | None) -> JobRecord:
         """Cancel a queued or running job: it leaves the queue, or its upstream
@@ -498,10 +538,17 @@ class Jobs:
         answer: list[StoredResult | ResultTooLarge] = []
 
         async def attempt(assignment: Assignment) -> None:
-            if not await self.store.mark_running(
-                job.id, at=self._wall(), queued_s=admission.queued_s
-            ):
-                raise _Gone  # cancelled while it was being dispatched
+            try:
+                started = await self.store.mark_running(
+                    job.id, at=self._wall(), queued_s=admission.queued_s
+                )
+            except DatabaseError:
+                if not self.shared:
+                    raise
+                raise _Unreachable from None
+            if not started:
+                raise _Gone  # cancelled while it was being dispatched (or held elsewhere)
+            self._on_change()
             stored = await self.store.request(job.id)
             if stored is None:  # pragma: no cover - the row and its request go together
                 raise RuntimeError(f"job {job.id} has no stored request")
@@ -536,6 +583,12 @@ class Jobs:
         except _Gone:
             admission.cancel()
             return
+        except _Unreachable:
+            # The shared database is lost as it was about to start: it has not
+            # run. It goes back to the shared queue once the database is back.
+            admission.cancel()
+            await self._give_back(job.id)
+            return
         except Rejected as exc:
             if exc.code != "shutting_down":
                 error = JobError(code=exc.code, message=exc.message, status=exc.status)
@@ -567,10 +620,61 @@ class Jobs:
     ) -> None:
         # Shielded: a job that got its answer must record it even while yard
         # shuts down around it.
+        at = self._wall()
+        won: bool | None = None
         with trio.CancelScope(shield=True):
-            if await self.store.finish(job_id, status, at=self._wall(), error=error, result=result):
-                self._counts["succeeded" if status == "succeeded" else "failed"] += 1
+            try:
+                won = await self.store.finish(job_id, status, at=at, error=error, result=result)
+            except DatabaseError as exc:
+                if not self.shared:
+                    raise
+                lost = exc
+        if won is None:
+            # Not shielded: a stop of yard ends this wait.
+            won = await self._finish_later(job_id, status, at, error, result, lost)
+        if won:
+            self._counts["succeeded" if status == "succeeded" else "failed"] += 1
         self._notify(job_id)
+        self._on_change()
+
+    async def _finish_later(
+        self,
+        job_id: str,
+        status: Status,
+        at: float,
+        error: JobError | None,
+        result: StoredResult | None,
+        exc: DatabaseError,
+    ) -> bool:
+        """The shared database is lost: keep the result and write it once it
+        is back (every :data:`RETRY_S`). Only yard's stop ends the wait; the job
+        then stays running in the database, and the node that reaps this one
+        ends it as interrupted."""
+        log.warning(
+            "job %s: cannot record its end (%s); kept until the database is back", job_id, exc
+        )
+        self.unwritten += 1
+        try:
+            while True:
+                await trio.sleep(self.RETRY_S)
+                try:
+                    return await self.store.finish(
+                        job_id, status, at=at, error=error, result=result
+                    )
+                except DatabaseError:
+                    continue
+        finally:
+            self.unwritten -= 1
+
+    async def _give_back(self, job_id: str) -> None:
+        while self.release is not None:
+            await trio.sleep(self.RETRY_S)
+            try:
+                await self.release(job_id)
+            except DatabaseError:
+                continue
+            log.info("job %s: given back to the shared queue (the database is back)", job_id)
+            return
 
     def _notify(self, job_id: str) -> None:
         event = self._ended.pop(job_id, None)
@@ -592,5 +696,14 @@ class Jobs:
 
     async def _reap_forever(self) -> None:
         while True:
-            await self.reap()
+            try:
+                await self.reap()
+            except DatabaseError as exc:
+                if not self.shared:
+                    raise
+                log.warning("jobs: cannot expire old results now (%s)", exc)
             await trio.sleep(self.config.reap_interval_s)
+
+
+def _nothing() -> None:
+    return None

@@ -1,0 +1,468 @@
+"""This yard as one node of a cluster: heartbeats, claiming shared jobs,
+finding dead nodes, and living through a lost database.
+
+Theory of operation. Jobs handed in on any node go into one shared queue in
+PostgreSQL, unclaimed, ranked ``priority - aging_rate * created_at`` (linear
+aging keeps the rank static, so one index orders the whole cluster). Each node
+runs :class:`Node`:
+
+- **Heartbeats** (every ``[cluster] heartbeat_s``): publish what this node
+  serves, what is loaded, free memory per device, its queue per backend and its
+  GPU models to the registry; then look for nodes whose heartbeat is older than
+  ``dead_after_s``, and for each one this node is first to mark gone, reap it
+  (its queued jobs go back to the shared queue at their old place, its running
+  ones end ``interrupted``, or go back once when rerun-safe); then refresh the
+  view the forwarder routes synchronous requests by.
+- **Claims**: woken by ``NOTIFY yard_jobs`` (a job became claimable on some
+  node), by this node's own dispatches and finishes (room appeared), and by
+  every heartbeat. It asks :func:`yard.cluster.policy.hungry` which backends
+  have room here, claims the best-ranked job among them (``prefer``: the
+  loaded ones, for ties only), and hands it to the job service with its
+  original arrival, so that its age is the same on every node. One job at a
+  time: the claimed job now waits here, which changes the room.
+- **A lost database**: no new claims (a node that cannot reach the shared
+  queue must not guess at it); everything already here keeps being served;
+  the job service holds finished results and writes them once the database is
+  back. The node says so in its log (once, and once more when it is back),
+  ``/healthz`` and the dashboard (:meth:`Node.statistics`).
+
+A node restarted under the same name first reaps its own previous life (it
+may have been killed with jobs claimed): exactly what a restart does with the
+SQLite store (:mod:`yard.jobs.restore`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from yard.cluster.forward import Forwarder
+from yard.cluster.policy import Peer, hungry, local_backends
+from yard.config import Config
+from yard.config.cluster import ClusterConfig
+from yard.core.decisions import Decision, Dispatch
+from yard.core.events import BackendExited, BackendReady, BackendStopped, Event, RequestFinished
+from yard.core.views import Snapshot
+from yard.db import DatabaseError
+from yard.errors import Rejected
+from yard.jobs.records import JobError, JobRecord
+
+log = logging.getLogger("yard.cluster")
+
+MIB = 2**20
+
+
+class NodeStateLike(Protocol):
+    """What the node reads of a registry row (:class:`yard.cluster.registry.NodeState`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def heartbeat_at(self) -> float: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def serves(self) -> tuple[str, ...]: ...
+    @property
+    def backends(self) -> tuple[str, ...]: ...
+    @property
+    def loaded(self) -> tuple[str, ...]: ...
+    @property
+    def free_mib(self) -> Mapping[str, float]: ...
+    @property
+    def queues(self) -> Mapping[str, int]: ...
+    @property
+    def gpu_models(self) -> tuple[str, ...]: ...
+    @property
+    def database_ok(self) -> bool: ...
+    @property
+    def state(self) -> str: ...
+
+
+class RegistryLike(Protocol):
+    """The node registry (:class:`yard.cluster.registry.Registry`)."""
+
+    async def publish(self, state: NodeStateLike) -> None: ...
+    async def nodes(self) -> Sequence[NodeStateLike]: ...
+    async def stale(self, now: float, after_s: float) -> list[str]: ...
+    async def mark_gone(self, name: str) -> bool: ...
+
+
+class ReapLike(Protocol):
+    def describe(self) -> str: ...
+
+
+class ClaimStore(Protocol):
+    """The cluster-only part of the shared job store
+    (:class:`yard.cluster.jobs.PgJobStore`)."""
+
+    async def claim(
+        self, node: str, backends: Sequence[str], *, prefer: Sequence[str] = ()
+    ) -> JobRecord | None: ...
+    async def reap(self, node: str, *, now: float) -> ReapLike: ...
+    async def finish(
+        self, job_id: str, status: str, *, at: float, error: JobError | None = None
+    ) -> bool: ...
+
+
+class ListenerLike(Protocol):
+    async def wait(self, timeout: float) -> set[str]: ...  # noqa: ASYNC109 (the Listener's API)
+
+
+class EngineLike(Protocol):
+    def snapshot(self, limit: int = 200) -> Snapshot: ...
+    def watch(self, watcher: Callable[[float, Event | Decision], None]) -> None: ...
+
+
+class JobsLike(Protocol):
+    def enqueue(self, job: JobRecord, *, arrived_at_wall: float | None = None) -> None: ...
+
+
+StateFactory = Callable[..., NodeStateLike]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeView:
+    """One node as this node last saw it in the registry (for the dashboard,
+    ``yard status`` and ``/healthz``)."""
+
+    name: str
+    url: str
+    state: str
+    heartbeat_age_s: float
+    database_ok: bool
+    loaded: tuple[str, ...]
+    queues: Mapping[str, int]
+    serves: tuple[str, ...]
+    free_mib: Mapping[str, float]
+    gpu_models: tuple[str, ...]
+    here: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeStatistics:
+    """This node's part in the cluster, now.
+
+    database_ok: the last call to the shared database reached it.
+    database_lost_since: wall time it was lost (None while it is fine).
+    claims: jobs claimed from the shared queue since start.
+    reaped: dead nodes this node reaped.
+    forwarded: synchronous requests forwarded to other nodes.
+    nodes: every node of the registry, as last read.
+    """
+
+    node: str
+    url: str
+    database_ok: bool
+    database_lost_since: float | None
+    claims: int
+    reaped: int
+    forwarded: int
+    nodes: tuple[NodeView, ...]
+
+
+class Node:
+    """This yard as a node of the cluster (see the module's theory).
+
+    Start :meth:`run` with ``nursery.start`` after the job service runs;
+    ready once its own previous life is reaped and its first heartbeat is
+    published (or the database was found lost: the node serves anyway).
+    """
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        cluster: ClusterConfig,
+        engine: EngineLike,
+        jobs: JobsLike,
+        store: ClaimStore,
+        registry: RegistryLike,
+        listen: Callable[[], AbstractAsyncContextManager[ListenerLike]],
+        forwarder: Forwarder,
+        state: StateFactory,
+        gpu_models: Sequence[str] = (),
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.name = cluster.node
+        self.url = cluster.node_url(config.server)
+        self.engine = engine
+        self.jobs = jobs
+        self.store = store
+        self.registry = registry
+        self.forwarder = forwarder
+        self._listen = listen
+        self._state = state
+        self._gpu_models = tuple(gpu_models)
+        self._wall = wall
+        self._started_at = wall()
+        self._wake = trio.Event()
+        self._database_ok = True
+        self._lost_since: float | None = None
+        self._claims = 0
+        self._reaped = 0
+        self._nodes: tuple[NodeStateLike, ...] = ()
+        self._models = {model: backend for model, backend in config.models()}
+        self._slots = {b.name: b.slots for b in config.backends.values()}
+        self._gpus_of = {b.name: tuple(b.gpus) for b in config.backends.values()}
+        self._margin = config.scheduler.profile_margin
+        engine.watch(self._seen)
+
+    # -- the outside ------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Look for work now (a job was handed in here, room appeared)."""
+        self._wake.set()
+
+    @property
+    def database_ok(self) -> bool:
+        return self._database_ok
+
+    def statistics(self) -> NodeStatistics:
+        now = self._wall()
+        views = tuple(
+            NodeView(
+                name=n.name,
+                url=n.url,
+                state=n.state,
+                heartbeat_age_s=max(0.0, now - n.heartbeat_at),
+                database_ok=n.database_ok,
+                loaded=tuple(n.loaded),
+                queues=dict(n.queues),
+                serves=tuple(n.serves),
+                free_mib=dict(n.free_mib),
+                gpu_models=tuple(n.gpu_models),
+                here=n.name == self.name,
+            )
+            for n in sorted(self._nodes, key=lambda n: n.name)
+        )
+        return NodeStatistics(
+            node=self.name,
+            url=self.url,
+            database_ok=self._database_ok,
+            database_lost_since=self._lost_since,
+            claims=self._claims,
+            reaped=self._reaped,
+            forwarded=self.forwarder.forwarded,
+            nodes=views,
+        )
+
+    # -- running ----------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Publish, then heartbeat, listen and claim until cancelled. (The
+        jobs this node held in its previous life are restored by the job
+        service, as after any restart: the store gives it this node's own.)"""
+        await self._heartbeat()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._heartbeats)
+            nursery.start_soon(self._listen_forever)
+            nursery.start_soon(self._claim_forever)
+            task_status.started()
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await trio.sleep(self.cluster.heartbeat_s)
+            await self._heartbeat()
+            self.wake()
+
+    async def _heartbeat(self) -> None:
+        """Publish this node, find and reap dead ones, refresh the routing view."""
+        snapshot = self.engine.snapshot(limit=0)
+        now = self._wall()
+        try:
+            await self.registry.publish(self._describe(snapshot, now))
+            for name in await self.registry.stale(now, self.cluster.dead_after_s):
+                if name == self.name:
+                    continue
+                if await self.registry.mark_gone(name):
+                    summary = await self.store.reap(name, now=now)
+                    self._reaped += 1
+                    log.warning(
+                        "node %s stopped sending heartbeats (none for %g s): taken as gone; "
+                        "its jobs: %s",
+                        name,
+                        self.cluster.dead_after_s,
+                        summary.describe(),
+                    )
+            self._nodes = tuple(await self.registry.nodes())
+            self._database(True)
+        except DatabaseError as exc:
+            self._database(False, exc)
+        self._update_routes(snapshot, now)
+
+    def _describe(self, snapshot: Snapshot, now: float) -> NodeStateLike:
+        loaded = tuple(b.name for b in snapshot.backends if b.state == "ready")
+        return self._state(
+            name=self.name,
+            url=self.url,
+            heartbeat_at=now,
+            started_at=self._started_at,
+            serves=tuple(self._models),
+            backends=tuple(self._slots),
+            loaded=loaded,
+            free_mib={d.name: d.free_bytes / MIB for d in snapshot.devices},
+            queues={b.name: b.queued for b in snapshot.backends if b.queued},
+            gpu_models=self._gpu_models,
+            database_ok=self._database_ok,
+            state="up",
+            models=dict(self._models),
+        )
+
+    def _update_routes(self, snapshot: Snapshot, now: float) -> None:
+        peers: list[Peer] = []
+        urls: dict[str, str] = {}
+        for n in self._nodes:
+            if n.name == self.name:
+                continue
+            up = n.state == "up" and now - n.heartbeat_at <= self.cluster.dead_after_s
+            models = dict(getattr(n, "models", None) or {})
+            serves = frozenset(n.serves)
+            ready = frozenset(m for m in serves if models.get(m, m) in n.loaded)
+            waiting = {m: n.queues.get(models.get(m, m), 0) for m in serves}
+            peers.append(
+                Peer(
+                    name=n.name,
+                    up=up,
+                    serves=serves,
+                    ready=ready,
+                    waiting=waiting,
+                    free_mib=_roomiest(n.free_mib),
+                )
+            )
+            urls[n.name] = n.url
+        here_ready = {b.name for b in snapshot.backends if b.state == "ready"}
+        queued = {b.name: b.queued for b in snapshot.backends}
+        peers.append(
+            Peer(
+                name=self.name,
+                serves=frozenset(self._models),
+                ready=frozenset(m for m, b in self._models.items() if b in here_ready),
+                waiting={m: queued.get(b, 0) for m, b in self._models.items()},
+                free_mib=_roomiest({d.name: d.free_bytes / MIB for d in snapshot.devices}),
+            )
+        )
+        urls[self.name] = self.url
+        self.forwarder.update(peers, urls)
+
+    def _database(self, ok: bool, exc: BaseException | None = None) -> None:
+        if ok and not self._database_ok:
+            lost = self._wall() - (self._lost_since or self._wall())
+            log.warning(
+                "node %s: the shared database is back (lost for %.1f s); claiming again",
+                self.name,
+                lost,
+            )
+            self._lost_since = None
+        elif not ok and self._database_ok:
+            log.error(
+                "node %s: lost the shared database (%s): no new jobs are claimed; what is "
+                "here is still served, and results are written once it is back",
+                self.name,
+                exc,
+            )
+            self._lost_since = self._wall()
+        self._database_ok = ok
+
+    async def _listen_forever(self) -> None:
+        while True:
+            try:
+                async with self._listen() as listener:
+                    while True:
+                        fired = await listener.wait(self.cluster.heartbeat_s)
+                        if fired:
+                            self.wake()
+            except DatabaseError as exc:
+                self._database(False, exc)
+                await trio.sleep(self.cluster.heartbeat_s)
+
+    # -- claiming ---------------------------------------------------------------
+
+    async def _claim_forever(self) -> None:
+        while True:
+            self._wake = trio.Event()
+            if self._database_ok:
+                try:
+                    await self._claim_while_hungry()
+                except DatabaseError as exc:
+                    self._database(False, exc)
+            with trio.move_on_after(self.cluster.heartbeat_s):
+                await self._wake.wait()
+
+    async def _claim_while_hungry(self) -> None:
+        while True:
+            snapshot = self.engine.snapshot(limit=0)
+            loaded, room = self._elsewhere()
+            hunger = hungry(
+                local_backends(snapshot, gpus_of=self._gpus_of, margin=self._margin),
+                loaded_elsewhere=loaded,
+                room_elsewhere=room,
+                ahead=self.cluster.claim_ahead,
+            )
+            if not hunger:
+                return
+            job = await self.store.claim(self.name, hunger.claim, prefer=hunger.prefer)
+            if job is None:
+                return
+            self._claims += 1
+            try:
+                self.jobs.enqueue(job, arrived_at_wall=job.created_at)
+            except Rejected as exc:
+                await self.store.finish(
+                    job.id,
+                    "failed",
+                    at=self._wall(),
+                    error=JobError(code=exc.code, message=exc.message, status=exc.status),
+                )
+
+    def _elsewhere(self) -> tuple[frozenset[str], frozenset[str]]:
+        """Backends another live node has loaded (or loading), and backends
+        another live node could load into free memory (any free memory: the
+        registry does not carry profiles)."""
+        now = self._wall()
+        loaded: set[str] = set()
+        room: set[str] = set()
+        for n in self._nodes:
+            if n.name == self.name or n.state != "up":
+                continue
+            if now - n.heartbeat_at > self.cluster.dead_after_s:
+                continue
+            loaded |= set(n.loaded)
+            if _roomiest(n.free_mib) > 0:
+                room |= set(n.backends) - set(n.loaded)
+        return frozenset(loaded), frozenset(room)
+
+    def _seen(self, at: float, item: Event | Decision) -> None:
+        # Inside the engine's loop: only set an event.
+        if isinstance(item, _WAKERS):
+            self._wake.set()
+
+
+_WAKERS = (Dispatch, RequestFinished, BackendReady, BackendExited, BackendStopped)
+"""What makes room here, or changes what is loaded: the claim loop looks again."""
+
+
+def _roomiest(free: Mapping[str, float]) -> float:
+    gpus = [v for k, v in free.items() if k != "host"]
+    values = gpus or list(free.values())
+    return max(values) if values else 0.0
+
+
+def rank(priority: float, created_at: float, aging_rate: float) -> float:
+    """A job's place in the cluster's one priority order: higher first.
+    Linear aging (``priority + aging_rate * waited``) orders two jobs the same
+    at every moment as ``priority - aging_rate * created_at`` does, and that
+    never changes while the job waits."""
+    value = priority - aging_rate * created_at
+    return value if math.isfinite(value) else -math.inf
