@@ -77,6 +77,8 @@ def test_stopped_backend_loaded_on_another_node_is_left_to_it() -> None:
 def test_a_load_that_needs_an_eviction_is_left_to_a_node_with_room() -> None:
     news = LocalBackend(name="news", state="stopped", fits="evict")
     assert hungry([news], room_elsewhere=frozenset({"news"})) == Hunger()
+    busy = LocalBackend(name="news", state="stopped", fits="busy")
+    assert hungry([busy], room_elsewhere=frozenset({"news"})) == Hunger()
     # No other node has room: evicting here is the way.
     assert hungry([news]).claim == ("news",)
     # It fits here in free memory: no reason to wait for the other node.
@@ -133,6 +135,14 @@ def test_fewer_waiting_wins_among_ready_nodes() -> None:
     assert route("chat", nodes, "a").node == "b"
 
 
+def test_a_node_loading_the_model_wins_over_a_second_load() -> None:
+    nodes = [_peer("a", free_mib=80_000), _peer("b", loading=frozenset({"news"}))]
+    got = route("news", nodes, "a", need_mib=13_000)
+    assert (got.node, got.reason) == ("b", "news is loading on b")
+    ready = [*nodes, _peer("c", ready=frozenset({"news"}), waiting={"news": 4})]
+    assert route("news", ready, "a").node == "c"
+
+
 def test_without_a_ready_node_the_one_with_room_to_load_wins() -> None:
     nodes = [_peer("a", free_mib=4_000), _peer("b", free_mib=20_000)]
     got = route("news", nodes, "a", need_mib=13_000)
@@ -158,7 +168,7 @@ def test_gone_nodes_and_unknown_models_are_served_here() -> None:
 
 
 def test_a_peer_cannot_have_ready_what_it_does_not_serve() -> None:
-    with pytest.raises(ValueError, match="node a: ready"):
+    with pytest.raises(ValueError, match="node a: ready and loading"):
         Peer(name="a", ready=frozenset({"x"}))
 
 
@@ -181,7 +191,7 @@ def some_backends(draw: st.DrawFn) -> list[LocalBackend]:
                 state=state,
                 running=0 if state != "ready" else draw(st.integers(0, slots)),
                 waiting=draw(st.integers(0, 5)),
-                fits=draw(st.sampled_from(("free", "evict", "no"))),
+                fits=draw(st.sampled_from(("free", "evict", "busy", "no"))),
             )
         )
     return out
@@ -262,6 +272,11 @@ def peers(draw: st.DrawFn) -> list[Peer]:
     for name in names:
         serves = draw(st.frozensets(st.sampled_from(NAMES)))
         ready = draw(st.frozensets(st.sampled_from(sorted(serves)))) if serves else frozenset()
+        loading = (
+            draw(st.frozensets(st.sampled_from(sorted(serves - ready))))
+            if serves - ready
+            else frozenset()
+        )
         waiting = draw(st.dictionaries(st.sampled_from(NAMES), st.integers(0, 5)))
         out.append(
             Peer(
@@ -269,6 +284,7 @@ def peers(draw: st.DrawFn) -> list[Peer]:
                 up=draw(st.booleans()),
                 serves=serves,
                 ready=ready,
+                loading=loading,
                 waiting=waiting,
                 free_mib=draw(st.sampled_from((0.0, 4_000.0, 12_000.0, 24_000.0))),
             )
@@ -298,6 +314,8 @@ def test_route_is_deterministic_and_picks_a_live_server(
         assert model in chosen.ready
         best_wait = min(n.waiting.get(model, 0) for n in live if model in n.ready)
         assert chosen.waiting.get(model, 0) == best_wait
+    elif any(model in n.loading for n in live):
+        assert model in chosen.loading
 
 
 @given(
@@ -395,5 +413,9 @@ def test_a_load_that_fits_only_after_stopping_idle_backends_is_evict() -> None:
     # 24 GiB - chat 4.4 - news 14.3 = 5.3 GiB free: image (8.8) needs idle chat gone.
     assert _local(h)["image"].fits == "evict"
     h.arrive("c2", "chat", at=70.0)
-    # chat busy, news busy: image cannot start now.
-    assert _local(h)["image"].fits == "no"
+    # chat busy, news busy: image can start only once one of them has drained.
+    assert _local(h)["image"].fits == "busy"
+    # (chat has free slots: it is claimed for too.)
+    assert hungry(list(_local(h).values())).claim == ("chat", "image")
+    elsewhere = hungry(list(_local(h).values()), room_elsewhere=frozenset({"image"}))
+    assert elsewhere.claim == ("chat",)

@@ -39,10 +39,11 @@ from yard.core.views import DeviceView, Snapshot
 
 BackendState = Literal["stopped", "loading", "ready"]
 
-Fit = Literal["free", "evict", "no"]
+Fit = Literal["free", "evict", "busy", "no"]
 """Whether a stopped backend could start on this node now: ``free`` (it fits in free
-memory), ``evict`` (it fits once idle backends are stopped), ``no`` (busy backends
-or a load in progress on its devices are in the way)."""
+memory), ``evict`` (it fits once idle backends are stopped), ``busy`` (it fits only
+once work running here ends: the core will drain a backend for it), ``no`` (a load
+is in progress on its devices, or it does not fit here at all)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,7 +124,10 @@ def hungry(
         instance in the cluster serves its jobs, as one instance does on one host.
     room_elsewhere: stopped backends another live node could load into its free
         memory (the registry's ``free_mib`` against the profile). A stopped backend
-        that fits here only by evicting idle ones is left to that node.
+        that fits here only by evicting idle ones or draining busy ones is left to
+        that node. One that fits here only after a drain, with no room elsewhere, is
+        claimed: the core then drains a backend for it, as on one host (otherwise
+        a busy node would never give way to work it alone can take).
     ahead: see :func:`room_for`.
 
     Returns a :class:`Hunger`; the claim takes the best-ranked job among
@@ -136,7 +140,7 @@ def hungry(
     for backend in backends:
         if backend.state == "stopped" and (
             backend.name in loaded_elsewhere
-            or (backend.fits == "evict" and backend.name in room_elsewhere)
+            or (backend.fits in ("evict", "busy") and backend.name in room_elsewhere)
         ):
             continue
         if room_for(backend, ahead=ahead) > 0:
@@ -159,9 +163,10 @@ def local_backends(
 
     A stopped backend ``fits`` ``free`` when its profile (times ``margin``) fits in
     the free memory of one of its GPUs and of the host, ``evict`` when it fits
-    there once ready backends with nothing running or waiting are stopped, ``no``
-    otherwise or while another backend is starting on that GPU (one load at a
-    time). A backend with no profile yet loads alone, so it fits ``free`` only on
+    there once ready backends with nothing running or waiting are stopped,
+    ``busy`` when it fits in the GPU's usable memory less foreign use and pinned
+    backends, ``no`` otherwise or while another backend is starting on that GPU
+    (one load at a time). A backend with no profile yet loads alone, so it fits ``free`` only on
     a GPU with nothing on it. A draining or stopping backend counts as stopped and
     cannot start again until it is gone.
     """
@@ -169,6 +174,11 @@ def local_backends(
     views = snapshot.backends
     starting_on = {g for b in views if b.state == "starting" for g in b.gpus}
     occupied = {g for b in views if b.gpus for g in b.gpus}
+    pinned_on: dict[str, int] = {}
+    for b in views:
+        if b.pinned:
+            for where in b.gpus:
+                pinned_on[where] = pinned_on.get(where, 0) + _need(b.profile, where, margin)
     idle_on: dict[str, int] = {}
     for b in views:
         if b.state == "ready" and not b.inflight and not b.queued and not b.pinned:
@@ -191,13 +201,13 @@ def local_backends(
             state = "stopped"
             if b.state in ("stopped", "failed"):
                 fits = _fits(
-                    b.name,
                     b.profile,
                     gpus_of.get(b.name, ()),
                     devices,
                     starting_on,
                     occupied,
                     idle_on,
+                    pinned_on,
                     margin,
                 )
         out.append(
@@ -221,34 +231,44 @@ def _need(profile: Profile | None, device: str, margin: float) -> int:
 
 
 def _fits(
-    name: str,
     profile: Profile | None,
     gpus: tuple[str, ...],
     devices: Mapping[str, DeviceView],
     starting_on: set[str],
     occupied: set[str],
     idle_on: Mapping[str, int],
+    pinned_on: Mapping[str, int],
     margin: float,
 ) -> Fit:
     host = devices.get(HOST)
     host_need = _need(profile, HOST, margin)
     host_free = host.free_bytes if host is not None else host_need
     host_idle = idle_on.get(HOST, 0)
+    order: tuple[Fit, ...] = ("free", "evict", "busy", "no")
     best: Fit = "no"
     for gpu in gpus or (HOST,):
         dev = devices.get(gpu)
         if dev is None or gpu in starting_on:
             continue
+        found: Fit
         if profile is None:
-            # Measured alone: only an empty GPU will do.
-            if gpu not in occupied:
-                return "free"
-            continue
-        need = _need(profile, gpu, margin) if gpu != HOST else host_need
-        if need <= dev.free_bytes and host_need <= host_free:
-            return "free"
-        if need <= dev.free_bytes + idle_on.get(gpu, 0) and host_need <= host_free + host_idle:
-            best = "evict"
+            # Measured alone: an empty GPU, or one that can be emptied.
+            found = "busy" if gpu in occupied else "free"
+        else:
+            need = _need(profile, gpu, margin) if gpu != HOST else host_need
+            usable = dev.total_bytes - dev.reserve_bytes - dev.foreign_bytes
+            if need <= dev.free_bytes and host_need <= host_free:
+                found = "free"
+            elif (
+                need <= dev.free_bytes + idle_on.get(gpu, 0) and host_need <= host_free + host_idle
+            ):
+                found = "evict"
+            elif need <= usable - pinned_on.get(gpu, 0):
+                found = "busy"
+            else:
+                found = "no"
+        if order.index(found) < order.index(best):
+            best = found
     return best
 
 
@@ -260,6 +280,7 @@ class Peer:
     up: its heartbeat is fresh (a node that is gone gets nothing).
     serves: the models it serves.
     ready: those of ``serves`` whose backend is loaded and ready there.
+    loading: those of ``serves`` whose backend is loading there.
     waiting: requests waiting there, per model (absent: 0).
     free_mib: free memory on its roomiest GPU (or host, for host-only nodes), MiB.
     """
@@ -268,14 +289,15 @@ class Peer:
     up: bool = True
     serves: frozenset[str] = frozenset()
     ready: frozenset[str] = frozenset()
+    loading: frozenset[str] = frozenset()
     waiting: Mapping[str, int] = field(default_factory=dict, hash=False)
     free_mib: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("a node needs a name")
-        if not self.ready <= self.serves:
-            raise ValueError(f"node {self.name}: ready models must be served there")
+        if not (self.ready | self.loading) <= self.serves:
+            raise ValueError(f"node {self.name}: ready and loading models must be served there")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -309,9 +331,10 @@ def route(
     need_mib: the model's measured size, if a profile is known; a node whose free
         memory holds it can load it without evicting anything.
 
-    The order: a node with the model ready, fewest waiting first; else one that
-    can load it into free memory (fewest waiting for it, then most free memory);
-    else any node that serves it, the same way. Ties go to ``here`` (no hop),
+    The order: a node with the model ready, fewest waiting first; else one
+    loading it (one instance, one load); else one that can load it into free
+    memory (fewest waiting for it, then most free memory); else any node that
+    serves it, the same way. Ties go to ``here`` (no hop),
     then to the smallest name, so every node routes the same records alike. A
     model no live node serves is served here (which refuses it with
     ``model_not_found``).
@@ -325,18 +348,21 @@ def route(
     def key(node: Peer) -> tuple[int, int, float, bool, str]:
         if model in node.ready:
             tier = 0
-        elif need_mib is None or node.free_mib >= need_mib:
+        elif model in node.loading:
             tier = 1
-        else:
+        elif need_mib is None or node.free_mib >= need_mib:
             tier = 2
+        else:
+            tier = 3
         # Free memory matters only when a load is needed.
-        free = 0.0 if tier == 0 else -node.free_mib
+        free = 0.0 if tier <= 1 else -node.free_mib
         return (tier, node.waiting.get(model, 0), free, node.name != here, node.name)
 
     best = min(candidates, key=key)
     tier = key(best)[0]
     why = (
         f"{model} is ready on {best.name}",
+        f"{model} is loading on {best.name}",
         f"{best.name} can load {model} into free memory soonest",
         f"{best.name} can load {model} soonest",
     )[tier]
