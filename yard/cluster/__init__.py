@@ -16,6 +16,24 @@ The rooms of this package:
 
 from __future__ import annotations
 
+from yard.cluster.jobs import PgJobStore, ReapSummary, rank_of
+from yard.cluster.listen import Listener, ListenerStatistics
 from yard.cluster.pg import DatabaseLost, PgDatabase, PgMigration
+from yard.cluster.registry import NodeState, Registry
+from yard.cluster.schema import JOBS_CHANNEL, MIGRATIONS, NODES_CHANNEL
 
-__all__ = ["DatabaseLost", "PgDatabase", "PgMigration"]
+__all__ = [
+    "JOBS_CHANNEL",
+    "MIGRATIONS",
+    "NODES_CHANNEL",
+    "DatabaseLost",
+    "Listener",
+    "ListenerStatistics",
+    "NodeState",
+    "PgDatabase",
+    "PgJobStore",
+    "PgMigration",
+    "ReapSummary",
+    "Registry",
+    "rank_of",
+]

@@ -1,0 +1,212 @@
+"""Waking nodes with PostgreSQL's ``LISTEN``/``NOTIFY``, without polling.
+
+Rules this module keeps:
+
+- One dedicated connection, used for nothing but ``LISTEN``. Once listening,
+  Trio waits for its socket to become readable
+  (``trio.lowlevel.wait_readable``) and then reads what arrived with libpq's
+  non-blocking calls (``PQconsumeInput``, ``PQnotifies``): no thread sits in
+  a blocking read, no timer polls, and a wait is cancelled at once.
+  Connecting (blocking, bounded by the connect timeout) runs in a worker
+  thread.
+- A lost connection is reconnected by the listener itself, with a backoff
+  from 50 ms to 2 s. Notifications sent while it was away are lost, so after
+  a reconnect every channel is reported as fired: callers look again.
+- A notification only says "look": the database is the truth. Several
+  notifications on one channel before a :meth:`Listener.wait` come out as
+  one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from types import TracebackType
+
+import psycopg
+import trio
+from psycopg import sql
+
+from yard.cluster.pg import DatabaseLost, Row, connect
+from yard.cluster.schema import JOBS_CHANNEL, NODES_CHANNEL
+
+__all__ = ["Listener", "ListenerStatistics"]
+
+log = logging.getLogger("yard.cluster")
+
+RECONNECT_MIN_S = 0.05
+RECONNECT_MAX_S = 2.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListenerStatistics:
+    """connected: whether it listens now. connects: successful connections
+    so far (more than one: it reconnected). notifications: how many arrived."""
+
+    connected: bool
+    connects: int
+    notifications: int
+
+
+class Listener:
+    """Notifications on ``channels`` of the database at ``dsn``.
+
+    Use as ``async with Listener(dsn) as listener:`` then
+    ``await listener.wait(timeout)``. Entering returns once the listener
+    listens, or once its first attempt to connect has failed (it keeps
+    trying: see :attr:`connected`); it never raises for a server that is
+    down. Meant for one waiting task.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        channels: Sequence[str] = (JOBS_CHANNEL, NODES_CHANNEL),
+        *,
+        application_name: str = "yard listener",
+    ) -> None:
+        if not channels:
+            raise ValueError("a listener needs at least one channel")
+        self._dsn = dsn
+        self._channels = tuple(channels)
+        self._application_name = application_name
+        self._pending: set[str] = set()
+        self._early: set[str] = set()  # arrived while connecting
+        self._event = trio.Event()
+        self._connected = False
+        self._connects = 0
+        self._notifications = 0
+        self._stack: AsyncExitStack | None = None
+        self._cancel: trio.CancelScope | None = None
+
+    @property
+    def channels(self) -> tuple[str, ...]:
+        return self._channels
+
+    @property
+    def connected(self) -> bool:
+        """Whether it is listening now (False while the server is away)."""
+        return self._connected
+
+    def statistics(self) -> ListenerStatistics:
+        return ListenerStatistics(
+            connected=self._connected,
+            connects=self._connects,
+            notifications=self._notifications,
+        )
+
+    async def __aenter__(self) -> Listener:
+        if self._stack is not None:
+            raise RuntimeError("this listener is already open")
+        stack = AsyncExitStack()
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        self._cancel = nursery.cancel_scope
+        try:
+            await nursery.start(self._run)
+        except BaseException:
+            nursery.cancel_scope.cancel()
+            await stack.aclose()
+            raise
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        stack, self._stack = self._stack, None
+        assert stack is not None and self._cancel is not None
+        self._cancel.cancel()
+        return await stack.__aexit__(exc_type, exc, tb)
+
+    async def wait(self, timeout: float | None = None) -> frozenset[str]:  # noqa: ASYNC109
+        """Wait until a notification arrives on one of the channels (or the
+        listener reconnected) and return the channels that fired since the
+        last call; after ``timeout`` seconds (None: no limit) return the
+        empty set. Cancelling it loses nothing: what arrived stays for the
+        next call. (The timeout is part of the answer here, not an error.)"""
+        with trio.move_on_after(math.inf if timeout is None else timeout):
+            while not self._pending:
+                if self._event.is_set():
+                    self._event = trio.Event()
+                await self._event.wait()
+        await trio.lowlevel.checkpoint()
+        fired = frozenset(self._pending)
+        self._pending.clear()
+        return fired
+
+    def _fire(self, channels: set[str] | tuple[str, ...]) -> None:
+        self._pending.update(channels)
+        self._event.set()
+
+    def _connect(self) -> psycopg.Connection[Row]:
+        conn = connect(self._dsn, application_name=self._application_name)
+        try:
+            # Anything that arrives while the LISTENs run comes through here.
+            conn.add_notify_handler(lambda notify: self._arrived(notify.channel))
+            for channel in self._channels:
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        except psycopg.Error as exc:
+            conn.close()
+            raise DatabaseLost(f"cannot listen on PostgreSQL: {exc}") from exc
+        return conn
+
+    def _arrived(self, channel: str) -> None:
+        # Called in the worker thread during _connect only, before any task
+        # can wait on this connection: record, and fire once back in Trio.
+        self._notifications += 1
+        self._early.add(channel)
+
+    async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        backoff = RECONNECT_MIN_S
+        started = False
+        while True:
+            self._early = set()
+            try:
+                conn = await trio.to_thread.run_sync(self._connect)
+            except DatabaseLost as exc:
+                if self._connects == 0 or backoff == RECONNECT_MIN_S:
+                    log.warning("cluster: not listening for notifications: %s", exc)
+                if not started:
+                    task_status.started()
+                    started = True
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, RECONNECT_MAX_S)
+                continue
+            backoff = RECONNECT_MIN_S
+            self._connects += 1
+            self._connected = True
+            if self._connects > 1:
+                log.info("cluster: listening for notifications again")
+                self._fire(self._channels)
+            if self._early:
+                self._fire(self._early)
+            if not started:
+                task_status.started()
+                started = True
+            try:
+                await self._listen(conn)
+            except psycopg.Error as exc:
+                log.warning("cluster: lost the notification connection: %s", exc)
+            finally:
+                self._connected = False
+                conn.close()
+
+    async def _listen(self, conn: psycopg.Connection[Row]) -> None:
+        pgconn = conn.pgconn
+        while True:
+            await trio.lowlevel.wait_readable(pgconn.socket)
+            pgconn.consume_input()
+            if pgconn.status != psycopg.pq.ConnStatus.OK:
+                raise psycopg.OperationalError("the connection is closed")
+            fired: set[str] = set()
+            while (notify := pgconn.notifies()) is not None:
+                self._notifications += 1
+                fired.add(notify.relname.decode())
+            if fired:
+                self._fire(fired)
