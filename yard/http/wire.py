@@ -1,7 +1,8 @@
 """HTTP/1.1 for the server side, sans I/O: bytes in, events out, bytes out.
 
 (The client side, :class:`ClientConnection`, reads responses for yard's
-upstream client; its rules are where it begins, below.)
+upstream client; its rules are where it begins, below. Both sides read
+heads, framing and bodies with one piece of code, ``_Reader``.)
 
 The rules this module keeps:
 
@@ -69,7 +70,7 @@ import enum
 import re
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Final
+from typing import ClassVar, Final
 
 __all__ = [
     "CLOSED",
@@ -305,66 +306,40 @@ def _unfold(block: bytes) -> bytes:
     return block
 
 
-# -- serializing ---------------------------------------------------------------
+# -- what both sides read ------------------------------------------------------
 
 
-def _status_line(status: int) -> bytes:
-    try:
-        phrase = HTTPStatus(status).phrase.encode()
-    except ValueError:
-        phrase = b""
-    return b"HTTP/1.1 %d %s\r\n" % (status, phrase)
+class _Reader:
+    """The reading both sides share: the receive buffer, a message's head
+    (start line and header lines) and its framing, and the body by length or
+    in chunks.
 
-
-_STATUS_LINES: Final = {int(status): _status_line(status) for status in HTTPStatus}
-_CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
-
-
-# -- the connection ------------------------------------------------------------
-
-
-class ServerConnection:
-    """The server's side of one HTTP/1.x connection.
-
-    Feed it bytes, take events::
-
-        conn.receive_data(data)              # b"" when the client closed
-        event = conn.next_event()            # Request, Data..., EndOfMessage
-
-    and answer with bytes to write::
-
-        out = conn.response_head(200, [(b"content-type", b"text/plain")])
-        out += conn.body(b"hello") + conn.end()
-
-    then, when both sides are :data:`DONE`, :meth:`start_next_cycle` for the
-    next request on the same connection. A :class:`ProtocolError` from
-    :meth:`next_event` means the client sent garbage; a
-    :class:`LocalProtocolError` from the sending methods means the caller
-    broke the rules; either way the connection should close.
-
-    Args:
-        max_head: the longest request head (request line and headers, also
-            a chunk-size line or trailer section) accepted, in bytes.
+    A subclass names its start line (``_START_LINE`` and its fast-path form
+    ``_START_LINE_CRLF``, both with three groups) and what it reads
+    (``_WHAT``, for error messages), and keeps its own states and rules on
+    top. Body states: without ``_chunked``, ``_left`` is the length still to
+    come; with it, > 0 is what is left of the chunk being read, the other
+    values are where in the chunked framing the reader is.
     """
 
     __slots__ = (
         "_buf",
         "_chunked",
         "_eof",
-        "_http11",
         "_keep_alive",
         "_left",
         "_max_head",
-        "_method",
-        "_out_left",
         "_pos",
         "_searched",
-        "our_state",
         "their_state",
-        "they_are_waiting_for_100_continue",
     )
 
-    def __init__(self, *, max_head: int = 64 * 1024) -> None:
+    _START_LINE: ClassVar[re.Pattern[bytes]]
+    _START_LINE_CRLF: ClassVar[re.Pattern[bytes]]
+    _WHAT: ClassVar[str]  # "request" or "response"
+    _PEER: ClassVar[str]  # "the client" or "the server"
+
+    def __init__(self, max_head: int) -> None:
         self._max_head = max_head
         # Received bytes are _buf[_pos:]. While a head is incomplete it stays
         # in _buf, so each read copies it once more; max_head bounds that.
@@ -373,42 +348,17 @@ class ServerConnection:
         self._searched = 0  # bytes of an incomplete head already searched
         self._eof = False
         self._keep_alive = True
-        self._method: bytes | None = None
-        self._http11 = False
         self._left = 0
         self._chunked = False
-        self._out_left = 0
-        #: The client's state: :data:`IDLE` until a request's head is in,
-        #: :data:`SEND_BODY` while its body comes, then :data:`DONE` (or
-        #: :data:`MUST_CLOSE`), :data:`CLOSED` after its end of file,
-        #: :data:`ERROR` after a :class:`ProtocolError`.
         self.their_state = IDLE
-        #: Ours: :data:`IDLE`, :data:`SEND_RESPONSE` once a request is in,
-        #: :data:`SEND_BODY` after the head, then :data:`DONE` (or
-        #: :data:`MUST_CLOSE`), :data:`ERROR` after a :class:`LocalProtocolError`.
-        self.our_state = IDLE
-        #: The request asked ``Expect: 100-continue`` and neither a response
-        #: nor any of the body has gone by yet: send :meth:`informational_100`
-        #: before waiting for the body.
-        self.they_are_waiting_for_100_continue = False
-
-    @property
-    def keep_alive(self) -> bool:
-        """Whether the connection can carry another request after this one:
-        false for HTTP/1.0, after ``Connection: close`` from either side, a
-        body that runs to the close, an end of file or an error."""
-        return self._keep_alive
 
     @property
     def buffered(self) -> int:
-        """Bytes received and not yet handed out as events: the start of a
-        request head, or of a pipelined request."""
+        """Bytes received and not yet handed out as events."""
         return len(self._buf) - self._pos
 
-    # -- receiving -------------------------------------------------------------
-
     def receive_data(self, data: bytes) -> None:
-        """Add bytes read from the client; ``b""`` means it closed its side.
+        """Add bytes read from the peer; ``b""`` means it closed its side.
 
         Raises:
             RuntimeError: bytes after an end of file.
@@ -425,63 +375,27 @@ class ServerConnection:
         else:
             self._eof = True
 
-    def next_event(self) -> Event | Signal:
-        """The next event from what was received.
-
-        Returns:
-            :class:`Request`, then :class:`Data` (any number) and
-            :class:`EndOfMessage`; :class:`ConnectionClosed` if the client
-            closed between requests; :data:`NEED_DATA` when more bytes are
-            needed; :data:`PAUSED` when a request is complete and bytes of
-            the next wait for :meth:`start_next_cycle`. After a complete
-            request with nothing buffered it is :data:`NEED_DATA` (as in
-            h11): reading on shows the client hanging up
-            (:class:`ConnectionClosed`).
+    def _head(self) -> tuple[tuple[bytes, bytes, bytes], list[tuple[bytes, bytes]]] | None:
+        """The next head: its start line's three groups and its headers
+        (names lower-cased, values stripped, folding undone); None while it is
+        incomplete, and at an end of file before any byte of it.
 
         Raises:
-            ProtocolError: a malformed request, or an end of file in the
-                middle of one. The client's state becomes :data:`ERROR`
-                and every later call raises again.
+            ProtocolError: a malformed head, one over ``max_head`` (431), or
+                an end of file in the middle of one.
         """
-        state = self.their_state
-        try:
-            if state is SEND_BODY:
-                if self._chunked:
-                    return self._read_chunked()
-                return self._read_length()
-            if state is IDLE:
-                return self._read_head()
-            if state is ERROR:
-                raise ProtocolError("the connection is already broken")
-            # DONE, MUST_CLOSE, CLOSED
-            if self._pos < len(self._buf):
-                return PAUSED
-            if self._eof:
-                self._closed()
-                return _CONNECTION_CLOSED
-            return NEED_DATA
-        except ProtocolError:
-            self.their_state = ERROR
-            self._no_keep_alive()
-            raise
-
-    def _read_head(self) -> Event | Signal:
         buf = self._buf
         pos = self._pos
-        if buf.startswith((b"\r", b"\n"), pos):
-            # RFC 9112 §2.2: ignore empty lines before a request line.
-            while buf.startswith(b"\r\n", pos) or buf.startswith(b"\n", pos):
-                pos += 1 if buf[pos] == 10 else 2
-            self._pos = pos
-            self._searched = 0
+        searched = self._searched
+        start = pos + searched - 2 if searched > 2 else pos
         # The fast path: a head of CRLF lines, all well-formed. Anything else
-        # (bare LFs, folding, a bad byte) fails one of its checks and goes to
-        # _parse_head, which reads heads the way h11 does, byte for byte.
-        # Why "\n\r\n" is the end here: an earlier LF LF would leave an
+        # (bare LFs, folding, a bad byte) fails one of its checks and takes
+        # the exact path below, which reads heads the way h11 does, byte for
+        # byte. Why "\n\r\n" is the end here: an earlier LF LF would leave an
         # empty line inside the fields, which _FIELDS_CRLF refuses.
-        end = buf.find(b"\n\r\n", pos + max(self._searched - 2, 0))
-        nl = buf.find(b"\n", pos, end + 1)  # the request line's end
-        match = _REQUEST_LINE_CRLF.fullmatch(buf, pos, nl) if end >= 0 else None
+        end = buf.find(b"\n\r\n", start)
+        nl = buf.find(b"\n", pos, end + 1)  # the start line's end
+        match = self._START_LINE_CRLF.fullmatch(buf, pos, nl) if end >= 0 else None
         if (
             match is not None
             and end - pos <= self._max_head
@@ -489,7 +403,6 @@ class ServerConnection:
         ):
             self._searched = 0
             self._pos = end + 3
-            method, target, version = match.groups()
             headers = (
                 [
                     (name.lower(), value.strip(b" \t"))
@@ -500,37 +413,56 @@ class ServerConnection:
                 if end > nl
                 else []
             )
-        else:
-            head = self._parse_head(buf, pos)
-            if head is None:
-                return NEED_DATA if self.their_state is IDLE else _CONNECTION_CLOSED
-            method, target, version, headers = head
-        http11 = version == b"1.1"
-        if not http11 and version != b"1.0":
-            raise ProtocolError("unsupported HTTP version", 505)
-        # One dict answers "is there a header X?" for all the X that matter,
-        # unless some name repeats: then count the slow way.
-        fields = dict(headers)
+            return match.groups(), headers  # type: ignore[return-value]
+        end = _head_end(buf, start)
+        if end < 0 or end - pos > self._max_head:
+            pending = len(buf) - pos
+            if end >= 0 or pending > self._max_head:
+                raise ProtocolError(f"{self._WHAT} head over {self._max_head} bytes", 431)
+            if self._eof and pending:
+                raise ProtocolError(f"{self._PEER} closed in the middle of a {self._WHAT} head")
+            self._searched = pending
+            return None
+        self._searched = 0
+        self._pos = end + (2 if buf[end + 1] == 10 else 3)
+        text = buf[pos : end + 1].replace(b"\r\n", b"\n")
+        if _BAD_BYTE.search(text) is not None:
+            raise ProtocolError(f"a CR, NUL, VT or FF in the {self._WHAT} head")
+        line, _, block = text.partition(b"\n")
+        match = self._START_LINE.fullmatch(line)
+        if match is None:
+            raise ProtocolError(f"malformed {self._WHAT} start line: {line[:80]!r}")
+        headers = [(name.lower(), value) for name, value in _FIELD.findall(_unfold(block))]
+        return match.groups(), headers  # type: ignore[return-value]
+
+    def _framing(
+        self, headers: list[tuple[bytes, bytes]], fields: dict[bytes, bytes], http11: bool
+    ) -> list[tuple[bytes, bytes]]:
+        """Apply the framing rules both sides keep to a head's ``headers``
+        (``fields`` is ``dict(headers)``): set the body reader (chunked, or
+        the ``Content-Length``, 0 when there is none) and whether the
+        connection is kept alive after this message. Returns the headers with
+        ``Content-Length`` and ``Transfer-Encoding`` normalised as h11 does.
+
+        Raises:
+            ProtocolError: both framings (RFC 9112 §6.3, request smuggling),
+                ``Transfer-Encoding`` in HTTP/1.0 (§6.1: faulty framing), a
+                transfer-coding other than chunked (501), a bad or conflicting
+                ``Content-Length``.
+        """
         if len(fields) == len(headers):
-            if http11 and b"host" not in fields:
-                raise ProtocolError("missing Host header")
             connection = fields.get(b"connection")
-            expect = fields.get(b"expect")
-            chunked = b"transfer-encoding" in fields
             length = fields.get(b"content-length")
         else:
-            hosts = [value for name, value in headers if name == b"host"]
-            if len(hosts) > 1 or (http11 and not hosts):
-                raise ProtocolError("missing Host header" if not hosts else "several Host headers")
+            # A name repeats: join or count the slow way.
             connection = _joined(headers, b"connection")
-            expect = _joined(headers, b"expect")
-            chunked = b"transfer-encoding" in fields
             length = b"," if b"content-length" in fields else None
+        chunked = b"transfer-encoding" in fields
         if chunked:
             if length is not None:
                 raise ProtocolError("both Transfer-Encoding and Content-Length")
             if not http11:
-                raise ProtocolError("Transfer-Encoding on an HTTP/1.0 request")
+                raise ProtocolError(f"Transfer-Encoding on an HTTP/1.0 {self._WHAT}")
             headers = _transfer_encoding(headers)
             self._left = _CHUNK_SIZE
         elif length is None:
@@ -545,60 +477,26 @@ class ServerConnection:
             connection = connection.lower()
             if b"close" in connection and b"close" in _comma_tokens([connection]):
                 keep_alive = False
-        if http11 and expect is not None:
-            self.they_are_waiting_for_100_continue = b"100-continue" in _comma_tokens(
-                [expect.lower()]
-            )
         self._keep_alive = keep_alive
-        self._method = method
-        self._http11 = http11
-        self.their_state = SEND_BODY
-        self.our_state = SEND_RESPONSE
-        return Request(method, target, version, headers)
+        return headers
 
-    def _parse_head(
-        self, buf: bytes, pos: int
-    ) -> tuple[bytes, bytes, bytes, list[tuple[bytes, bytes]]] | None:
-        """The exact (slow) reading of a head, or None when it is incomplete
-        (and the client still sending; at its end of file, ConnectionClosed
-        if nothing came, else an error)."""
-        end = _head_end(buf, pos + max(self._searched - 2, 0))
-        if end < 0 or end - pos > self._max_head:
-            pending = len(buf) - pos
-            if end >= 0 or pending > self._max_head:
-                raise ProtocolError("request head too large", 431)
-            if self._eof:
-                if not pending:
-                    self._closed()
-                    return None
-                raise ProtocolError("the client closed in the middle of a request head")
-            self._searched = pending
-            return None
-        self._searched = 0
-        self._pos = end + (2 if buf[end + 1] == 10 else 3)
-        text = buf[pos : end + 1].replace(b"\r\n", b"\n")
-        if _BAD_BYTE.search(text) is not None:
-            raise ProtocolError("a CR, NUL, VT or FF in the request head")
-        line, _, block = text.partition(b"\n")
-        match = _REQUEST_LINE.fullmatch(line)
-        if match is None:
-            raise ProtocolError("malformed request line")
-        method, target, version = match.groups()
-        headers = [(name.lower(), value) for name, value in _FIELD.findall(_unfold(block))]
-        return method, target, version, headers
-
-    def _read_length(self) -> Event | Signal:
+    def _read_body(self) -> Event | Signal:
+        """The next :class:`Data` or the :class:`EndOfMessage` of a body
+        framed by length or by chunks."""
+        if self._chunked:
+            return self._read_chunked()
         left = self._left
         if not left:
-            return self._end_of_request()
+            return self._end_of_message()
         buf = self._buf
         pos = self._pos
         have = len(buf) - pos
         if not have:
             if self._eof:
-                raise ProtocolError("the client closed in the middle of a request body")
+                raise ProtocolError(
+                    f"{self._PEER} closed before the {self._WHAT} body's declared length"
+                )
             return NEED_DATA
-        self.they_are_waiting_for_100_continue = False
         if have <= left:
             self._pos = len(buf)
             self._left = left - have
@@ -662,24 +560,189 @@ class ServerConnection:
                 break
         self._pos = pos
         self._left = left
+        if complete:
+            # Read on as a body of length 0: the end goes out now, or on the
+            # next call after this Data.
+            self._left = 0
+            self._chunked = False
         if parts:
-            self.they_are_waiting_for_100_continue = False
-            if complete:
-                # The end goes out on the next call.
-                self._left = 0
-                self._chunked = False
             return Data(parts[0] if len(parts) == 1 else b"".join(parts))
         if complete:
-            self._chunked = False
-            return self._end_of_request()
+            return self._end_of_message()
         if self._eof:
-            raise ProtocolError("the client closed in the middle of a chunked body")
+            raise ProtocolError(f"{self._PEER} closed in the middle of a chunked {self._WHAT} body")
         return NEED_DATA
 
-    def _end_of_request(self) -> EndOfMessage:
-        self.they_are_waiting_for_100_continue = False
+    def _end_of_message(self) -> EndOfMessage:
         self.their_state = DONE if self._keep_alive else MUST_CLOSE
         return _END_OF_MESSAGE
+
+
+# -- serializing ---------------------------------------------------------------
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = HTTPStatus(status).phrase.encode()
+    except ValueError:
+        phrase = b""
+    return b"HTTP/1.1 %d %s\r\n" % (status, phrase)
+
+
+_STATUS_LINES: Final = {int(status): _status_line(status) for status in HTTPStatus}
+_CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+# -- the connection ------------------------------------------------------------
+
+
+class ServerConnection(_Reader):
+    """The server's side of one HTTP/1.x connection.
+
+    Feed it bytes, take events::
+
+        conn.receive_data(data)              # b"" when the client closed
+        event = conn.next_event()            # Request, Data..., EndOfMessage
+
+    and answer with bytes to write::
+
+        out = conn.response_head(200, [(b"content-type", b"text/plain")])
+        out += conn.body(b"hello") + conn.end()
+
+    then, when both sides are :data:`DONE`, :meth:`start_next_cycle` for the
+    next request on the same connection. A :class:`ProtocolError` from
+    :meth:`next_event` means the client sent garbage; a
+    :class:`LocalProtocolError` from the sending methods means the caller
+    broke the rules; either way the connection should close.
+
+    ``their_state`` is the client's: :data:`IDLE` until a request's head is
+    in, :data:`SEND_BODY` while its body comes, then :data:`DONE` (or
+    :data:`MUST_CLOSE`), :data:`CLOSED` after its end of file, :data:`ERROR`
+    after a :class:`ProtocolError`.
+
+    Args:
+        max_head: the longest request head (request line and headers, also
+            a chunk-size line or trailer section) accepted, in bytes.
+    """
+
+    __slots__ = (
+        "_http11",
+        "_method",
+        "_out_left",
+        "our_state",
+        "they_are_waiting_for_100_continue",
+    )
+
+    _START_LINE = _REQUEST_LINE
+    _START_LINE_CRLF = _REQUEST_LINE_CRLF
+    _WHAT = "request"
+    _PEER = "the client"
+
+    def __init__(self, *, max_head: int = 64 * 1024) -> None:
+        _Reader.__init__(self, max_head)
+        self._method: bytes | None = None
+        self._http11 = False
+        self._out_left = 0
+        #: Ours: :data:`IDLE`, :data:`SEND_RESPONSE` once a request is in,
+        #: :data:`SEND_BODY` after the head, then :data:`DONE` (or
+        #: :data:`MUST_CLOSE`), :data:`ERROR` after a :class:`LocalProtocolError`.
+        self.our_state = IDLE
+        #: The request asked ``Expect: 100-continue`` and neither a response
+        #: nor any of the body has gone by yet: send :meth:`informational_100`
+        #: before waiting for the body.
+        self.they_are_waiting_for_100_continue = False
+
+    @property
+    def keep_alive(self) -> bool:
+        """Whether the connection can carry another request after this one:
+        false for HTTP/1.0, after ``Connection: close`` from either side, a
+        body that runs to the close, an end of file or an error."""
+        return self._keep_alive
+
+    # -- receiving -------------------------------------------------------------
+
+    def next_event(self) -> Event | Signal:
+        """The next event from what was received.
+
+        Returns:
+            :class:`Request`, then :class:`Data` (any number) and
+            :class:`EndOfMessage`; :class:`ConnectionClosed` if the client
+            closed between requests; :data:`NEED_DATA` when more bytes are
+            needed; :data:`PAUSED` when a request is complete and bytes of
+            the next wait for :meth:`start_next_cycle`. After a complete
+            request with nothing buffered it is :data:`NEED_DATA` (as in
+            h11): reading on shows the client hanging up
+            (:class:`ConnectionClosed`).
+
+        Raises:
+            ProtocolError: a malformed request, or an end of file in the
+                middle of one. The client's state becomes :data:`ERROR`
+                and every later call raises again.
+        """
+        state = self.their_state
+        try:
+            if state is SEND_BODY:
+                event = self._read_body()
+                if event is not NEED_DATA:
+                    self.they_are_waiting_for_100_continue = False
+                return event
+            if state is IDLE:
+                return self._read_head()
+            if state is ERROR:
+                raise ProtocolError("the connection is already broken")
+            # DONE, MUST_CLOSE, CLOSED
+            if self._pos < len(self._buf):
+                return PAUSED
+            if self._eof:
+                self._closed()
+                return _CONNECTION_CLOSED
+            return NEED_DATA
+        except ProtocolError:
+            self.their_state = ERROR
+            self._no_keep_alive()
+            raise
+
+    def _read_head(self) -> Event | Signal:
+        buf = self._buf
+        pos = self._pos
+        if buf.startswith((b"\r", b"\n"), pos):
+            # RFC 9112 §2.2: ignore empty lines before a request line.
+            while buf.startswith(b"\r\n", pos) or buf.startswith(b"\n", pos):
+                pos += 1 if buf[pos] == 10 else 2
+            self._pos = pos
+            self._searched = 0
+        head = self._head()
+        if head is None:
+            if self._eof:
+                self._closed()
+                return _CONNECTION_CLOSED
+            return NEED_DATA
+        (method, target, version), headers = head
+        http11 = version == b"1.1"
+        if not http11 and version != b"1.0":
+            raise ProtocolError("unsupported HTTP version", 505)
+        # One dict answers "is there a header X?" for all the X that matter,
+        # unless some name repeats: then count the slow way.
+        fields = dict(headers)
+        if len(fields) == len(headers):
+            if http11 and b"host" not in fields:
+                raise ProtocolError("missing Host header")
+            expect = fields.get(b"expect")
+        else:
+            hosts = [value for name, value in headers if name == b"host"]
+            if len(hosts) > 1 or (http11 and not hosts):
+                raise ProtocolError("missing Host header" if not hosts else "several Host headers")
+            expect = _joined(headers, b"expect")
+        headers = self._framing(headers, fields, http11)
+        if http11 and expect is not None:
+            self.they_are_waiting_for_100_continue = b"100-continue" in _comma_tokens(
+                [expect.lower()]
+            )
+        self._method = method
+        self._http11 = http11
+        self.their_state = SEND_BODY
+        self.our_state = SEND_RESPONSE
+        return Request(method, target, version, headers)
 
     def _closed(self) -> None:
         self.their_state = CLOSED
@@ -916,7 +979,8 @@ class ServerConnection:
 #
 # * A response with both Transfer-Encoding and Content-Length is refused
 #   (h11 reads it as chunked): a proxy that passed the Content-Length on
-#   would frame the body wrongly.
+#   would frame the body wrongly. So is Transfer-Encoding in an HTTP/1.0
+#   response (RFC 9112 §6.1: faulty framing; h11 reads it as chunked).
 # * HTTP versions other than 1.0 and 1.1 are refused; so is 101 Switching
 #   Protocols (yard proxies no upgrades). Other 1xx responses are skipped
 #   (h11 hands them out as InformationalResponse).
@@ -926,11 +990,6 @@ class ServerConnection:
 
 _STATUS_LINE = re.compile(rb"HTTP/([0-9]\.[0-9]) ([0-9]{3})(?: ([^\n]*))?")
 _STATUS_LINE_CRLF = re.compile(rb"HTTP/([0-9]\.[0-9]) ([0-9]{3})(?: ([^\r\n\x00\x0b\x0c]*))?\r")
-
-# ClientConnection._mode
-_BY_LENGTH = 0
-_BY_CHUNKS = 1
-_TO_CLOSE = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -953,7 +1012,7 @@ class Response(Event):
     headers: list[tuple[bytes, bytes]]
 
 
-class ClientConnection:
+class ClientConnection(_Reader):
     """The client's side of one HTTP/1.x connection: reads the response to
     each request sent on it.
 
@@ -968,44 +1027,27 @@ class ClientConnection:
     server's answer is not one yard can pass on; the connection is then
     useless.
 
+    ``their_state`` is the server's: :data:`IDLE` before a request went out,
+    :data:`SEND_RESPONSE` while its head is awaited, :data:`SEND_BODY`, then
+    :data:`DONE` (kept alive) or :data:`MUST_CLOSE`; :data:`ERROR` after a
+    :class:`ProtocolError`.
+
     Args:
         max_head: the longest response head (status line and headers, also
             a chunk-size line or trailer section) accepted, in bytes.
     """
 
-    __slots__ = (
-        "_buf",
-        "_chunk",
-        "_eof",
-        "_keep_alive",
-        "_left",
-        "_max_head",
-        "_method",
-        "_mode",
-        "_pos",
-        "their_state",
-    )
+    __slots__ = ("_method", "_to_close")
+
+    _START_LINE = _STATUS_LINE
+    _START_LINE_CRLF = _STATUS_LINE_CRLF
+    _WHAT = "response"
+    _PEER = "the server"
 
     def __init__(self, *, max_head: int = 64 * 1024) -> None:
-        self._max_head = max_head
-        self._buf = b""  # received bytes are _buf[_pos:]
-        self._pos = 0
-        self._eof = False
+        _Reader.__init__(self, max_head)
         self._method = b""
-        self._keep_alive = True
-        self._mode = _BY_LENGTH
-        self._left = 0  # _BY_LENGTH: body bytes still to come
-        self._chunk = _CHUNK_SIZE  # _BY_CHUNKS: > 0 is what is left of a chunk
-        #: The server's state: :data:`IDLE` before a request went out,
-        #: :data:`SEND_RESPONSE` while its head is awaited, :data:`SEND_BODY`,
-        #: then :data:`DONE` (kept alive) or :data:`MUST_CLOSE`;
-        #: :data:`ERROR` after a :class:`ProtocolError`.
-        self.their_state = IDLE
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received and not yet handed out as events."""
-        return len(self._buf) - self._pos
+        self._to_close = False  # the body runs to the end of file
 
     @property
     def reusable(self) -> bool:
@@ -1025,24 +1067,6 @@ class ClientConnection:
         self._method = method
         self.their_state = SEND_RESPONSE
 
-    def receive_data(self, data: bytes) -> None:
-        """Add bytes read from the server; ``b""`` means it closed its side.
-
-        Raises:
-            RuntimeError: bytes after an end of file.
-        """
-        if data:
-            if self._eof:
-                raise RuntimeError("received data after the end of file")
-            pos = self._pos
-            if pos == len(self._buf):
-                self._buf = data
-            else:
-                self._buf = self._buf[pos:] + data
-            self._pos = 0
-        else:
-            self._eof = True
-
     def next_event(self) -> Event | Signal:
         """The next event of the response.
 
@@ -1060,12 +1084,9 @@ class ClientConnection:
         state = self.their_state
         try:
             if state is SEND_BODY:
-                mode = self._mode
-                if mode == _BY_LENGTH:
-                    return self._read_length()
-                if mode == _BY_CHUNKS:
-                    return self._read_chunked()
-                return self._read_to_close()
+                if self._to_close:
+                    return self._read_to_close()
+                return self._read_body()
             if state is SEND_RESPONSE:
                 return self._read_head()
             if state is ERROR:
@@ -1080,12 +1101,15 @@ class ClientConnection:
         if self._pos == len(self._buf) and not self._eof:
             return NEED_DATA
         while True:
-            head = self._parse_head()
+            head = self._head()
             if head is None:
+                if self._eof:
+                    raise ProtocolError("the server closed the connection without answering")
                 return NEED_DATA
-            version, status, reason, headers = head
+            (version, code, reason), headers = head
             if version != b"1.1" and version != b"1.0":
                 raise ProtocolError(f"unsupported HTTP version {version.decode()}", 505)
+            status = int(code)
             if status >= 200:
                 break
             if status < 100:
@@ -1094,120 +1118,23 @@ class ClientConnection:
                 raise ProtocolError("the server switched protocols; yard proxies no upgrades")
             # 100 Continue, 103 Early Hints, ...: the real answer follows.
         fields = dict(headers)
-        if len(fields) == len(headers):
-            connection = fields.get(b"connection")
-            chunked = b"transfer-encoding" in fields
-            length = fields.get(b"content-length")
-        else:
-            connection = _joined(headers, b"connection")
-            chunked = b"transfer-encoding" in fields
-            length = b"," if b"content-length" in fields else None
-        if chunked:
-            if length is not None:
-                raise ProtocolError("both Transfer-Encoding and Content-Length")
-            headers = _transfer_encoding(headers)
-        elif length is not None:
-            if length.isdigit() and len(length) <= _MAX_LENGTH_DIGITS:
-                self._left = int(length)
-            else:
-                headers, self._left = _content_length(headers)
-        keep_alive = version == b"1.1"
-        if connection is not None and b"close" in _comma_tokens([connection.lower()]):
-            keep_alive = False
+        headers = self._framing(headers, fields, version == b"1.1")
         method = self._method
+        to_close = False
         if (
             method == b"HEAD"
             or status == 204
             or status == 304
             or (method == b"CONNECT" and status < 300)
         ):
-            self._mode = _BY_LENGTH
+            self._chunked = False
             self._left = 0
-        elif chunked:
-            self._mode = _BY_CHUNKS
-            self._chunk = _CHUNK_SIZE
-        elif length is not None:
-            self._mode = _BY_LENGTH
-        else:
-            self._mode = _TO_CLOSE
-            keep_alive = False
-        self._keep_alive = keep_alive
+        elif not self._chunked and b"content-length" not in fields:
+            to_close = True
+            self._keep_alive = False
+        self._to_close = to_close
         self.their_state = SEND_BODY
-        return Response(status, reason, version, headers)
-
-    def _parse_head(
-        self,
-    ) -> tuple[bytes, int, bytes, list[tuple[bytes, bytes]]] | None:
-        """One response head (a 1xx too), or None while it is incomplete."""
-        buf = self._buf
-        pos = self._pos
-        # The fast path: CRLF lines, all well-formed, found with one search.
-        # (Anything else, a bare LF included, fails a check here and takes
-        # the exact path below, which reads heads the way h11 does.)
-        end = buf.find(b"\r\n\r\n", pos)
-        if 0 <= end - pos <= self._max_head:
-            nl = buf.find(b"\n", pos, end + 2)  # the status line's end
-            match = _STATUS_LINE_CRLF.fullmatch(buf, pos, nl)
-            if match is not None and (
-                nl > end or _FIELDS_CRLF.fullmatch(buf, nl + 1, end + 2) is not None
-            ):
-                self._pos = end + 4
-                version, status, reason = match.groups()
-                headers = (
-                    [
-                        (name.lower(), value.strip(b" \t"))
-                        for name, _, value in [
-                            line.partition(b":") for line in buf[nl + 1 : end].split(b"\r\n")
-                        ]
-                    ]
-                    if nl < end
-                    else []
-                )
-                return version, int(status), reason or b"", headers
-        end = _head_end(buf, pos)
-        if end < 0 or end - pos > self._max_head:
-            pending = len(buf) - pos
-            if end >= 0 or pending > self._max_head:
-                raise ProtocolError(f"response head over {self._max_head} bytes", 431)
-            if self._eof:
-                raise ProtocolError(
-                    "the server closed the connection without answering"
-                    if not pending
-                    else "the server closed the connection in the middle of a response head"
-                )
-            return None
-        self._pos = end + (2 if buf[end + 1] == 10 else 3)
-        text = buf[pos : end + 1].replace(b"\r\n", b"\n")
-        if _BAD_BYTE.search(text) is not None:
-            raise ProtocolError("a CR, NUL, VT or FF in the response head")
-        line, _, block = text.partition(b"\n")
-        match = _STATUS_LINE.fullmatch(line)
-        if match is None:
-            raise ProtocolError(f"not an HTTP/1.x status line: {line[:80]!r}")
-        version, status, reason = match.groups()
-        fields = [(name.lower(), value) for name, value in _FIELD.findall(_unfold(block))]
-        return version, int(status), reason or b"", fields
-
-    def _read_length(self) -> Event | Signal:
-        left = self._left
-        if not left:
-            return self._end_of_response()
-        buf = self._buf
-        pos = self._pos
-        have = len(buf) - pos
-        if not have:
-            if self._eof:
-                raise ProtocolError(
-                    "the server closed the connection before the body's declared length"
-                )
-            return NEED_DATA
-        if have <= left:
-            self._pos = len(buf)
-            self._left = left - have
-            return Data(buf[pos:] if pos else buf)
-        self._pos = pos + left
-        self._left = 0
-        return Data(buf[pos : pos + left])
+        return Response(status, reason or b"", version, headers)
 
     def _read_to_close(self) -> Event | Signal:
         buf = self._buf
@@ -1216,78 +1143,8 @@ class ClientConnection:
             self._pos = len(buf)
             return Data(buf[pos:] if pos else buf)
         if self._eof:
-            return self._end_of_response()
+            return self._end_of_message()
         return NEED_DATA
-
-    def _read_chunked(self) -> Event | Signal:
-        buf = self._buf
-        pos = self._pos
-        end = len(buf)
-        left = self._chunk
-        parts: list[bytes] = []
-        complete = False
-        # As much of the body as is here goes out as one Data.
-        while pos < end:
-            if left > 0:
-                take = min(left, end - pos)
-                parts.append(buf[pos : pos + take])
-                pos += take
-                left -= take
-                if not left:
-                    left = _CHUNK_CRLF
-            elif left == _CHUNK_CRLF:
-                if end - pos < 2:
-                    if buf[pos] != 13:
-                        raise ProtocolError("malformed chunk end")
-                    break
-                if buf[pos] != 13 or buf[pos + 1] != 10:
-                    raise ProtocolError("malformed chunk end")
-                pos += 2
-                left = _CHUNK_SIZE
-            elif left == _CHUNK_SIZE:
-                eol = buf.find(b"\r\n", pos)
-                if eol < 0:
-                    if end - pos > self._max_head:
-                        raise ProtocolError("chunk-size line too long")
-                    break
-                match = _CHUNK_LINE.fullmatch(buf, pos, eol)
-                if match is None:
-                    raise ProtocolError("malformed chunk-size line")
-                pos = eol + 2
-                left = int(match[1], 16) or _TRAILERS
-            else:  # _TRAILERS
-                if buf.startswith(b"\r\n", pos) or buf.startswith(b"\n", pos):
-                    pos += 1 if buf[pos] == 10 else 2
-                else:
-                    last = _head_end(buf, pos)
-                    if last < 0:
-                        if end - pos > self._max_head:
-                            raise ProtocolError("trailer section too large")
-                        break
-                    text = buf[pos : last + 1].replace(b"\r\n", b"\n")
-                    if _BAD_BYTE.search(text) is not None:
-                        raise ProtocolError("a CR, NUL, VT or FF in the trailers")
-                    _unfold(text)
-                    pos = last + (2 if buf[last + 1] == 10 else 3)
-                complete = True
-                break
-        self._pos = pos
-        self._chunk = left
-        if parts:
-            if complete:
-                # The end goes out on the next call.
-                self._mode = _BY_LENGTH
-                self._left = 0
-            return Data(parts[0] if len(parts) == 1 else b"".join(parts))
-        if complete:
-            return self._end_of_response()
-        if self._eof:
-            raise ProtocolError("the server closed the connection in the middle of a chunked body")
-        return NEED_DATA
-
-    def _end_of_response(self) -> EndOfMessage:
-        self.their_state = DONE if self._keep_alive else MUST_CLOSE
-        return _END_OF_MESSAGE
 
 
 # -- micro-benchmark -----------------------------------------------------------
