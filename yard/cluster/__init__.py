@@ -19,6 +19,7 @@ from __future__ import annotations
 from yard.cluster.jobs import PgJobStore, ReapSummary, rank_of
 from yard.cluster.listen import Listener, ListenerStatistics
 from yard.cluster.pg import DatabaseLost, PgDatabase, PgMigration
+from yard.cluster.profiles import PgProfileStore, cluster_key
 from yard.cluster.registry import NodeState, Registry
 from yard.cluster.schema import JOBS_CHANNEL, MIGRATIONS, NODES_CHANNEL
 
@@ -33,7 +34,9 @@ __all__ = [
     "PgDatabase",
     "PgJobStore",
     "PgMigration",
+    "PgProfileStore",
     "ReapSummary",
     "Registry",
+    "cluster_key",
     "rank_of",
 ]

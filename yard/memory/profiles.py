@@ -272,6 +272,36 @@ def _marks(n: int) -> str:
     return ",".join("?" * n)
 
 
+class ProfileStoreLike(Protocol):
+    """What ``yard serve`` and ``yard probe`` need of a profile store:
+    :class:`SqliteProfileStore` (one machine) and
+    :class:`yard.cluster.profiles.PgProfileStore` (a cluster) both have it."""
+
+    async def key(self, backend: str) -> FootprintKey: ...
+
+    async def record(self, backend: str) -> StoredProfile | None: ...
+
+    async def get(self, backend: str) -> Profile | None: ...
+
+    async def put(self, backend: str, profile: Profile) -> None: ...
+
+    async def store(
+        self,
+        backend: str,
+        profile: Profile,
+        *,
+        steady_gpu_bytes: int | None = None,
+        steady_host_bytes: int | None = None,
+        source: str = "probe",
+    ) -> StoredProfile: ...
+
+    async def forget(self, backend: str) -> None: ...
+
+    async def history(self, backend: str, limit: int = 50) -> list[StoredProfile]: ...
+
+    async def aclose(self) -> None: ...
+
+
 class SqliteProfileStore:
     """The profile store behind :class:`yard.ports.ProfileStore`.
 
