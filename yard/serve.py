@@ -8,6 +8,8 @@ The nursery tree (DESIGN.md "The shape"), each part started with
 3. the profile store (``data_dir/profiles.sqlite``);
 4. the engine, which owns the scheduler core;
 5. the job service (``data_dir/jobs.sqlite``, settings from ``[jobs]``);
+   with ``[cluster]``, the shared queue in PostgreSQL and this node
+   (:mod:`yard.cluster.node`: heartbeats, claims, dead nodes, forwarding);
 6. the HTTP server: data plane and control plane on one port.
 
 What yard does is logged at INFO (``server.log_level``, default ``info``):
@@ -49,6 +51,7 @@ import trio
 
 from yard.announce.service import announcement_service
 from yard.batches.service import open_batches
+from yard.cluster.node import open_node
 from yard.config import Config, ConfigError, exposure, is_loopback, load_config
 from yard.core import Scheduler
 from yard.core.decisions import (
@@ -59,11 +62,12 @@ from yard.core.decisions import (
     StartBackend,
     StopBackend,
 )
+from yard.db import DatabaseError
 from yard.engine import Engine, LoggedDecision
 from yard.http.app import create_app, serve_app
 from yard.http.runtime import MeterInfo, Runtime
 from yard.http.server import open_listeners
-from yard.jobs import open_jobs
+from yard.jobs import JOBS_FILE, JobStore, open_jobs
 from yard.memory import default_meter
 from yard.memory.profiles import SqliteProfileStore, open_profile_store
 from yard.ports import BackendProcess, BackendStartError, ExitStatus, Launcher, MachineMeter
@@ -116,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except CannotListen as exc:
         print(f"yard: {exc}", file=sys.stderr)
+        return 1
+    except DatabaseError as exc:
+        # Only a cluster node has a database it cannot do without at start.
+        print(f"yard: the cluster's database ([cluster] database): {exc}", file=sys.stderr)
         return 1
     return 0
 
@@ -244,20 +252,43 @@ async def _serve(
             # parts that show it (status, /metrics).
             meter=MeterInfo(mode=meter.mode, detail=meter.mode_detail),
         )
-        jobs = await stack.enter_async_context(
-            open_jobs(
-                engine=engine,
-                data_dir=config.server.data_dir,
-                pool=runtime.upstream,
-                config=config.jobs,
+        if config.cluster is None:
+            jobs = await stack.enter_async_context(
+                open_jobs(
+                    engine=engine,
+                    data_dir=config.server.data_dir,
+                    pool=runtime.upstream,
+                    config=config.jobs,
+                )
             )
-        )
-        runtime.jobs = jobs
-        await nursery.start(jobs.run)
-        batches = await stack.enter_async_context(open_batches(jobs, config))
-        runtime.batches = batches
-        await nursery.start(batches.run)
-        announcements = announcement_service(engine, jobs.store, config)
+            runtime.jobs = jobs
+            await nursery.start(jobs.run)
+            batches = await stack.enter_async_context(open_batches(jobs, config))
+            runtime.batches = batches
+            await nursery.start(batches.run)
+            local_store = jobs.store
+            assert isinstance(local_store, JobStore)
+        else:
+            # A node of a cluster: jobs in the shared queue (PostgreSQL); the
+            # Batch API is not offered (its files live with SQLite jobs), and
+            # announcements stay this node's own, in its SQLite file.
+            node, jobs = await stack.enter_async_context(
+                open_node(
+                    config=config,
+                    engine=engine,
+                    pool=runtime.upstream,
+                    gpu_models=[
+                        label for name, label in meter.describe().items() if name != "host"
+                    ],
+                )
+            )
+            runtime.jobs = jobs
+            runtime.cluster = node
+            await nursery.start(jobs.run)
+            await nursery.start(node.run)
+            local_store = await JobStore.open(config.server.data_dir / JOBS_FILE)
+            stack.push_async_callback(_shielded_close, local_store)
+        announcements = announcement_service(engine, local_store, config)
         runtime.announcements = announcements
         await nursery.start(announcements.run)
 
@@ -450,9 +481,12 @@ async def _serve_http(
         runtime.http_done.set()
 
 
-async def _shielded_close(resource: SqliteProfileStore) -> None:
+async def _shielded_close(resource: SqliteProfileStore | JobStore) -> None:
     with trio.CancelScope(shield=True):
-        await resource.aclose()
+        if isinstance(resource, JobStore):
+            await resource.close()
+        else:
+            await resource.aclose()
 
 
 def stop_signals() -> tuple[signal.Signals, ...]:

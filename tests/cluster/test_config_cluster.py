@@ -74,7 +74,7 @@ def test_defaults_node_from_the_host_name_and_url_from_the_listen_address(
     assert cluster is not None
     assert cluster.node == default_node_name()
     assert cluster.secret is None
-    assert (cluster.heartbeat_s, cluster.dead_after_s, cluster.claim_ahead) == (2.0, 10.0, 1)
+    assert (cluster.heartbeat_s, cluster.dead_after_s, cluster.claim_ahead) == (2.0, 10.0, 0)
     assert cluster.node_url(config.server) == "http://127.0.0.1:9123"
     moved = config.with_overrides(listen="127.0.0.1:9200")
     assert moved.cluster is not None
@@ -121,7 +121,7 @@ def test_a_cluster_without_a_database_is_refused(tmp_path: Path) -> None:
             "cluster.dead_after_s",
             "less than two heartbeats",
         ),
-        ("database = 'postgresql:///y'\nclaim_ahead = 0", "cluster.claim_ahead", "at least 1"),
+        ("database = 'postgresql:///y'\nclaim_ahead = -1", "cluster.claim_ahead", "negative"),
         ("database = 'postgresql:///y'\nsecret = ''", "cluster.secret", "must not be empty"),
         (
             "database = 'postgresql:///y'\nsecret = 'a'\nsecret_env = 'B'",

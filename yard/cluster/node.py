@@ -36,86 +36,35 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
 import trio
 
 from yard.cluster.forward import Forwarder
+from yard.cluster.jobs import PgJobStore
+from yard.cluster.listen import Listener
+from yard.cluster.pg import PgDatabase
 from yard.cluster.policy import Peer, hungry, local_backends
+from yard.cluster.registry import NodeState, Registry
+from yard.cluster.schema import MIGRATIONS
 from yard.config import Config
 from yard.config.cluster import ClusterConfig
 from yard.core.decisions import Decision, Dispatch
 from yard.core.events import BackendExited, BackendReady, BackendStopped, Event, RequestFinished
 from yard.core.views import Snapshot
 from yard.db import DatabaseError
+from yard.engine import Engine
 from yard.errors import Rejected
 from yard.jobs.records import JobError, JobRecord
+from yard.jobs.service import Jobs
+from yard.upstream import UpstreamPool
 
 log = logging.getLogger("yard.cluster")
 
 MIB = 2**20
-
-
-class NodeStateLike(Protocol):
-    """What the node reads of a registry row (:class:`yard.cluster.registry.NodeState`)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def url(self) -> str: ...
-    @property
-    def heartbeat_at(self) -> float: ...
-    @property
-    def started_at(self) -> float: ...
-    @property
-    def serves(self) -> tuple[str, ...]: ...
-    @property
-    def backends(self) -> tuple[str, ...]: ...
-    @property
-    def loaded(self) -> tuple[str, ...]: ...
-    @property
-    def free_mib(self) -> Mapping[str, float]: ...
-    @property
-    def queues(self) -> Mapping[str, int]: ...
-    @property
-    def gpu_models(self) -> tuple[str, ...]: ...
-    @property
-    def database_ok(self) -> bool: ...
-    @property
-    def state(self) -> str: ...
-
-
-class RegistryLike(Protocol):
-    """The node registry (:class:`yard.cluster.registry.Registry`)."""
-
-    async def publish(self, state: NodeStateLike) -> None: ...
-    async def nodes(self) -> Sequence[NodeStateLike]: ...
-    async def stale(self, now: float, after_s: float) -> list[str]: ...
-    async def mark_gone(self, name: str) -> bool: ...
-
-
-class ReapLike(Protocol):
-    def describe(self) -> str: ...
-
-
-class ClaimStore(Protocol):
-    """The cluster-only part of the shared job store
-    (:class:`yard.cluster.jobs.PgJobStore`)."""
-
-    async def claim(
-        self, node: str, backends: Sequence[str], *, prefer: Sequence[str] = ()
-    ) -> JobRecord | None: ...
-    async def reap(self, node: str, *, now: float) -> ReapLike: ...
-    async def finish(
-        self, job_id: str, status: str, *, at: float, error: JobError | None = None
-    ) -> bool: ...
-
-
-class ListenerLike(Protocol):
-    async def wait(self, timeout: float) -> set[str]: ...  # noqa: ASYNC109 (the Listener's API)
 
 
 class EngineLike(Protocol):
@@ -125,9 +74,6 @@ class EngineLike(Protocol):
 
 class JobsLike(Protocol):
     def enqueue(self, job: JobRecord, *, arrived_at_wall: float | None = None) -> None: ...
-
-
-StateFactory = Callable[..., NodeStateLike]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,11 +131,10 @@ class Node:
         cluster: ClusterConfig,
         engine: EngineLike,
         jobs: JobsLike,
-        store: ClaimStore,
-        registry: RegistryLike,
-        listen: Callable[[], AbstractAsyncContextManager[ListenerLike]],
+        store: PgJobStore,
+        registry: Registry,
+        listen: Callable[[], Listener],
         forwarder: Forwarder,
-        state: StateFactory,
         gpu_models: Sequence[str] = (),
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -203,7 +148,6 @@ class Node:
         self.registry = registry
         self.forwarder = forwarder
         self._listen = listen
-        self._state = state
         self._gpu_models = tuple(gpu_models)
         self._wall = wall
         self._started_at = wall()
@@ -212,7 +156,7 @@ class Node:
         self._lost_since: float | None = None
         self._claims = 0
         self._reaped = 0
-        self._nodes: tuple[NodeStateLike, ...] = ()
+        self._nodes: tuple[NodeState, ...] = ()
         self._models = {model: backend for model, backend in config.models()}
         self._slots = {b.name: b.slots for b in config.backends.values()}
         self._gpus_of = {b.name: tuple(b.gpus) for b in config.backends.values()}
@@ -258,6 +202,31 @@ class Node:
             nodes=views,
         )
 
+    def health(self) -> dict[str, object]:
+        """What ``GET /healthz`` answers on a node: ``status`` ``ok`` (it
+        serves), or ``degraded`` while the shared database is lost (it still
+        serves what it has, claims nothing new), and every node as last seen."""
+        stats = self.statistics()
+        return {
+            "status": "ok" if stats.database_ok else "degraded",
+            "node": stats.node,
+            "database": "ok" if stats.database_ok else "lost",
+            "database_lost_since": stats.database_lost_since,
+            "nodes": [
+                {
+                    "name": n.name,
+                    "url": n.url,
+                    "state": n.state,
+                    "heartbeat_age_s": round(n.heartbeat_age_s, 3),
+                    "database_ok": n.database_ok,
+                    "loaded": list(n.loaded),
+                    "queues": dict(n.queues),
+                    "serves": list(n.serves),
+                }
+                for n in stats.nodes
+            ],
+        }
+
     # -- running ----------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -286,7 +255,8 @@ class Node:
             for name in await self.registry.stale(now, self.cluster.dead_after_s):
                 if name == self.name:
                     continue
-                if await self.registry.mark_gone(name):
+                stale_before = now - self.cluster.dead_after_s
+                if await self.registry.mark_gone(name, heartbeat_before=stale_before):
                     summary = await self.store.reap(name, now=now)
                     self._reaped += 1
                     log.warning(
@@ -302,9 +272,9 @@ class Node:
             self._database(False, exc)
         self._update_routes(snapshot, now)
 
-    def _describe(self, snapshot: Snapshot, now: float) -> NodeStateLike:
+    def _describe(self, snapshot: Snapshot, now: float) -> NodeState:
         loaded = tuple(b.name for b in snapshot.backends if b.state == "ready")
-        return self._state(
+        return NodeState(
             name=self.name,
             url=self.url,
             heartbeat_at=now,
@@ -317,7 +287,6 @@ class Node:
             gpu_models=self._gpu_models,
             database_ok=self._database_ok,
             state="up",
-            models=dict(self._models),
         )
 
     def _update_routes(self, snapshot: Snapshot, now: float) -> None:
@@ -376,16 +345,24 @@ class Node:
         self._database_ok = ok
 
     async def _listen_forever(self) -> None:
-        while True:
-            try:
-                async with self._listen() as listener:
-                    while True:
-                        fired = await listener.wait(self.cluster.heartbeat_s)
-                        if fired:
-                            self.wake()
-            except DatabaseError as exc:
-                self._database(False, exc)
-                await trio.sleep(self.cluster.heartbeat_s)
+        # The listener reconnects by itself (and then reports every channel).
+        async with self._listen() as listener:
+            while True:
+                if await listener.wait():
+                    self.wake()
+
+    async def leave(self) -> None:
+        """A graceful stop: after the job service has stopped, hand this
+        node's unfinished jobs back as if it had died (queued ones to the
+        shared queue at their old place, running ones interrupted or rerun
+        once), so that the other nodes need not wait ``dead_after_s``."""
+        try:
+            summary = await self.store.reap(self.name, now=self._wall())
+            await self.registry.mark_gone(self.name)
+        except DatabaseError as exc:
+            log.warning("node %s: could not hand its jobs back as it stopped (%s)", self.name, exc)
+            return
+        log.info("node %s left the cluster; its jobs: %s", self.name, summary.describe())
 
     # -- claiming ---------------------------------------------------------------
 
@@ -466,3 +443,70 @@ def rank(priority: float, created_at: float, aging_rate: float) -> float:
     never changes while the job waits."""
     value = priority - aging_rate * created_at
     return value if math.isfinite(value) else -math.inf
+
+
+@asynccontextmanager
+async def open_node(
+    *,
+    config: Config,
+    engine: Engine,
+    pool: UpstreamPool,
+    gpu_models: Sequence[str] = (),
+    wall: Callable[[], float] = time.time,
+) -> AsyncIterator[tuple[Node, Jobs]]:
+    """Connect to the cluster's database (migrating it), and yield this node
+    and its job service on the shared queue (neither running yet: start
+    ``jobs.run``, then ``node.run``, with ``nursery.start``). On the way out
+    the job service stops, the node hands its jobs back (:meth:`Node.leave`)
+    and the database is closed.
+
+    Raises :class:`yard.db.DatabaseError` when the database cannot be reached
+    at start (a node that never reached it has nothing to serve from it).
+    """
+
+    cluster = config.cluster
+    if cluster is None:
+        raise ValueError("open_node needs a configuration with [cluster]")
+    db = await PgDatabase.open(
+        cluster.database, MIGRATIONS, application_name=f"yard {cluster.node}"
+    )
+    try:
+        store = PgJobStore(db, node=cluster.node, aging_rate=config.scheduler.aging_rate)
+        wake: list[Callable[[], None]] = []
+
+        async def release(job_id: str) -> bool:
+            return await store.release(job_id, cluster.node)
+
+        jobs = Jobs(
+            engine=engine,
+            store=store,
+            pool=pool,
+            config=config.jobs,
+            wall=wall,
+            shared=True,
+            on_change=lambda: wake[0]() if wake else None,
+            release=release,
+        )
+        node = Node(
+            config=config,
+            cluster=cluster,
+            engine=engine,
+            jobs=jobs,
+            store=store,
+            registry=Registry(db),
+            listen=lambda: Listener(cluster.database),
+            forwarder=Forwarder(node=cluster.node, secret=cluster.secret, pool=pool),
+            gpu_models=gpu_models,
+            wall=wall,
+        )
+        wake.append(node.wake)
+        try:
+            yield node, jobs
+        finally:
+            with trio.CancelScope(shield=True):
+                await jobs.stop()
+                with trio.move_on_after(max(5.0, cluster.heartbeat_s)):
+                    await node.leave()
+    finally:
+        with trio.CancelScope(shield=True):
+            await db.close()

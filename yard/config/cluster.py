@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from yard.config.reading import _positive, _Reader
+from yard.config.reading import _non_negative, _positive, _Reader
 from yard.config.server import ServerConfig
 
 CLUSTER_KEYS = (
@@ -54,8 +54,9 @@ class ClusterConfig:
         dead: its queued jobs go back to the shared queue at their old place,
         its running ones end ``interrupted``.
     claim_ahead: how many claimed jobs per backend may wait in this node's own
-        queue beyond what it can start now; more would hold work that another
-        node could start sooner.
+        queue beyond its free slots (0: none, so that no node holds a job
+        another could start sooner; more hide the claim's round trip between
+        one job's end and the next one's start).
     """
 
     database: str
@@ -64,7 +65,7 @@ class ClusterConfig:
     secret: str | None = None
     heartbeat_s: float = 2.0
     dead_after_s: float = 10.0
-    claim_ahead: int = 1
+    claim_ahead: int = 0
 
     def node_url(self, server: ServerConfig) -> str:
         """Where the other nodes reach this one: ``url``, or else
@@ -129,7 +130,7 @@ def _cluster(r: _Reader, raw: object) -> ClusterConfig | None:
         dead_after = max(10.0, 2 * heartbeat)
     elif "dead_after_s" not in data:
         dead_after = max(dead_after, 2 * heartbeat)
-    claim_ahead = r.get(data, "cluster", "claim_ahead", int, 1, _at_least_one)
+    claim_ahead = r.get(data, "cluster", "claim_ahead", int, 0, _non_negative)
     return ClusterConfig(
         database=database or "",
         node=node,
@@ -165,5 +166,3 @@ def _url(value: str) -> str | None:
     return None
 
 
-def _at_least_one(value: int) -> str | None:
-    return None if value >= 1 else f"must be at least 1, got {value}"

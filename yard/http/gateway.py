@@ -130,6 +130,9 @@ class Gateway:
         """
         if scope["type"] == "http":
             path: str = scope["path"]
+            if path == "/healthz" and self.runtime.cluster is not None:
+                # A node says how it stands in its cluster (the database, the nodes).
+                return await _send_json(send, 200, self.runtime.cluster.health())
             if path.startswith("/v1/"):
                 if path.startswith(_CONTROL_V1) and path[4:].partition("/")[0] in _CONTROL_NAMES:
                     return await self.control(scope, receive, send)
@@ -602,6 +605,13 @@ async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
         if message["type"] == "http.disconnect":
             scope.cancel()
             return
+
+
+async def _send_json(send: Send, status: int, payload: object) -> None:
+    body = json.dumps(payload).encode()
+    headers = [(b"content-type", _JSON_CT), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 async def _send_error(
