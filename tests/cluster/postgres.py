@@ -48,17 +48,21 @@ class PostgresMissing(RuntimeError):
     """No PostgreSQL server binaries on this machine."""
 
 
-def find_bin_dir() -> Path:
+def find_bin_dir(
+    debian: Path = Path("/usr/lib/postgresql"), search_path: str | None = None
+) -> Path:
     """The directory holding ``initdb``, ``pg_ctl`` and ``postgres``: Debian's
-    newest version, else the one on ``PATH``. Raises :class:`PostgresMissing`."""
+    newest version under ``debian``, else the one on ``search_path`` (default
+    ``PATH``). Raises :class:`PostgresMissing`, whose message says to run
+    ``make postgresql``."""
 
     def version(path: Path) -> tuple[int, ...]:
         return tuple(int(part) for part in re.findall(r"\d+", path.parent.parent.name))
 
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=version)
+    found = sorted(debian.glob("*/bin/initdb"), key=version)
     if found:
         return found[-1].parent
-    on_path = shutil.which("initdb")
+    on_path = shutil.which("initdb", path=search_path)
     if on_path is not None:
         return Path(on_path).resolve().parent
     raise PostgresMissing(MISSING)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psycopg
 import pytest
 import trio
 
-from tests.cluster.postgres import PostgresServer
+from tests.cluster.postgres import PostgresMissing, PostgresServer, find_bin_dir
 from yard.cluster.pg import DatabaseLost, PgDatabase, PgMigration
 from yard.db import DatabaseError
 
@@ -113,3 +115,15 @@ async def test_a_stopped_server_raises_database_lost_and_a_restart_heals(
                 await db.close()
     finally:
         postgres_server.drop_database(name)
+
+
+def test_without_postgresql_the_tests_fail_and_say_to_run_make_postgresql(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(PostgresMissing, match="run `make postgresql`"):
+        find_bin_dir(tmp_path, search_path=str(tmp_path))
+    (tmp_path / "9.6" / "bin").mkdir(parents=True)
+    (tmp_path / "15" / "bin").mkdir(parents=True)
+    for version in ("9.6", "15"):
+        (tmp_path / version / "bin" / "initdb").touch()
+    assert find_bin_dir(tmp_path, search_path="") == tmp_path / "15" / "bin"
