@@ -18,7 +18,7 @@ from tests.engine.fakes import FakeLauncher, Script
 from tests.jobs.fakes import EPOCH, wall
 from yard.announce.metrics import AnnouncementCollector
 from yard.announce.service import Announcements, BadAnnouncement, Limits
-from yard.announce.store import AnnouncementStore
+from yard.announce.store import AnnouncementStore, Status
 from yard.config import AppConfig, BackendConfig, Config, ServerConfig
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
@@ -64,8 +64,18 @@ class Yard:
         self.runtime = runtime
 
 
+class SlowStore(AnnouncementStore):
+    """The store on a loaded disk: each synced write of an end takes a second."""
+
+    async def end(self, announcement_id: str, status: Status, used: int, at: float) -> bool:
+        await trio.sleep(1)
+        return await super().end(announcement_id, status, used, at)
+
+
 @asynccontextmanager
-async def yard(path: Path, *, limit: int = 16) -> AsyncIterator[Yard]:
+async def yard(
+    path: Path, *, limit: int = 16, store_type: type[AnnouncementStore] = AnnouncementStore
+) -> AsyncIterator[Yard]:
     """One run of yard's engine + announcements; leaving the block is a crash."""
     scheduler = Scheduler(
         [DeviceSpec(name="host", kind="host", total_bytes=64 * 2**30)],
@@ -79,7 +89,7 @@ async def yard(path: Path, *, limit: int = 16) -> AsyncIterator[Yard]:
         store = await JobStore.open(path / "jobs.sqlite", threaded=False)
         service = Announcements(
             engine=engine,
-            store=AnnouncementStore(store.database),
+            store=store_type(store.database),
             config=config(),
             limits=Limits(default=limit),
             wall=wall,
@@ -125,6 +135,27 @@ async def test_an_unused_announcement_expires_at_its_windows_end_and_is_counted(
         assert [(s.name, s.labels, s.value) for s in families[0].samples] == [
             ("yard_announcements_total", {"app": "radio", "outcome": "expired"}, 1.0)
         ]
+
+
+async def test_an_announcement_reads_used_as_soon_as_its_last_request_came(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The end is written to the store a second later; what the API and /metrics
+    # answer must not wait for it (a client that sent the announced requests and
+    # then asks sees them counted).
+    async with yard(tmp_path, store_type=SlowStore) as y:
+        made = await y.service.create(APPS["radio"], body(count=2, window_s=600))
+        for _ in range(2):
+            y.engine.submit(backend="news", priority=70.0, app="radio")
+        await trio.sleep(0.5)
+        record = await y.service.get(made.id, app="radio")
+        assert (record.status, record.used, record.ended_at) == ("used", 2, EPOCH)
+        assert [(r.status, r.used) for r in await y.service.listed(app="radio")] == [("used", 2)]
+        assert y.service.counts() == {("radio", "used"): 1}
+        await trio.sleep(2)
+        stored = await y.service.store.get(made.id)
+        assert stored is not None
+        assert (stored.status, stored.used, stored.ended_at) == ("used", 2, EPOCH)
 
 
 async def test_a_withdrawn_announcement_ends_once(

@@ -11,6 +11,11 @@ keeps it for the window (:mod:`yard.core.windows`). Rules it keeps:
   hears of it, and told to the core again after a restart; it ends exactly once
   (``used``, ``expired`` at its window's end, ``withdrawn``), which the store
   and ``yard_announcements_total{app,outcome}`` record.
+- The core's word on an end is read at once: the end is seen in the engine's
+  loop, at the moment the core decides it, and what the API and ``/metrics``
+  answer includes it from then on, while its synced write to the store follows
+  (a client that sent the announced requests and then asks sees them counted,
+  however slow the disk).
 - Recurring announcements from the configuration (``[[announcements]]``) are
   made by the same path, one window ahead: the next window of each is always
   announced (:mod:`yard.announce.recurring`).
@@ -25,16 +30,21 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
 import trio
-import trio.lowlevel
 
 from yard.announce.recurring import Recurring, next_window, window_after
 from yard.announce.store import AnnouncementRecord, AnnouncementStore
-from yard.core import AnnouncementEnded, AnnouncementMade, AnnouncementWithdrawn
+from yard.core import (
+    AnnouncementEnded,
+    AnnouncementMade,
+    AnnouncementWithdrawn,
+    Decision,
+    Event,
+)
 from yard.http.errors import ApiError
 from yard.http.intake import parse_rfc3339, wall_label
 
@@ -106,6 +116,9 @@ class Announcements:
         self._wall = wall
         self._counts: dict[tuple[str, str], int] = {}
         self._lock = trio.Lock()  # the cap's count and the insert go together
+        # Ends the core decided that the store does not hold yet: id -> (end, wall time).
+        self._unstored: dict[str, tuple[AnnouncementEnded, float]] = {}
+        self._wake = trio.Event()
 
     # -- the API's side -------------------------------------------------------
 
@@ -161,26 +174,34 @@ class Announcements:
         record = await self.store.get(announcement_id)
         if record is None or (app is not None and record.app != app):
             raise AnnouncementNotFound(announcement_id)
-        return record
+        return self._current(record)
 
     async def listed(self, *, app: str | None, limit: int = 100) -> list[AnnouncementRecord]:
         """The app's announcements (None: every app's), newest first."""
-        return await self.store.listed(app=app, limit=limit)
+        return [self._current(r) for r in await self.store.listed(app=app, limit=limit)]
 
     async def withdraw(self, announcement_id: str, *, app: str | None) -> AnnouncementRecord:
         """Withdraw an open announcement (an ended one is returned as it is)."""
         record = await self.get(announcement_id, app=app)
         if record.status == "open":
-            # The core's AnnouncementEnded tells how many came; the store is
-            # marked here too, so that the answer says withdrawn at once.
+            # The core's AnnouncementEnded tells how many came (and counts it);
+            # the store is marked here too, so that the answer says withdrawn at once.
             self.engine.send(AnnouncementWithdrawn(announcement_id=record.id))
-            await self._ended(record.id, record.app, "withdrawn", None)
+            await self.store.end(record.id, "withdrawn", record.used, self._wall())
             record = await self.get(announcement_id, app=app)
         return record
 
     def counts(self) -> dict[tuple[str, str], int]:
         """Announcements ended since start, per (app, outcome), for ``/metrics``."""
         return dict(self._counts)
+
+    def _current(self, record: AnnouncementRecord) -> AnnouncementRecord:
+        """``record`` with the end the core decided and the store does not hold yet."""
+        pending = self._unstored.get(record.id)
+        if pending is None or record.status != "open":
+            return record
+        end, at = pending
+        return replace(record, status=end.outcome, used=end.used, ended_at=at)
 
     def describe(self, record: AnnouncementRecord) -> dict[str, object]:
         """The JSON the API answers with."""
@@ -206,38 +227,39 @@ class Announcements:
         """Follow the core's ends, tell it the open announcements of the last
         run, then make the recurring ones as their windows come (until cancelled)."""
         async with trio.open_nursery() as nursery:
-            ready = trio.Event()
-            nursery.start_soon(self._follow, ready)
-            await ready.wait()
+            self.engine.watch(self._see)
+            nursery.start_soon(self._store_ends)
             for record in await self.store.open():
                 self._tell(record)
             task_status.started()
             for entry in self.recurring:
                 nursery.start_soon(self._recur, entry)
 
-    async def _follow(self, ready: trio.Event) -> None:
-        while True:
-            feed = self.engine.subscribe((AnnouncementEnded,))
-            ready.set()
-            async with feed:
-                async for logged in feed:
-                    d = logged.decision
-                    assert isinstance(d, AnnouncementEnded)
-                    await self._ended(d.announcement_id, d.app, d.outcome, d.used)
-            # Dropped for falling behind (never in practice: ends are rare): again.
-            await trio.lowlevel.checkpoint()
-
-    async def _ended(self, aid: str, app: str, outcome: Outcome, used: int | None) -> None:
-        record = await self.store.get(aid)
-        if record is None:
-            return
-        count = record.used if used is None else used
-        if await self.store.end(aid, outcome, count, self._wall()):
-            key = (app, outcome)
+    def _see(self, at: float, item: Event | Decision) -> None:
+        """The engine's watcher: an end, at the moment the core decides it (the
+        core ends each announcement once, so it is counted here, once)."""
+        if isinstance(item, AnnouncementEnded):
+            self._unstored[item.announcement_id] = (item, self._wall())
+            key = (item.app, item.outcome)
             self._counts[key] = self._counts.get(key, 0) + 1
-        elif used is not None and outcome == "withdrawn":
+            self._wake.set()
+
+    async def _store_ends(self) -> None:
+        """Write the ends the core decided to the store, oldest first."""
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            while self._unstored:
+                aid, (end, at) = next(iter(self._unstored.items()))
+                await self._store_end(end, at)
+                if self._unstored.get(aid, (None, 0.0))[0] is end:
+                    del self._unstored[aid]
+
+    async def _store_end(self, end: AnnouncementEnded, at: float) -> None:
+        aid = end.announcement_id
+        if not await self.store.end(aid, end.outcome, end.used, at) and end.outcome == "withdrawn":
             # Marked withdrawn by the API first; the core now says how many came.
-            await self.store.set_used(aid, used)
+            await self.store.set_used(aid, end.used)
 
     async def _recur(self, entry: Recurring) -> None:
         """Keep ``entry``'s next window announced: the window open now (or the
