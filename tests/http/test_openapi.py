@@ -124,6 +124,13 @@ def test_every_reference_in_the_document_resolves() -> None:
     assert DOC["openapi"].startswith("3.1")
 
 
+def test_the_batch_routes_that_refuse_the_admin_key_say_so_beside_the_key_errors() -> None:
+    for path in ("/v1/files", "/v1/batches"):
+        forbidden = DOC["paths"][path]["post"]["responses"]["403"]["description"]
+        assert "admin_cannot_submit" in forbidden
+        assert "A key yard does not know" in forbidden
+
+
 # -- a running yard's answers validate against the document ---------------------
 
 

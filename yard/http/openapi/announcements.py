@@ -7,6 +7,7 @@ from yard.http.openapi.common import (
     Schema,
     error_response,
     json_response,
+    list_of,
     nullable,
     op,
     path_param,
@@ -47,14 +48,7 @@ SCHEMAS: dict[str, Schema] = {
             "ended_at": {"type": nullable("string")},
         },
     },
-    "AnnouncementList": {
-        "type": "object",
-        "required": ["object", "data"],
-        "properties": {
-            "object": {"const": "list"},
-            "data": {"type": "array", "items": ref("Announcement")},
-        },
-    },
+    "AnnouncementList": list_of("Announcement"),
 }
 
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from yard.http.openapi.common import (
-    AUTH_ERRORS,
+    AFTER,
     Schema,
     error_response,
+    forbidden,
     json_response,
     nullable,
     op,
+    page_of,
     path_param,
     query,
     ref,
+    service_errors,
     text_response,
 )
 
@@ -26,20 +29,6 @@ _BATCH_STATUSES = [
     "cancelled",
 ]
 _STAMP = {"type": nullable("integer")}
-
-
-def _list_of(item: str) -> Schema:
-    return {
-        "type": "object",
-        "required": ["object", "data", "first_id", "last_id", "has_more"],
-        "properties": {
-            "object": {"const": "list"},
-            "data": {"type": "array", "items": ref(item)},
-            "first_id": {"type": nullable("string")},
-            "last_id": {"type": nullable("string")},
-            "has_more": {"type": "boolean"},
-        },
-    }
 
 
 SCHEMAS: dict[str, Schema] = {
@@ -59,7 +48,7 @@ SCHEMAS: dict[str, Schema] = {
             "status_details": {"type": nullable("string")},
         },
     },
-    "FileList": _list_of("File"),
+    "FileList": page_of("File"),
     "FileDeleted": {
         "type": "object",
         "required": ["id", "object", "deleted"],
@@ -152,20 +141,17 @@ SCHEMAS: dict[str, Schema] = {
             "metadata": {"type": nullable("object")},
         },
     },
-    "BatchList": _list_of("Batch"),
+    "BatchList": page_of("Batch"),
 }
 _FILE_ID = path_param("file_id", "The file's id (`file-...`).")
 _BATCH_ID = path_param("batch_id", "The batch's id (`batch_...`).")
-_BATCH_ERRORS = {
-    **AUTH_ERRORS,
-    "501": error_response("`batches_unavailable`: this yard runs without the job service."),
-}
+_BATCH_ERRORS = service_errors("`batches_unavailable`: this yard runs without the job service.")
+_APP_ONLY = forbidden("`admin_cannot_submit`: use an app's key")
 
 
 def paths() -> Schema:
     file_404 = {"404": error_response("`file_not_found`: no such file for this key.")}
     batch_404 = {"404": error_response("`batch_not_found`: no such batch for this key.")}
-    cursor = query("after", "The last id of the previous page.")
     return {
         "/v1/files": {
             "post": op(
@@ -173,10 +159,10 @@ def paths() -> Schema:
                 {
                     "200": json_response(ref("File"), "Stored."),
                     "400": error_response("`invalid_purpose`, `missing_required_parameter`."),
-                    "403": error_response("`admin_cannot_submit`: use an app's key."),
                     "413": error_response("`file_too_large` (jobs.batch_max_file_bytes)."),
                     "429": error_response("`too_many_files` (jobs.batch_max_files_per_app)."),
                     **_BATCH_ERRORS,
+                    "403": _APP_ONLY,
                 },
                 requestBody={
                     "required": True,
@@ -195,7 +181,7 @@ def paths() -> Schema:
                     query("purpose", "Only files of this purpose."),
                     query("limit", "1 to 10000 (default 10000)."),
                     query("order", "asc or desc (default desc)."),
-                    cursor,
+                    AFTER,
                 ],
             ),
         },
@@ -232,9 +218,9 @@ def paths() -> Schema:
                         "`invalid_request`, `invalid_completion_window`, `invalid_metadata` "
                         "(`param` names the field)."
                     ),
-                    "403": error_response("`admin_cannot_submit`: use an app's key."),
                     **file_404,
                     **_BATCH_ERRORS,
+                    "403": _APP_ONLY,
                 },
                 requestBody={
                     "required": True,
@@ -249,7 +235,7 @@ def paths() -> Schema:
                     **batch_404,
                     **_BATCH_ERRORS,
                 },
-                parameters=[query("limit", "1 to 100 (default 20)."), cursor],
+                parameters=[query("limit", "1 to 100 (default 20)."), AFTER],
             ),
         },
         "/v1/batches/{batch_id}": {

@@ -79,15 +79,54 @@ def text_response(media: str, description: str) -> Schema:
     return {"description": description, "content": {media: {"schema": {"type": "string"}}}}
 
 
+_FORBIDDEN = "A key yard does not know, or a request refused by who or where it is from"
 AUTH_ERRORS = {
     "401": error_response(
         "No key, or not the right kind (`missing_api_key`, `invalid_admin_key`)."
     ),
-    "403": error_response(
-        "A key yard does not know, or a request refused by who or where it is from."
-    ),
+    "403": error_response(_FORBIDDEN + "."),
 }
 """What any route that needs a key may answer."""
+
+
+def forbidden(why: str) -> Schema:
+    """The 403 of a route that refuses more than :data:`AUTH_ERRORS` says:
+    its description with ``why`` added."""
+    return error_response(f"{_FORBIDDEN}, or {why}.")
+
+
+def service_errors(unavailable: str) -> Schema:
+    """:data:`AUTH_ERRORS` and the 501 of a route whose service may be off
+    (``unavailable``: its code and why)."""
+    return {**AUTH_ERRORS, "501": error_response(unavailable)}
+
+
+def list_of(item: str) -> Schema:
+    """A whole list of ``item`` (``{"object": "list", "data": [...]}``)."""
+    return {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": ref(item)},
+        },
+    }
+
+
+def page_of(item: str) -> Schema:
+    """One page of a list of ``item``, with OpenAI's cursor fields (the next
+    page starts ``after`` the ``last_id``)."""
+    whole = list_of(item)
+    return {
+        "type": "object",
+        "required": [*whole["required"], "first_id", "last_id", "has_more"],
+        "properties": {
+            **whole["properties"],
+            "first_id": {"type": nullable("string")},
+            "last_id": {"type": nullable("string")},
+            "has_more": {"type": "boolean"},
+        },
+    }
 
 
 def op(summary: str, responses: Schema, **extra: Any) -> Schema:
@@ -112,6 +151,10 @@ def query(name: str, description: str) -> Schema:
         "schema": {"type": "string"},
         "description": description,
     }
+
+
+AFTER = query("after", "The last id of the previous page.")
+"""The cursor of a paged list."""
 
 
 # What yard's HTTP server and its browser guard may answer before any route

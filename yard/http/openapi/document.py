@@ -17,6 +17,7 @@ from yard.http.openapi.common import (
     Schema,
     error_response,
     json_response,
+    list_of,
     nullable,
     op,
     path_param,
@@ -51,14 +52,7 @@ SCHEMAS: dict[str, Schema] = {
             },
         },
     },
-    "ModelList": {
-        "type": "object",
-        "required": ["object", "data"],
-        "properties": {
-            "object": {"const": "list"},
-            "data": {"type": "array", "items": ref("Model")},
-        },
-    },
+    "ModelList": list_of("Model"),
 }
 
 

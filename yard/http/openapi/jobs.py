@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 from yard.http.openapi.common import (
-    AUTH_ERRORS,
+    AFTER,
     Schema,
     error_response,
     json_response,
     nullable,
     op,
+    page_of,
     path_param,
     query,
     ref,
+    service_errors,
 )
 
 JOB_STATUSES = ["queued", "running", "succeeded", "failed", "cancelled", "expired"]
@@ -67,25 +69,14 @@ SCHEMAS: dict[str, Schema] = {
             "result": {"anyOf": [ref("JobResultInfo"), {"type": "null"}]},
         },
     },
-    "JobList": {
-        "type": "object",
-        "required": ["object", "data", "first_id", "last_id", "has_more"],
-        "properties": {
-            "object": {"const": "list"},
-            "data": {"type": "array", "items": ref("Job")},
-            "first_id": {"type": nullable("string")},
-            "last_id": {"type": nullable("string")},
-            "has_more": {"type": "boolean"},
-        },
-    },
+    "JobList": page_of("Job"),
 }
 
 _WAIT = query("wait", "Seconds to wait for the job to end (long poll), at most jobs.max_wait_s.")
 _JOB_ID = path_param("job_id", "The job's id (from the 202's `Location`).")
 _JOB_ERRORS = {
-    **AUTH_ERRORS,
+    **service_errors("`jobs_unavailable`: this yard runs without the job service."),
     "404": error_response("`job_not_found`: no such job for this key."),
-    "501": error_response("`jobs_unavailable`: this yard runs without the job service."),
 }
 
 
@@ -103,7 +94,7 @@ def paths() -> Schema:
                 parameters=[
                     query("status", "Comma-separated: " + ", ".join(JOB_STATUSES) + "."),
                     query("limit", "1 to 100 (default 20)."),
-                    query("after", "The last id of the previous page."),
+                    AFTER,
                 ],
             )
         },
