@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
+from yard.batches.records import ENDPOINTS, BatchStatus
 from yard.http.openapi.common import (
     AFTER,
     Schema,
@@ -18,16 +21,7 @@ from yard.http.openapi.common import (
     text_response,
 )
 
-_BATCH_STATUSES = [
-    "validating",
-    "failed",
-    "in_progress",
-    "finalizing",
-    "completed",
-    "expired",
-    "cancelling",
-    "cancelled",
-]
+_BATCH_STATUSES = list(get_args(BatchStatus))
 _STAMP = {"type": nullable("integer")}
 
 
@@ -71,15 +65,7 @@ SCHEMAS: dict[str, Schema] = {
         "required": ["input_file_id", "endpoint", "completion_window"],
         "properties": {
             "input_file_id": {"type": "string"},
-            "endpoint": {
-                "enum": [
-                    "/v1/chat/completions",
-                    "/v1/completions",
-                    "/v1/embeddings",
-                    "/v1/responses",
-                    "/v1/moderations",
-                ]
-            },
+            "endpoint": {"enum": list(ENDPOINTS)},
             "completion_window": {
                 "type": "string",
                 "description": 'Whole hours, 1h to jobs.batch_max_window_s ("24h").',
