@@ -64,6 +64,8 @@ _COLUMNS = (
 """The columns of a :class:`JobRecord`, in the order ``_record`` reads them."""
 
 _ENDED = "('succeeded', 'failed', 'cancelled')"
+_WAITING = "status = 'queued' AND claimed_by IS NULL AND backend = ANY(%(backends)s)"
+"""The jobs a claim may take (``jobs_queue`` holds exactly the first two terms)."""
 
 
 def rank_of(priority: float, created_at: float, aging_rate: float) -> float:
@@ -339,15 +341,34 @@ class PgJobStore:
             return None
 
         def _claim(conn: psycopg.Connection[Row]) -> JobRecord | None:
+            params = {"node": node, "backends": list(backends), "prefer": list(prefer)}
+            found = None
+            if prefer:
+                # Among the jobs of the best rank only, a preferred backend
+                # first. If those are all being claimed by others this
+                # instant (locked), the plain order below finds the next.
+                found = conn.execute(
+                    f"SELECT seq FROM jobs WHERE {_WAITING} AND rank = "
+                    f"(SELECT rank FROM jobs WHERE {_WAITING} ORDER BY rank DESC LIMIT 1) "
+                    "ORDER BY backend = ANY(%(prefer)s) DESC, seq "
+                    "LIMIT 1 FOR UPDATE SKIP LOCKED",
+                    params,
+                ).fetchone()
+            if found is None:
+                found = conn.execute(
+                    f"SELECT seq FROM jobs WHERE {_WAITING} ORDER BY rank DESC, seq "
+                    "LIMIT 1 FOR UPDATE SKIP LOCKED",
+                    params,
+                ).fetchone()
+            if found is None:
+                return None
             row = conn.execute(
-                f"UPDATE jobs SET claimed_by = %s, claimed_at = extract(epoch FROM now()) "
-                f"WHERE seq = (SELECT seq FROM jobs WHERE status = 'queued' "
-                f"AND claimed_by IS NULL AND backend = ANY(%s) "
-                f"ORDER BY rank DESC, backend = ANY(%s) DESC, seq "
-                f"LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING {_COLUMNS}",
-                (node, list(backends), list(prefer)),
+                "UPDATE jobs SET claimed_by = %s, claimed_at = extract(epoch FROM now()) "
+                f"WHERE seq = %s RETURNING {_COLUMNS}",
+                (node, found[0]),
             ).fetchone()
-            return None if row is None else _record(row)
+            assert row is not None  # locked by this transaction since the SELECT
+            return _record(row)
 
         return await self._db.transaction(_claim)
 

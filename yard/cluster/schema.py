@@ -5,8 +5,8 @@
   ``rank`` (the job's place in the one priority order: linear aging keeps it
   static, see :mod:`yard.cluster.jobs`), ``origin`` (the node that took it
   in), ``claimed_by`` / ``claimed_at`` (the node whose queue holds it now).
-  ``jobs_waiting`` orders the unclaimed queued jobs of each backend by rank;
-  ``claim`` walks it.
+  ``jobs_queue`` orders every unclaimed queued job by rank (``claim`` walks
+  it); ``jobs_waiting`` does the same per backend.
 - ``nodes``: the registry (:mod:`yard.cluster.registry`), one row per node.
 - ``profiles``, ``profile_history``: measured profiles
   (:mod:`yard.cluster.profiles`), keyed so that nodes with the same GPU
@@ -67,6 +67,10 @@ MIGRATIONS: tuple[PgMigration, ...] = (
         CREATE INDEX jobs_by_status ON jobs (status, finished_at);
         CREATE INDEX jobs_waiting ON jobs (status, backend, rank DESC, seq)
             WHERE claimed_by IS NULL;
+        -- The one order: claim() walks it from the top, skipping backends
+        -- the node does not serve, and stops at the first job it can lock.
+        CREATE INDEX jobs_queue ON jobs (rank DESC, seq)
+            WHERE status = 'queued' AND claimed_by IS NULL;
         CREATE INDEX jobs_by_claim ON jobs (claimed_by, status) WHERE claimed_by IS NOT NULL;
         CREATE TABLE job_requests (
             job_id text PRIMARY KEY REFERENCES jobs (id) ON DELETE CASCADE,
