@@ -11,7 +11,8 @@ through real yard nodes is ``bench/claim.py``'s.
 
 Without ``--dsn`` it starts a throw-away PostgreSQL of its own (as the
 cluster tests do: Debian's, on 127.0.0.1) and stops it after.
-``--socket`` uses that server's Unix socket instead of TCP loopback.
+``--socket`` uses that server's Unix socket instead of TCP loopback;
+``--backlog N`` measures with N jobs already waiting.
 """
 
 from __future__ import annotations
@@ -47,10 +48,24 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def measure(dsn: str, rounds: int) -> dict[str, object]:
-    """Run the rounds against ``dsn`` (a fresh database) and return the figures."""
+async def measure(dsn: str, rounds: int, backlog: int = 0) -> dict[str, object]:
+    """Run the rounds against ``dsn`` (a fresh database) and return the figures.
+
+    backlog: jobs already waiting: half for a backend node B does not serve,
+    ranked above every measured job (the claim walks past them), half for its
+    backend, ranked below (they stay behind)."""
     db_a = await PgDatabase.open(dsn, MIGRATIONS, application_name="bench node a")
     db_b = await PgDatabase.open(dsn, MIGRATIONS, application_name="bench node b")
+    if backlog:
+        await db_a.execute(
+            "INSERT INTO jobs (id, app, model, backend, priority, status, created_at, rank, "
+            "origin) SELECT 'backlog-' || g, 'bench', 'm', "
+            "CASE WHEN g %% 2 = 0 THEN 'music' ELSE 'tts' END, 0, 'queued', 0, "
+            "CASE WHEN g %% 2 = 0 THEN 1000 ELSE -1000 END, 'a' "
+            "FROM generate_series(1, %s) g",
+            (backlog,),
+        )
+        await db_a.execute("ANALYZE jobs")
     a = PgJobStore(db_a, node="a")
     b = PgJobStore(db_b, node="b")
     total: list[float] = []
@@ -108,6 +123,7 @@ async def measure(dsn: str, rounds: int) -> dict[str, object]:
 
     return {
         "rounds": rounds,
+        "backlog": backlog,
         "insert_to_claimed": ms(total),
         "insert_alone": ms(insert),
         "insert_to_listener_awake": ms(wake),
@@ -131,15 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--dsn", help="an empty PostgreSQL database to use (default: start one)")
     parser.add_argument("--socket", action="store_true", help="the Unix socket, not TCP")
+    parser.add_argument(
+        "--backlog", type=int, default=0, help="jobs already waiting (see measure())"
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.dsn:
-        figures = trio.run(measure, args.dsn, args.rounds)
+        figures = trio.run(measure, args.dsn, args.rounds, args.backlog)
         figures["transport"] = "given dsn"
     else:
         with _server(args.socket) as dsn:
-            figures = trio.run(measure, dsn, args.rounds)
+            figures = trio.run(measure, dsn, args.rounds, args.backlog)
         figures["transport"] = "unix socket" if args.socket else "tcp 127.0.0.1"
     json.dump(figures, sys.stdout, indent=2)
     print()

@@ -64,8 +64,20 @@ _COLUMNS = (
 """The columns of a :class:`JobRecord`, in the order ``_record`` reads them."""
 
 _ENDED = "('succeeded', 'failed', 'cancelled')"
-_WAITING = "status = 'queued' AND claimed_by IS NULL AND backend = ANY(%(backends)s)"
-"""The jobs a claim may take (``jobs_queue`` holds exactly the first two terms)."""
+_UNCLAIMED = "status = 'queued' AND claimed_by IS NULL"
+"""The jobs a claim may take (the rows of the ``jobs_queue`` index)."""
+_BEST = f"""
+    SELECT top.seq FROM unnest(%(backends)s::text[]) AS wanted (backend)
+    CROSS JOIN LATERAL (
+        SELECT seq, rank, backend FROM jobs
+        WHERE {_UNCLAIMED} AND backend = wanted.backend
+        ORDER BY rank DESC, seq LIMIT 1
+    ) AS top
+    ORDER BY top.rank DESC, top.backend = ANY(%(prefer)s) DESC, top.seq
+    LIMIT 1
+"""
+"""The best unclaimed job of ``backends`` (a preferred backend first among
+equal ranks), read without locking it."""
 
 
 def rank_of(priority: float, created_at: float, aging_rate: float) -> float:
@@ -341,27 +353,26 @@ class PgJobStore:
             return None
 
         def _claim(conn: psycopg.Connection[Row]) -> JobRecord | None:
-            params = {"node": node, "backends": list(backends), "prefer": list(prefer)}
-            found = None
-            if prefer:
-                # Among the jobs of the best rank only, a preferred backend
-                # first. If those are all being claimed by others this
-                # instant (locked), the plain order below finds the next.
-                found = conn.execute(
-                    f"SELECT seq FROM jobs WHERE {_WAITING} AND rank = "
-                    f"(SELECT rank FROM jobs WHERE {_WAITING} ORDER BY rank DESC LIMIT 1) "
-                    "ORDER BY backend = ANY(%(prefer)s) DESC, seq "
-                    "LIMIT 1 FOR UPDATE SKIP LOCKED",
-                    params,
-                ).fetchone()
-            if found is None:
-                found = conn.execute(
-                    f"SELECT seq FROM jobs WHERE {_WAITING} ORDER BY rank DESC, seq "
-                    "LIMIT 1 FOR UPDATE SKIP LOCKED",
-                    params,
-                ).fetchone()
-            if found is None:
+            params = {"backends": list(backends), "prefer": list(prefer)}
+            # The best job: the top of each backend's queue (one probe of
+            # jobs_waiting each), then the best of those.
+            best = conn.execute(_BEST, params).fetchone()
+            if best is None:
                 return None
+            found = conn.execute(
+                f"SELECT seq FROM jobs WHERE seq = %s AND {_UNCLAIMED} FOR UPDATE SKIP LOCKED",
+                (best[0],),
+            ).fetchone()
+            if found is None:
+                # Another node is claiming it this instant: walk the one
+                # order past the jobs being claimed (without the tie-break).
+                found = conn.execute(
+                    f"SELECT seq FROM jobs WHERE {_UNCLAIMED} AND backend = ANY(%(backends)s) "
+                    "ORDER BY rank DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED",
+                    params,
+                ).fetchone()
+                if found is None:
+                    return None
             row = conn.execute(
                 "UPDATE jobs SET claimed_by = %s, claimed_at = extract(epoch FROM now()) "
                 f"WHERE seq = %s RETURNING {_COLUMNS}",
