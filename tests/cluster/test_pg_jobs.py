@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import psycopg
 import pytest
 import trio
 
@@ -362,3 +363,20 @@ async def test_finish_races_cancel_and_exactly_one_wins(stores: Stores) -> None:
         assert job is not None and job.status == winner
         assert (await two.result(job_id) is not None) == (winner == "succeeded")
     assert sum(outcomes.values()) == 40
+
+
+async def test_a_job_being_claimed_elsewhere_is_skipped_not_waited_for(
+    stores: Stores, postgres_dsn: str
+) -> None:
+    one = await stores("n1")
+    await add(one, "top", priority=50.0, backend="tts")
+    await add(one, "next", priority=40.0, backend="llm")
+    await add(one, "last", priority=30.0, backend="tts")
+    # Another node's claim transaction holds "top" locked, not yet committed.
+    with psycopg.connect(postgres_dsn) as other:
+        other.execute("SELECT 1 FROM jobs WHERE id = 'top' FOR UPDATE")
+        with trio.fail_after(5):
+            job = await one.claim("n1", ("tts", "llm"), prefer=("tts",))
+        assert job is not None and job.id == "next"
+        other.rollback()
+    assert await claim_all(one, "n1", ("tts", "llm")) == ["top", "last"]
