@@ -111,6 +111,8 @@ async def test_a_stopped_server_raises_database_lost_and_a_restart_heals(
                 await trio.to_thread.run_sync(postgres_server.start)
                 assert await db.fetchone("SELECT count(*) FROM things") == (0,)
                 assert db.healthy
+                stats = db.statistics()
+                assert (stats.healthy, stats.lost, stats.busy, stats.idle) == (True, 2, 0, 1)
             finally:
                 await db.close()
     finally:

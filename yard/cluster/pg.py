@@ -33,7 +33,7 @@ import trio
 
 from yard.db import DatabaseError
 
-__all__ = ["DatabaseLost", "PgDatabase", "PgMigration", "connect"]
+__all__ = ["DatabaseLost", "PgDatabase", "PgMigration", "PgStatistics", "connect"]
 
 T = TypeVar("T")
 
@@ -55,6 +55,19 @@ class PgMigration:
     version: int
     name: str
     sql: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PgStatistics:
+    """How a :class:`PgDatabase` is doing. healthy: the last call reached the
+    server. calls: calls made. lost: calls that raised :class:`DatabaseLost`.
+    busy: calls running now. idle: open connections waiting for a call."""
+
+    healthy: bool
+    calls: int
+    lost: int
+    busy: int
+    idle: int
 
 
 class DatabaseLost(DatabaseError):
@@ -111,6 +124,8 @@ class PgDatabase:
         self._limiter = trio.CapacityLimiter(connections)
         self._idle: list[psycopg.Connection[Row]] = []
         self._closed = False
+        self._calls = 0
+        self._lost = 0
         self.healthy = True
         """Whether the last call reached the server (False after a
         :class:`DatabaseLost`, True again after the next call that works)."""
@@ -118,6 +133,15 @@ class PgDatabase:
     @property
     def dsn(self) -> str:
         return self._dsn
+
+    def statistics(self) -> PgStatistics:
+        return PgStatistics(
+            healthy=self.healthy,
+            calls=self._calls,
+            lost=self._lost,
+            busy=self._limiter.borrowed_tokens,
+            idle=len(self._idle),
+        )
 
     @classmethod
     async def open(
@@ -192,11 +216,13 @@ class PgDatabase:
             # The thread puts the connection it used here if it is fit for
             # reuse, whatever the outcome of fn.
             held: list[psycopg.Connection[Row]] = [self._idle.pop()] if self._idle else []
+            self._calls += 1
             try:
                 # Not abandoned on cancel: a transaction that has begun finishes.
                 result = await trio.to_thread.run_sync(self._in_thread, held, fn)
             except DatabaseLost:
                 self.healthy = False
+                self._lost += 1
                 raise
             finally:
                 for conn in held:
