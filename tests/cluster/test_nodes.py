@@ -54,6 +54,7 @@ class NodeProcess:
     backends: str
     process: trio.Process | None = None
     lives: int = 0
+    extra: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -65,7 +66,8 @@ class NodeProcess:
 
     def write_config(self, dsn: str, cluster: Mapping[str, object]) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
-        keys = "".join(f"{key} = {json.dumps(value)}\n" for key, value in cluster.items())
+        merged = {**cluster, **self.extra}
+        keys = "".join(f"{key} = {json.dumps(value)}\n" for key, value in merged.items())
         path = self.root / "yard.toml"
         path.write_text(
             f'[server]\nlisten = "127.0.0.1:{self.port}"\ndata_dir = "{self.data_dir}"\n'
@@ -139,6 +141,15 @@ class Cluster:
                 return
             await trio.sleep(0.1)
 
+    async def load(self, name: str, backend: str) -> None:
+        """Load ``backend`` on node ``name`` (the admin API) and return once
+        every other node sees it loaded there; the caller bounds the wait."""
+        response = await self.clients[name].post(f"/admin/backends/{backend}/load")
+        assert response.status_code == 202, response.text
+        for other in self.nodes:
+            if other != name:
+                await self.wait_sees(other, [name], loaded=backend)
+
     def kill(self, name: str) -> None:
         node = self.nodes[name]
         if node.process is not None and node.process.returncode is None:
@@ -163,11 +174,19 @@ async def running_cluster(
     *,
     heartbeat_s: float = 0.5,
     dead_after_s: float = 1.5,
+    extra: Mapping[str, Mapping[str, object]] | None = None,
 ) -> AsyncIterator[Cluster]:
     """Nodes named by ``backends`` (name -> their ``[backends]`` tables),
-    started in that order, each healthy; stopped (SIGTERM) on the way out."""
+    started in that order, each healthy; stopped (SIGTERM) on the way out.
+    ``extra``: more ``[cluster]`` keys for some nodes (name -> keys)."""
     nodes = {
-        name: NodeProcess(name=name, port=free_port(), root=root / name, backends=tables)
+        name: NodeProcess(
+            name=name,
+            port=free_port(),
+            root=root / name,
+            backends=tables,
+            extra=(extra or {}).get(name, {}),
+        )
         for name, tables in backends.items()
     }
     cluster = Cluster(
@@ -218,12 +237,10 @@ async def test_one_priority_order_holds_across_nodes(postgres_dsn: str, tmp_path
     served = tmp_path / "served.txt"
     llm = backend_table("llm", ["tiny"], service_time=0.6, counter_file=str(served))
     async with running_cluster(postgres_dsn, tmp_path, {"c": llm, "a": llm, "b": llm}) as cluster:
-        a, b, c = (cluster.clients[n] for n in "abc")
+        a, b = cluster.clients["a"], cluster.clients["b"]
         with trio.fail_after(60):
             # c loads the model; a and b then leave its jobs to c (one instance).
-            assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
-            await cluster.wait_sees("a", ["c"], loaded="llm")
-            await cluster.wait_sees("b", ["c"], loaded="llm")
+            await cluster.load("c", "llm")
             # Nine jobs handed to a and b in turn, priorities shuffled: the
             # first is claimed at once, the rest wait in the shared queue.
             priorities = [50, 20, 80, 10, 70, 30, 60, 40, 90]

@@ -404,16 +404,16 @@ class Node:
                 )
 
     def _elsewhere(self) -> tuple[frozenset[str], frozenset[str]]:
-        """Backends another live node has loaded (or loading), and backends
-        another live node could load into free memory (any free memory: the
-        registry does not carry profiles)."""
-        now = self._wall()
+        """Backends another node has loaded (or loading), and backends another
+        node could load into free memory (any free memory: the registry does
+        not carry profiles). A node counts until it is marked gone, even with a
+        stale heartbeat: its jobs come back with the reap, and must be claimed
+        before newer ones (their old place), so nobody loads its backends
+        before that."""
         loaded: set[str] = set()
         room: set[str] = set()
         for n in self._nodes:
             if n.name == self.name or n.state != "up":
-                continue
-            if now - n.heartbeat_at > self.cluster.dead_after_s:
                 continue
             loaded |= set(n.loaded)
             if _roomiest(n.free_mib) > 0:
