@@ -10,8 +10,8 @@ from yard.cluster.jobs import PgJobStore
 from yard.cluster.listen import Listener
 from yard.cluster.pg import PgDatabase
 from yard.cluster.registry import NodeState, Registry
-from yard.cluster.schema import JOBS_CHANNEL, MIGRATIONS, NODES_CHANNEL
-from yard.jobs.records import StoredRequest
+from yard.cluster.schema import ENDED_CHANNEL, JOBS_CHANNEL, MIGRATIONS, NODES_CHANNEL
+from yard.jobs.records import JobError, StoredRequest
 
 REQUEST = StoredRequest(method="POST", path="/v1/audio/speech", query="", headers=(), body=b"{}")
 
@@ -113,6 +113,7 @@ async def test_the_listener_reconnects_after_the_server_restarts(
                 await trio.to_thread.run_sync(postgres_server.start)
                 # Whatever was sent meanwhile is lost: it says "look again".
                 assert await listener.wait() == {JOBS_CHANNEL}
+                assert listener.payloads(JOBS_CHANNEL) is None
                 assert listener.connected
                 assert listener.statistics().connects == 2
                 db = await PgDatabase.open(dsn, MIGRATIONS)
@@ -120,7 +121,37 @@ async def test_the_listener_reconnects_after_the_server_restarts(
                 try:
                     await hand_in(store, "after")
                     assert await listener.wait() == {JOBS_CHANNEL}
+                    assert listener.payloads(JOBS_CHANNEL) == frozenset({"tts"})
                 finally:
                     await store.close()
     finally:
         postgres_server.drop_database(name)
+
+
+async def test_the_end_of_a_job_is_heard_with_its_id(postgres_dsn: str) -> None:
+    db = await PgDatabase.open(postgres_dsn, MIGRATIONS)
+    one, two = PgJobStore(db, node="n1"), PgJobStore(db, node="n2")
+    cancelled = JobError(code="cancelled", message="the job was cancelled", status=499)
+    try:
+        with trio.fail_after(10):
+            async with Listener(postgres_dsn, channels=(ENDED_CHANNEL,)) as listener:
+                for job_id in ("a", "b", "c", "d"):
+                    await hand_in(one, job_id)
+                assert await listener.wait(0.05) == frozenset()
+                assert await one.mark_running("a", at=2.0, queued_s=1.0)
+                # Cancelled on another node while it runs here.
+                assert await two.finish("a", "cancelled", at=3.0, error=cancelled)
+                assert not await one.finish("a", "failed", at=3.0)  # no second end, no word
+                assert await listener.wait() == {ENDED_CHANNEL}
+                assert listener.payloads(ENDED_CHANNEL) == frozenset({"a"})
+                assert listener.payloads(ENDED_CHANNEL) == frozenset()
+                # A reap's interruptions are ends too; its releases are not.
+                await one.claim("n1", ("tts",))
+                await one.claim("n1", ("tts",))
+                assert await one.mark_running("b", at=2.0, queued_s=1.0)
+                summary = await two.reap("n1", now=4.0)
+                assert (summary.interrupted, summary.released) == (("b",), ("c",))
+                assert await listener.wait() == {ENDED_CHANNEL}
+                assert listener.payloads(ENDED_CHANNEL) == frozenset({"b"})
+    finally:
+        await db.close()

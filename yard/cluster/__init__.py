@@ -21,9 +21,10 @@ from yard.cluster.listen import Listener, ListenerStatistics
 from yard.cluster.pg import DatabaseLost, PgDatabase, PgMigration, PgStatistics
 from yard.cluster.profiles import PgProfileStore, cluster_key
 from yard.cluster.registry import NodeState, Registry
-from yard.cluster.schema import JOBS_CHANNEL, MIGRATIONS, NODES_CHANNEL
+from yard.cluster.schema import ENDED_CHANNEL, JOBS_CHANNEL, MIGRATIONS, NODES_CHANNEL
 
 __all__ = [
+    "ENDED_CHANNEL",
     "JOBS_CHANNEL",
     "MIGRATIONS",
     "NODES_CHANNEL",

@@ -26,6 +26,10 @@ mirrors method for method, so :class:`yard.jobs.service.Jobs` runs on either):
   ``failed`` with code ``interrupted``, unless rerun-safe with the rerun
   unused, in which case they go back once. Several reapers at once are safe:
   row locks and the conditions let exactly one move each job.
+- **Ends are announced.** Every end (:meth:`PgJobStore.finish`, a reap's
+  interruptions) sends ``NOTIFY yard_job_ended, job_id`` in its transaction:
+  the node running a job cancelled elsewhere, and clients waiting on another
+  node, hear it at once.
 - **Quotas** are checked under a per-app advisory lock, so two nodes taking
   in jobs of one app at once cannot both squeeze past it.
 """
@@ -38,7 +42,7 @@ from dataclasses import dataclass
 import psycopg
 
 from yard.cluster.pg import PgDatabase, Row
-from yard.cluster.schema import JOBS_CHANNEL
+from yard.cluster.schema import ENDED_CHANNEL, JOBS_CHANNEL
 from yard.jobs.records import (
     STATUSES,
     UNFINISHED,
@@ -284,6 +288,7 @@ class PgJobStore:
             )
             if cursor.rowcount != 1:
                 return False
+            conn.execute("SELECT pg_notify(%s, %s)", (ENDED_CHANNEL, job_id))
             # Its request will never run again: drop the bytes now.
             conn.execute("DELETE FROM job_requests WHERE job_id = %s", (job_id,))
             if result is not None:
@@ -437,6 +442,8 @@ class PgJobStore:
                 )
             ]
             conn.execute("DELETE FROM job_requests WHERE job_id = ANY(%s)", (interrupted,))
+            for job_id in interrupted:
+                conn.execute("SELECT pg_notify(%s, %s)", (ENDED_CHANNEL, job_id))
             for backend in sorted({str(row[1]) for row in (*released, *rerun)}):
                 conn.execute("SELECT pg_notify(%s, %s)", (JOBS_CHANNEL, backend))
             return ReapSummary(

@@ -14,7 +14,8 @@ Rules this module keeps:
   a reconnect every channel is reported as fired: callers look again.
 - A notification only says "look": the database is the truth. Several
   notifications on one channel before a :meth:`Listener.wait` come out as
-  one.
+  one; their payloads (say, the ids of jobs that ended) are kept apart for
+  :meth:`Listener.payloads`, bounded.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ log = logging.getLogger("yard.cluster")
 
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 2.0
+MAX_PAYLOADS = 10_000
+"""Payloads kept per channel between two :meth:`Listener.payloads` calls;
+beyond that the channel counts as missed (look at everything)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,7 +78,9 @@ class Listener:
         self._channels = tuple(channels)
         self._application_name = application_name
         self._pending: set[str] = set()
-        self._early: set[str] = set()  # arrived while connecting
+        self._early: list[tuple[str, str]] = []  # arrived while connecting
+        self._payloads: dict[str, set[str]] = {channel: set() for channel in channels}
+        self._missed: set[str] = set()
         self._event = trio.Event()
         self._connected = False
         self._connects = 0
@@ -140,15 +146,43 @@ class Listener:
         self._pending.clear()
         return fired
 
+    def payloads(self, channel: str) -> frozenset[str] | None:
+        """The payloads that arrived on ``channel`` since the last call (say,
+        the ids of jobs that ended), or None if some may have been missed (a
+        reconnect, or more than :data:`MAX_PAYLOADS`): then look at
+        everything. Independent of :meth:`wait`."""
+        kept = self._payloads[channel]
+        self._payloads[channel] = set()
+        if channel in self._missed:
+            self._missed.discard(channel)
+            return None
+        return frozenset(kept)
+
     def _fire(self, channels: set[str] | tuple[str, ...]) -> None:
         self._pending.update(channels)
         self._event.set()
+
+    def _heard(self, channel: str, payload: str) -> None:
+        self._notifications += 1
+        kept = self._payloads.get(channel)
+        if kept is None:
+            return
+        if len(kept) >= MAX_PAYLOADS:
+            self._missed.add(channel)
+            kept.clear()
+        elif channel not in self._missed:
+            kept.add(payload)
+
+    def _missed_all(self) -> None:
+        for channel in self._channels:
+            self._missed.add(channel)
+            self._payloads[channel].clear()
 
     def _connect(self) -> psycopg.Connection[Row]:
         conn = connect(self._dsn, application_name=self._application_name)
         try:
             # Anything that arrives while the LISTENs run comes through here.
-            conn.add_notify_handler(lambda notify: self._arrived(notify.channel))
+            conn.add_notify_handler(lambda n: self._early.append((n.channel, n.payload)))
             for channel in self._channels:
                 conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         except psycopg.Error as exc:
@@ -156,17 +190,11 @@ class Listener:
             raise DatabaseLost(f"cannot listen on PostgreSQL: {exc}") from exc
         return conn
 
-    def _arrived(self, channel: str) -> None:
-        # Called in the worker thread during _connect only, before any task
-        # can wait on this connection: record, and fire once back in Trio.
-        self._notifications += 1
-        self._early.add(channel)
-
     async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         backoff = RECONNECT_MIN_S
         started = False
         while True:
-            self._early = set()
+            self._early = []
             try:
                 conn = await trio.to_thread.run_sync(self._connect)
             except DatabaseLost as exc:
@@ -183,9 +211,13 @@ class Listener:
             self._connected = True
             if self._connects > 1:
                 log.info("cluster: listening for notifications again")
+                self._missed_all()
                 self._fire(self._channels)
+            # Arrived during the LISTENs, in the worker thread: taken in here.
+            for channel, payload in self._early:
+                self._heard(channel, payload)
             if self._early:
-                self._fire(self._early)
+                self._fire({channel for channel, _ in self._early})
             if not started:
                 task_status.started()
                 started = True
@@ -206,7 +238,8 @@ class Listener:
                 raise psycopg.OperationalError("the connection is closed")
             fired: set[str] = set()
             while (notify := pgconn.notifies()) is not None:
-                self._notifications += 1
-                fired.add(notify.relname.decode())
+                channel = notify.relname.decode()
+                self._heard(channel, notify.extra.decode())
+                fired.add(channel)
             if fired:
                 self._fire(fired)
