@@ -3,6 +3,8 @@ polls, and it comes back by itself after the server restarts."""
 
 from __future__ import annotations
 
+import socket
+
 import trio
 
 from tests.cluster.postgres import PostgresServer
@@ -155,3 +157,14 @@ async def test_the_end_of_a_job_is_heard_with_its_id(postgres_dsn: str) -> None:
                 assert listener.payloads(ENDED_CHANNEL) == frozenset({"b"})
     finally:
         await db.close()
+
+
+async def test_a_listener_on_a_server_that_is_down_opens_and_keeps_trying() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens there once closed
+    with trio.fail_after(10):
+        async with Listener(f"postgresql://postgres@127.0.0.1:{port}/none") as listener:
+            assert not listener.connected
+            assert await listener.wait(0.3) == frozenset()
+            assert listener.statistics().connects == 0
