@@ -5,6 +5,8 @@ report: every report scenario under yard and each baseline, side by side (a tabl
 targets: the radio day's targets (OOMs, deadlines, loads, waits, wall time) judged
     for each machine shape and seed; then the announced radio day's and the batch's
     (:mod:`sim.targets_ahead`).
+cluster: the radio day on two one-GPU hosts sharing a simulated database (issue 13),
+    beside the one-host days of the same seeds (:mod:`sim.cluster`).
 bench: the core benchmark (``sim.bench_core.main()``, if present), then the wall
     time of the simulated radio day through the whole engine.
 decisions: every scenario's decision log under yard, one file each, into ``--out``
@@ -190,6 +192,16 @@ def _targets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cluster(args: argparse.Namespace) -> int:
+    from sim import cluster
+
+    seeds = args.seed or [scenarios.radio_day(1).seed]
+    hours = f"{args.hours:g} h" if args.hours != 24.0 else "day"
+    print(f"Radio {hours}: one host and two hosts sharing one queue (yard):\n")
+    print(cluster.table(seeds, args.hours, max(1, args.jobs)))
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     try:
         bench_core = importlib.import_module("sim.bench_core")
@@ -242,6 +254,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--seed", type=int, action="append", default=None, help="a seed (repeatable)"
     )
     targets.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1))
+    cluster_cmd = commands.add_parser(
+        "cluster", help="the radio day on two hosts sharing a queue, beside one host"
+    )
+    cluster_cmd.add_argument(
+        "--seed", type=int, action="append", default=None, help="a seed (repeatable)"
+    )
+    cluster_cmd.add_argument(
+        "--hours", type=float, default=24.0, help="hours from midnight (default: the day)"
+    )
+    cluster_cmd.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1))
     commands.add_parser("bench", help="the core benchmark and the radio day's wall time")
     decisions = commands.add_parser("decisions", help="every scenario's decision log, to files")
     decisions.add_argument("--out", required=True, help="the folder to write the logs into")
@@ -261,6 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _report(args)
         if args.command == "decisions":
             return _decisions(args)
+        if args.command == "cluster":
+            return _cluster(args)
         if args.command == "targets":
             args.seed = args.seed or [scenarios.radio_day(1).seed]
             return _targets(args)
