@@ -2,7 +2,9 @@
 
 Reads ``GET /admin/status`` from a running yard and prints devices and their
 memory, backends, the queue, recent decisions and failures, and the stored
-profiles, as rich tables. ``--json`` prints the document as it came.
+profiles, as rich tables; on a node of a cluster, every node first (state,
+heartbeat age, whether it reaches the database, loaded backends, queues).
+``--json`` prints the document as it came.
 """
 
 from __future__ import annotations
@@ -178,6 +180,36 @@ def _devices(status: Json) -> Table:
     return table
 
 
+def _nodes(status: Json) -> Table | None:
+    """Every node of the cluster (None for a yard on its own)."""
+    cluster = status.get("cluster")
+    if not isinstance(cluster, dict):
+        return None
+    here = cluster.get("node")
+    title = "Nodes"
+    if cluster.get("database") != "ok":
+        title += " (this node has lost the shared database: no new claims)"
+    table = Table(title=title, title_justify="left", expand=True)
+    for column in ("node", "state", "heartbeat", "database", "loaded"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("queues", overflow="fold")
+    for node in cluster.get("nodes", []):
+        name = Text(str(node.get("name", "?")), style="bold")
+        if node.get("name") == here:
+            name.append(" (here)", style="dim")
+        state = str(node.get("state", "?"))
+        queues = node.get("queues") or {}
+        table.add_row(
+            name,
+            Text(state, style="green" if state == "up" else "bold red"),
+            format_duration(node.get("heartbeat_age_s")) + " ago",
+            "ok" if node.get("database_ok") else Text("lost", style="bold red"),
+            ", ".join(node.get("loaded") or []) or "-",
+            ", ".join(f"{b}: {n}" for b, n in sorted(queues.items())) or "-",
+        )
+    return table
+
+
 def _backends(status: Json) -> Table:
     table = Table(title="Backends", title_justify="left", expand=True)
     for column in ("backend", "state", "uptime", "slots", "queued", "served", "last load"):
@@ -314,6 +346,9 @@ def _profiles(status: Json) -> Table | Text:
 def render(status: Json, console: Console, *, decisions: int = 15) -> None:
     """Print the status document as the terminal dashboard."""
     console.print(_summary(status))
+    nodes = _nodes(status)
+    if nodes is not None:
+        console.print(nodes)
     console.print(_devices(status))
     console.print(_backends(status))
     console.print(_queue(status))

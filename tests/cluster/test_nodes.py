@@ -278,3 +278,42 @@ async def test_a_sync_request_to_a_node_without_the_model_is_answered_by_the_one
                 assert stream.status_code == 200
                 chunks = [chunk async for chunk in stream.aiter_bytes()]
         assert b"[DONE]" in b"".join(chunks)
+
+
+@pytest.mark.slow
+async def test_every_node_shows_in_status_dashboard_metrics_and_yard_status(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    from rich.console import Console
+
+    from yard.status import render
+
+    llm = backend_table("llm", ["tiny"])
+    async with running_cluster(postgres_dsn, tmp_path, {"a": llm, "b": llm}) as cluster:
+        a = cluster.clients["a"]
+        with trio.fail_after(60):
+            await cluster.load("b", "llm")
+            await cluster.wait_sees("b", ["a"])
+            status = (await a.get("/admin/status")).json()
+            metrics = (await a.get("/metrics")).text
+            page = (await a.get("/dashboard")).text
+        cluster_view = status["cluster"]
+        assert cluster_view["node"] == "a"
+        assert cluster_view["database"] == "ok"
+        nodes = {n["name"]: n for n in cluster_view["nodes"]}
+        assert set(nodes) == {"a", "b"}
+        assert nodes["b"]["loaded"] == ["llm"]
+        assert nodes["b"]["state"] == "up"
+        assert 0 <= nodes["b"]["heartbeat_age_s"] < 5
+        # /metrics: the node's own series, and the node label on yard's series.
+        assert 'yard_node_info{node="a"} 1.0' in metrics
+        assert 'yard_node_database_ok{node="a"} 1.0' in metrics
+        assert 'yard_cluster_node_up{node="a",peer="b"} 1.0' in metrics
+        assert 'yard_submitted_total{node="a"}' in metrics
+        assert 'yard_backend_state{backend="llm",node="a",state="stopped"} 1.0' in metrics
+        # The dashboard and the terminal show every node.
+        assert 'id="nodes"' in page and 'data-node="b"' in page
+        console = Console(record=True, width=160)
+        render(status, console)
+        text = console.export_text()
+        assert "Nodes" in text and "a (here)" in text and "llm" in text

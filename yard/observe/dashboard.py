@@ -32,8 +32,18 @@ from yard.observe import auth
 from yard.observe.report import Json
 from yard.observe.state import current_observer
 
-SECTIONS = ("summary", "timeline", "memory", "backends", "queue", "decisions", "failures")
-"""The parts of the page, in order; each is ``yard_observe/section_NAME.html``."""
+SECTIONS = (
+    "summary",
+    "nodes",
+    "timeline",
+    "memory",
+    "backends",
+    "queue",
+    "decisions",
+    "failures",
+)
+"""The parts of the page, in order; each is ``yard_observe/section_NAME.html``
+(``nodes`` is empty for a yard on its own)."""
 
 REFRESH_S = 1.0
 """Longest time between two checks for changes."""

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from quart import current_app, request
 
 from yard.observe import auth, timeline
+from yard.observe.cluster import NodeCollector
 from yard.observe.metrics import DecisionMetrics, new_registry
 from yard.observe.report import EngineSource, Json, apps_json, build_status
 from yard.observe.timeline_svg import render_svg
@@ -51,6 +52,10 @@ class Observer:
         puts work ahead for a backend not loaded lately there).
     history: what the backends did lately, fed by ``engine.watch`` when the
         engine has it (the timeline).
+    node: this yard's name in its cluster (``[cluster] node``), or None for a
+        yard on its own; ``/metrics`` labels yard's series with it.
+    cluster: the cluster as this node sees it (``Node.health``: the database
+        and every node), or None; the status document's ``cluster``.
     """
 
     KEY: ClassVar[str] = "yard.observe"
@@ -71,6 +76,8 @@ class Observer:
     clock: Callable[[], float] = trio.current_time
     placements: Mapping[str, Sequence[str]] = field(default_factory=dict)
     history: timeline.History = field(default_factory=timeline.History)
+    node: str | None = None
+    cluster: Callable[[], Json] | None = None
     registry: CollectorRegistry = field(init=False)
     decision_metrics: DecisionMetrics = field(init=False)
     sessions: auth.Sessions = field(init=False)
@@ -84,6 +91,8 @@ class Observer:
         self.registry, self.decision_metrics = new_registry(
             self.engine, profile_margin=self.profile_margin, meter=self.meter
         )
+        if self.node is not None:
+            self.registry.register(NodeCollector(self.node, self.cluster))
         self.sessions = auth.Sessions(ttl_s=self.session_ttl_s)
         self.throttle = auth.LoginThrottle(
             failures_before_delay=self.failures_before_delay,
@@ -117,6 +126,8 @@ class Observer:
             login_max_bytes=config.server.dashboard_login_max_bytes,
             failures_before_delay=config.server.admin_failures_before_delay,
             failure_max_delay_s=config.server.admin_failure_max_delay_s,
+            node=None if runtime.cluster is None else runtime.cluster.name,
+            cluster=None if runtime.cluster is None else runtime.cluster.health,
         )
 
     def stopping(self) -> bool:
@@ -144,6 +155,8 @@ class Observer:
         if meter is not None:
             document["meter"] = meter
         document["apps"] = apps_json(self.apps, document["statistics"])
+        if self.cluster is not None:
+            document["cluster"] = self.cluster()
         return document
 
     def timeline(self, *, wall_now: float | None = None) -> Json:
