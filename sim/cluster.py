@@ -207,6 +207,7 @@ class Host:
         # Bumped by every event and decision: a snapshot is rebuilt only when the core
         # may have changed since the last one (they are the costly part of a run).
         self.version = 0
+        self.queue: SharedQueue | None = None
         self._snapshot: tuple[int, Snapshot] | None = None
         self.engine.watch(self._watch)
 
@@ -222,7 +223,9 @@ class Host:
         if kind in _CHANGES:
             self.dirty.set()
             self.wake.set()
-        elif kind is RequestFinished or kind is Dispatch:
+        elif (kind is RequestFinished or kind is Dispatch) and self.queue:
+            # A slot freed or a job started: the claim loop looks again, when there
+            # is something to claim.
             self.wake.set()
 
     def published(self) -> Published:
@@ -354,6 +357,8 @@ async def _simulate(
     }
     aging = scenario.config.aging_rate
     queue = SharedQueue()
+    for host in hosts:
+        host.queue = queue
     registry: dict[str, Published] = {}
     records: list[RequestRecord] = []
     jobs: list[Job] = []
@@ -426,7 +431,12 @@ async def _simulate(
 
     async def claimer(host: Host, clients: trio.Nursery) -> None:
         while True:
-            with trio.move_on_after(latency.heartbeat_s):
+            if queue:
+                with trio.move_on_after(latency.heartbeat_s):
+                    await host.wake.wait()
+            else:
+                # Nothing to claim: the next job's NOTIFY wakes every node (the
+                # heartbeat's claim would find nothing).
                 await host.wake.wait()
             host.wake = trio.Event()
             # A claim that would find nothing is skipped (it would cost only time).
@@ -442,13 +452,22 @@ async def _simulate(
                 clients.start_soon(serve, host, submit(host, job.record), job.record)
 
     async def publisher(host: Host) -> None:
+        seen = -1
         while True:
-            state = host.published()
-            await trio.sleep(latency.draw(db_rng, latency.publish_s))
-            registry[host.name] = state
-            for other in hosts:
-                if other is not host:
-                    other.wake.set()
+            # A heartbeat after which nothing changed would write the same row again.
+            if host.version != seen:
+                seen = host.version
+                state = host.published()
+                await trio.sleep(latency.draw(db_rng, latency.publish_s))
+                before = registry.get(host.name)
+                registry[host.name] = state
+                if before is None or (before.loaded, before.free_mib) != (
+                    state.loaded,
+                    state.free_mib,
+                ):
+                    for other in hosts:  # NOTIFY yard_nodes
+                        if other is not host:
+                            other.wake.set()
             with trio.move_on_after(latency.heartbeat_s):
                 await host.dirty.wait()
             host.dirty = trio.Event()
