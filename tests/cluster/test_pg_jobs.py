@@ -4,11 +4,13 @@ priority order across nodes, claims that never collide, reaping a dead node."""
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import psycopg
 import pytest
 import trio
+import trio.lowlevel
 
 from yard.cluster.jobs import PgJobStore, rank_of
 from yard.cluster.pg import PgDatabase
@@ -336,6 +338,20 @@ async def test_reaping_a_dead_node_follows_the_restart_rules(stores: Stores) -> 
     assert safe is not None and (safe.rerun_used, safe.status) == (True, "queued")
 
 
+async def test_a_node_reaped_while_alive_that_claims_a_job_back_runs_it_once(
+    stores: Stores,
+) -> None:
+    node, reaper = await stores("n1"), await stores("reaper")
+    await add(node, "j")
+    first = await node.claim("n1", ("tts",))  # in the node's queue ...
+    assert first is not None
+    await reaper.reap("n1", now=200.0)  # ... when the others find it dead
+    second = await node.claim("n1", ("tts",))  # it claims it back: held twice
+    assert second is not None and second.id == first.id == "j"
+    assert await node.mark_running("j", at=201.0, queued_s=1.0)
+    assert not await node.mark_running("j", at=202.0, queued_s=2.0)
+
+
 async def test_finish_races_cancel_and_exactly_one_wins(stores: Stores) -> None:
     one, two = await stores("n1"), await stores("n2")
     cancelled = JobError(code="cancelled", message="cancelled by the client", status=499)
@@ -380,3 +396,80 @@ async def test_a_job_being_claimed_elsewhere_is_skipped_not_waited_for(
         assert job is not None and job.id == "next"
         other.rollback()
     assert await claim_all(one, "n1", ("tts", "llm")) == ["top", "last"]
+
+
+async def test_nodes_claiming_running_and_dying_at_random_run_no_job_twice(
+    stores: Stores,
+) -> None:
+    """Three nodes claim, give back, run and finish jobs at once, several
+    running at a time; now and then one is declared dead and reaped while it
+    holds queued and running jobs, and carries on as a node cut off from the
+    others would (it tries to run and finish what it still holds). No job
+    runs on two nodes (a rerun-safe one at most once more), and every job
+    ends exactly once or waits in the shared queue."""
+    seed = 1313
+    rng = random.Random(seed)
+    nodes = [await stores(f"n{i}") for i in range(3)]
+    reaper = await stores("reaper")
+    total = 80
+    for i in range(total):
+        await add(nodes[i % 3], f"j{i}", priority=float(rng.randrange(5)), rerun_safe=i % 4 == 0)
+    ran: dict[str, list[str]] = {}
+    ended: dict[str, int] = {}
+    deaths = 0
+    actions = 0
+
+    def count_end(job_id: str) -> None:
+        ended[job_id] = ended.get(job_id, 0) + 1
+
+    async def run(store: PgJobStore, job_id: str) -> None:
+        if await store.mark_running(job_id, at=1.0, queued_s=0.0):
+            ran.setdefault(job_id, []).append(store.node)
+            await trio.sleep(rng.random() / 50)
+            if await store.finish(job_id, "succeeded", at=2.0, result=RESULT):
+                count_end(job_id)
+
+    async def node_loop(store: PgJobStore, nursery: trio.Nursery) -> None:
+        nonlocal deaths, actions
+        held: list[str] = []
+        while True:
+            job = await store.claim(store.node, ("tts",))
+            if job is not None and job.id not in held:
+                held.append(job.id)
+            if not held:
+                if await reaper.waiting() == {}:
+                    return
+                await trio.sleep(0.001)
+                continue
+            actions += 1
+            action = rng.random()
+            if actions in (10, 30, 50):
+                # Declared dead: reaped while it holds and runs jobs.
+                deaths += 1
+                for job_id in (await reaper.reap(store.node, now=3.0)).interrupted:
+                    count_end(job_id)
+                continue
+            job_id = held.pop(rng.randrange(len(held)))
+            if action < 0.2:
+                await store.release(job_id, store.node)
+            else:
+                nursery.start_soon(run, store, job_id)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for store in nodes:
+                nursery.start_soon(node_loop, store, nursery)
+    for store in nodes:
+        for job_id in (await reaper.reap(store.node, now=4.0)).interrupted:
+            count_end(job_id)
+    assert deaths == 3
+    for i in range(total):
+        job = await reaper.get(f"j{i}")
+        assert job is not None
+        runs = ran.get(job.id, [])
+        assert len(runs) <= (2 if job.rerun_safe else 1), (seed, job.id, runs)
+        if job.finished:
+            assert ended.get(job.id) == 1, (seed, job.id, job.status)
+        else:
+            assert (job.status, ended.get(job.id)) == ("queued", None), (seed, job.id)
+    assert sum(ended.values()) + (await reaper.counts())["queued"] == total

@@ -17,9 +17,10 @@ mirrors method for method, so :class:`yard.jobs.service.Jobs` runs on either):
   stays ``queued`` in the claiming node's own queue until it runs.
 - **A job ends exactly once, and runs on one node.** Every final move is a
   conditional update, as in SQLite. :meth:`PgJobStore.mark_running` also
-  requires the job to be claimed by this store's node (or by none, and then
-  claims it): a node that was declared dead and reaped, but still holds the
-  job in memory, finds it gone instead of running it a second time.
+  requires the job to be queued and claimed by this store's node (or by
+  none, and then claims it): a node that was declared dead and reaped, but
+  still holds the job in memory, finds it gone (or already running) instead
+  of running it a second time.
 - **Dead nodes.** :meth:`PgJobStore.reap` applies the rules of a restart
   (:mod:`yard.jobs.restore`) to the jobs a dead node held: queued ones go back
   unclaimed with their rank and seq (their old place); running ones end
@@ -217,13 +218,19 @@ class PgJobStore:
         await self._db.execute("DELETE FROM jobs WHERE id = %s", (job_id,))
 
     async def mark_running(self, job_id: str, *, at: float, queued_s: float) -> bool:
-        """Queued -> running (or running again, after a requeue) on this node,
-        before its request goes upstream. False if the job has ended
-        (cancelled meanwhile) or another node holds it now."""
+        """Queued -> running on this node, before its request goes upstream
+        (after a requeue it is queued again first: :meth:`mark_requeued`).
+        False if the job has ended (cancelled meanwhile), runs already, or
+        another node holds it now.
+
+        Stricter than SQLite, which lets a running job be marked running
+        again: a node reaped while alive may claim a job back that it still
+        holds in memory, and then holds it twice; only one of the two runs.
+        """
         changed = await self._db.execute(
             "UPDATE jobs SET status = 'running', started_at = %s, queued_s = %s, "
             "claimed_by = %s, claimed_at = COALESCE(claimed_at, %s) "
-            "WHERE id = %s AND status IN ('queued', 'running') "
+            "WHERE id = %s AND status = 'queued' "
             "AND (claimed_by = %s OR claimed_by IS NULL)",
             (at, queued_s, self._node, at, job_id, self._node),
         )
