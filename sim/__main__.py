@@ -4,7 +4,7 @@ report: every report scenario under yard and each baseline, side by side (a tabl
     or ``{scenario: {policy: {metric: value}}}`` with ``--json``).
 targets: the radio day's targets (OOMs, deadlines, loads, waits, wall time) judged
     for each machine shape and seed; then the announced radio day's and the batch's
-    (:mod:`sim.targets_ahead`).
+    (:mod:`sim.targets_ahead`), the flood's, and the two-host day's (:mod:`sim.cluster`).
 cluster: the radio day on two one-GPU hosts sharing a simulated database (issue 13),
     beside the one-host days of the same seeds (:mod:`sim.cluster`).
 bench: the core benchmark (``sim.bench_core.main()``, if present), then the wall
@@ -189,6 +189,15 @@ def _targets(args: argparse.Namespace) -> int:
 
     print("One app floods the queue (render, 400 at once every 20 min) (yard):\n")
     print(scenarios_apps.flood_table(args.seed, max(1, args.jobs)))
+    from sim import cluster
+
+    print("Two hosts with one GPU each, one shared queue (issue 13; yard):\n")
+    one_host = {
+        (machine, seed): found[(scenarios.radio_day(gpus).name, "yard", seed)]
+        for machine, gpus in ((cluster.MACHINES[0], 1), (cluster.MACHINES[1], 2))
+        for seed in args.seed
+    }
+    print(cluster.table(args.seed, jobs=max(1, args.jobs), known=one_host))
     return 0
 
 

@@ -598,16 +598,30 @@ def _mark(ok: bool) -> str:
     return "ok" if ok else "MISSED"
 
 
-def table(seeds: list[int], hours: float = 24.0, jobs: int = 1) -> str:
+def table(
+    seeds: list[int],
+    hours: float = 24.0,
+    jobs: int = 1,
+    known: Mapping[tuple[str, int], dict[str, float]] | None = None,
+) -> str:
     """Issue 13's targets for the two-host radio day (0 OOMs, every feasible deadline
     met, loads within 1.2x the lower bound), with the one-host days of the same
-    seeds beside it, as a Markdown table."""
+    seeds beside it, as a Markdown table.
+
+    known: rows already measured, by (machine, seed) (``python -m sim targets``
+    has the one-host days already).
+    """
     import concurrent.futures
 
-    work = [(machine, seed, hours) for seed in seeds for machine in MACHINES]
+    found: dict[tuple[str, int], dict[str, float]] = dict(known or {})
+    work = [
+        (machine, seed, hours)
+        for seed in seeds
+        for machine in MACHINES
+        if (machine, seed) not in found
+    ]
     # The two-host day is the longest: first, so that the pool ends together.
     work.sort(key=lambda job: job[0] != MACHINES[2])
-    found: dict[tuple[str, int], dict[str, float]] = {}
     if jobs > 1:
         with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
             for machine, seed, row in pool.map(measure, work):

@@ -9,7 +9,16 @@ import random
 from dataclasses import replace
 from functools import cache
 
-from sim.cluster import ClusterRun, Job, Latency, SharedQueue, cluster_scenario, run_cluster
+from sim.cluster import (
+    MACHINES,
+    ClusterRun,
+    Job,
+    Latency,
+    SharedQueue,
+    cluster_scenario,
+    run_cluster,
+    table,
+)
 from sim.metrics import metrics
 from sim.runner import RequestRecord
 from sim.workload import Arrival, renumber
@@ -154,3 +163,20 @@ def test_latency_draws_stay_within_their_jitter() -> None:
     draws = [latency.draw(rng, latency.claim_s) for _ in range(1000)]
     assert min(draws) >= 0.002 and max(draws) <= 0.006
     assert math.isclose(sum(draws) / len(draws), 0.004, rel_tol=0.05)
+
+
+def test_the_table_judges_each_row_and_reuses_rows_already_measured() -> None:
+    one_host = {
+        "requests": 10.0, "stuck": 0.0, "ooms": 1.0, "deadlines_met": 3.0,
+        "deadlines_missed_avoidable": 1.0, "loads": 5.0, "loads_lower_bound": 4.0,
+        "high_wait_p95_s": 12.0, "normal_wait_p95_s": 0.5, "wall_s": 1.0,
+    }  # fmt: skip
+    known = {(MACHINES[0], 7): one_host, (MACHINES[1], 7): one_host}
+    text = table([7], hours=0.5, known=known)
+    lines = text.splitlines()
+    assert len(lines) == 5
+    assert lines[2].startswith(f"| {MACHINES[0]} | 7 | 1 MISSED | 3/4 MISSED | 5/4 = 1.25 MISSED |")
+    # The two-host half hour was measured: 0 OOMs, its deadlines and loads judged.
+    cells = [cell.strip() for cell in lines[4].split("|")[1:-1]]
+    assert cells[:3] == [MACHINES[2], "7", "0 ok"]
+    assert cells[3].endswith(" ok") and cells[4].endswith(" ok")
