@@ -129,3 +129,31 @@ def test_without_postgresql_the_tests_fail_and_say_to_run_make_postgresql(
     for version in ("9.6", "15"):
         (tmp_path / version / "bin" / "initdb").touch()
     assert find_bin_dir(tmp_path, search_path="") == tmp_path / "15" / "bin"
+
+
+async def test_a_lock_wait_that_times_out_is_an_error_not_a_lost_server(
+    postgres_dsn: str,
+) -> None:
+    def wait_for_the_lock(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        conn.execute("SET LOCAL lock_timeout = '100ms'")  # the session's is 10 s
+        conn.execute("SELECT n FROM things FOR UPDATE")
+
+    with trio.fail_after(30):
+        db = await PgDatabase.open(postgres_dsn, MIGRATIONS)
+        try:
+            assert await db.fetchall(
+                "SELECT current_setting('idle_in_transaction_session_timeout'), "
+                "current_setting('lock_timeout'), current_setting('statement_timeout')"
+            ) == [("15s", "10s", "1min")]
+            await db.execute("INSERT INTO things VALUES (1)")
+            # Another node's transaction holds the row (its host gone quiet).
+            with psycopg.connect(postgres_dsn) as other:
+                other.execute("SELECT n FROM things FOR UPDATE")
+                with pytest.raises(DatabaseError, match="lock timeout") as caught:
+                    await db.transaction(wait_for_the_lock)
+                assert not isinstance(caught.value, DatabaseLost)
+                other.rollback()
+            assert db.healthy and db.statistics().lost == 0
+            assert await db.fetchone("SELECT count(*) FROM things") == (1,)
+        finally:
+            await db.close()

@@ -10,9 +10,12 @@ Rules this module keeps (the PostgreSQL twin of :mod:`yard.db`):
 - Each public method is one transaction: :meth:`PgDatabase.transaction`
   wraps ``fn`` in ``BEGIN`` ... ``COMMIT`` (``ROLLBACK`` if it raises);
   :meth:`execute` and the fetches are single statements.
-- A lost server (refused, reset, shut down, timed out) raises
+- A lost server (refused, reset, shut down, unreachable) raises
   :class:`DatabaseLost`, and the connection it broke is dropped; the next
-  call connects afresh. :attr:`PgDatabase.healthy` says whether the last call
+  call connects afresh. Sessions are bounded (:data:`SESSION_SETTINGS`): a
+  lock held by a node whose host vanished mid-transaction is freed by the
+  server, and a call that waits too long on a lock fails instead of
+  stalling its node. :attr:`PgDatabase.healthy` says whether the last call
   reached the server. Other SQL errors raise :class:`yard.db.DatabaseError`.
 - Migrations are versioned ``(version, name, sql)`` triples, applied in
   order, each in its own transaction with its row in ``schema_migrations``,
@@ -42,6 +45,18 @@ Row = tuple[Any, ...]
 
 CONNECT_TIMEOUT_S = 5
 """Longest wait to reach the server when (re)connecting."""
+
+SESSION_SETTINGS = (
+    # A node whose host vanished in the middle of a transaction must not keep
+    # its row locks (its claims, a reap) until the server's keepalives give
+    # up, hours later: the server ends such a session after this long.
+    "SET idle_in_transaction_session_timeout = '15s'",
+    # Waiting longer than this for a lock means another node is stuck:
+    # the call fails (DatabaseError) instead of stalling this node too.
+    "SET lock_timeout = '10s'",
+    "SET statement_timeout = '60s'",
+)
+"""Set on every connection yard opens (migrations lift the two timeouts)."""
 
 _MIGRATION_LOCK = 0x79617264  # "yard": the advisory lock key of migrations
 
@@ -82,7 +97,7 @@ def connect(dsn: str, *, application_name: str = "yard") -> psycopg.Connection[R
     that vanished without closing the connection is noticed in about 15 s, not
     after the kernel's hours. Raises :class:`DatabaseLost`."""
     try:
-        return psycopg.connect(
+        conn = psycopg.connect(
             dsn,
             autocommit=True,
             connect_timeout=CONNECT_TIMEOUT_S,
@@ -96,6 +111,13 @@ def connect(dsn: str, *, application_name: str = "yard") -> psycopg.Connection[R
         )
     except psycopg.Error as exc:
         raise DatabaseLost(f"cannot reach PostgreSQL ({_where(dsn)}): {_first_line(exc)}") from exc
+    try:
+        for setting in SESSION_SETTINGS:
+            conn.execute(setting)
+    except psycopg.Error as exc:
+        conn.close()
+        raise DatabaseLost(f"cannot set up a PostgreSQL session: {_first_line(exc)}") from exc
+    return conn
 
 
 def _where(dsn: str) -> str:
@@ -242,7 +264,7 @@ class PgDatabase:
         try:
             result = fn(conn)
         except psycopg.Error as exc:
-            if conn.broken or conn.closed or isinstance(exc, psycopg.OperationalError):
+            if _lost(conn, exc):
                 conn.close()
                 raise DatabaseLost(
                     f"lost PostgreSQL ({_where(self._dsn)}): {_first_line(exc)}"
@@ -261,11 +283,24 @@ class PgDatabase:
         return result
 
 
+def _lost(conn: psycopg.Connection[Row], exc: psycopg.Error) -> bool:
+    """Whether ``exc`` means the connection (or the server) is gone, rather
+    than that this one statement failed."""
+    if conn.broken or conn.closed or conn.pgconn.status != psycopg.pq.ConnStatus.OK:
+        return True
+    timed_out = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)
+    return isinstance(exc, psycopg.OperationalError) and not isinstance(exc, timed_out)
+
+
 def _migrate(conn: psycopg.Connection[Row], migrations: Sequence[PgMigration]) -> None:
     known = {m.version for m in migrations}
     newest = max(known, default=0)
     while True:
         with conn.transaction():
+            # A migration may take long, and so may the wait for another
+            # node's.
+            conn.execute("SET LOCAL lock_timeout = 0")
+            conn.execute("SET LOCAL statement_timeout = 0")
             # Held until this transaction ends: a second node starting now
             # waits here, then finds the migration recorded.
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
