@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from tests.cluster.postgres import PostgresMissing, PostgresServer, find_bin_dir
-from yard.cluster.pg import DatabaseLost, PgDatabase, PgMigration
+from yard.cluster.pg import DatabaseLost, PgDatabase, PgLimits, PgMigration
 from yard.db import DatabaseError
 
 MIGRATIONS = (
@@ -157,3 +157,18 @@ async def test_a_lock_wait_that_times_out_is_an_error_not_a_lost_server(
             assert await db.fetchone("SELECT count(*) FROM things") == (1,)
         finally:
             await db.close()
+
+
+async def test_session_limits_are_set_on_every_connection_and_checked(postgres_dsn: str) -> None:
+    limits = PgLimits(idle_in_transaction_s=2, lock_timeout_s=0.25, statement_timeout_s=90)
+    with trio.fail_after(30):
+        db = await PgDatabase.open(postgres_dsn, MIGRATIONS, limits=limits)
+        try:
+            assert await db.fetchone(
+                "SELECT current_setting('idle_in_transaction_session_timeout'), "
+                "current_setting('lock_timeout'), current_setting('statement_timeout')"
+            ) == ("2s", "250ms", "90s")
+        finally:
+            await db.close()
+    with pytest.raises(ValueError, match="lock_timeout_s must be a positive number"):
+        PgLimits(lock_timeout_s=0)

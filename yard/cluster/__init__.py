@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from yard.cluster.jobs import PgJobStore, ReapSummary, rank_of
 from yard.cluster.listen import Listener, ListenerStatistics
-from yard.cluster.pg import DatabaseLost, PgDatabase, PgMigration, PgStatistics
+from yard.cluster.pg import DatabaseLost, PgDatabase, PgLimits, PgMigration, PgStatistics
 from yard.cluster.profiles import PgProfileStore, cluster_key
 from yard.cluster.registry import NodeState, Registry
 from yard.cluster.schema import ENDED_CHANNEL, JOBS_CHANNEL, MIGRATIONS, NODES_CHANNEL
@@ -34,6 +34,7 @@ __all__ = [
     "NodeState",
     "PgDatabase",
     "PgJobStore",
+    "PgLimits",
     "PgMigration",
     "PgProfileStore",
     "PgStatistics",

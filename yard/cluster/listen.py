@@ -31,7 +31,7 @@ import psycopg
 import trio
 from psycopg import sql
 
-from yard.cluster.pg import DatabaseLost, Row, connect
+from yard.cluster.pg import DatabaseLost, PgLimits, Row, connect
 from yard.cluster.schema import JOBS_CHANNEL, NODES_CHANNEL
 
 __all__ = ["Listener", "ListenerStatistics"]
@@ -71,12 +71,14 @@ class Listener:
         channels: Sequence[str] = (JOBS_CHANNEL, NODES_CHANNEL),
         *,
         application_name: str = "yard listener",
+        limits: PgLimits | None = None,
     ) -> None:
         if not channels:
             raise ValueError("a listener needs at least one channel")
         self._dsn = dsn
         self._channels = tuple(channels)
         self._application_name = application_name
+        self._limits = limits
         self._pending: set[str] = set()
         self._early: list[tuple[str, str]] = []  # arrived while connecting
         self._payloads: dict[str, set[str]] = {channel: set() for channel in channels}
@@ -179,7 +181,7 @@ class Listener:
             self._payloads[channel].clear()
 
     def _connect(self) -> psycopg.Connection[Row]:
-        conn = connect(self._dsn, application_name=self._application_name)
+        conn = connect(self._dsn, application_name=self._application_name, limits=self._limits)
         try:
             # Anything that arrives while the LISTENs run comes through here.
             conn.add_notify_handler(lambda n: self._early.append((n.channel, n.payload)))

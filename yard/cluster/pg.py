@@ -12,7 +12,7 @@ Rules this module keeps (the PostgreSQL twin of :mod:`yard.db`):
   :meth:`execute` and the fetches are single statements.
 - A lost server (refused, reset, shut down, unreachable) raises
   :class:`DatabaseLost`, and the connection it broke is dropped; the next
-  call connects afresh. Sessions are bounded (:data:`SESSION_SETTINGS`): a
+  call connects afresh. Sessions are bounded (:class:`PgLimits`): a
   lock held by a node whose host vanished mid-transaction is freed by the
   server, and a call that waits too long on a lock fails instead of
   stalling its node. :attr:`PgDatabase.healthy` says whether the last call
@@ -26,6 +26,7 @@ Rules this module keeps (the PostgreSQL twin of :mod:`yard.db`):
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,27 +37,58 @@ import trio
 
 from yard.db import DatabaseError
 
-__all__ = ["DatabaseLost", "PgDatabase", "PgMigration", "PgStatistics", "connect"]
+__all__ = ["DatabaseLost", "PgDatabase", "PgLimits", "PgMigration", "PgStatistics", "connect"]
 
 T = TypeVar("T")
 
 Row = tuple[Any, ...]
 """A row as psycopg returns it (its default row factory)."""
 
-CONNECT_TIMEOUT_S = 5
-"""Longest wait to reach the server when (re)connecting."""
 
-SESSION_SETTINGS = (
-    # A node whose host vanished in the middle of a transaction must not keep
-    # its row locks (its claims, a reap) until the server's keepalives give
-    # up, hours later: the server ends such a session after this long.
-    "SET idle_in_transaction_session_timeout = '15s'",
-    # Waiting longer than this for a lock means another node is stuck:
-    # the call fails (DatabaseError) instead of stalling this node too.
-    "SET lock_timeout = '10s'",
-    "SET statement_timeout = '60s'",
-)
-"""Set on every connection yard opens (migrations lift the two timeouts)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PgLimits:
+    """How long yard's PostgreSQL sessions may wait, set on every connection
+    it opens (migrations lift the lock and statement limits).
+
+    connect_timeout_s: longest wait to reach the server (libpq rounds it up
+        to whole seconds, at least 2).
+    idle_in_transaction_s: the server ends a session of ours that sits in a
+        transaction this long: a node whose host vanished mid-transaction
+        must not keep its row locks (its claims, a reap) until the server's
+        keepalives give up, hours later.
+    lock_timeout_s: a call that waits longer for a lock fails
+        (:class:`yard.db.DatabaseError`) instead of stalling its node.
+    statement_timeout_s: the longest one statement may run.
+    """
+
+    connect_timeout_s: float = 5.0
+    idle_in_transaction_s: float = 15.0
+    lock_timeout_s: float = 10.0
+    statement_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "connect_timeout_s",
+            "idle_in_transaction_s",
+            "lock_timeout_s",
+            "statement_timeout_s",
+        ):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and 0 < value < math.inf):
+                raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+
+    def settings(self) -> tuple[str, ...]:
+        """The ``SET`` statements of a new session."""
+        return (
+            f"SET idle_in_transaction_session_timeout = {_ms(self.idle_in_transaction_s)}",
+            f"SET lock_timeout = {_ms(self.lock_timeout_s)}",
+            f"SET statement_timeout = {_ms(self.statement_timeout_s)}",
+        )
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
 
 _MIGRATION_LOCK = 0x79617264  # "yard": the advisory lock key of migrations
 
@@ -91,16 +123,20 @@ class DatabaseLost(DatabaseError):
     unknown; the next call reconnects."""
 
 
-def connect(dsn: str, *, application_name: str = "yard") -> psycopg.Connection[Row]:
+def connect(
+    dsn: str, *, application_name: str = "yard", limits: PgLimits | None = None
+) -> psycopg.Connection[Row]:
     """A blocking autocommit connection to ``dsn`` (for a worker thread), with
     a connect timeout, TCP keepalives and a TCP user timeout, so that a server
     that vanished without closing the connection is noticed in about 15 s, not
-    after the kernel's hours. Raises :class:`DatabaseLost`."""
+    after the kernel's hours; and with ``limits`` set on the session. Raises
+    :class:`DatabaseLost`."""
+    limits = limits or PgLimits()
     try:
         conn = psycopg.connect(
             dsn,
             autocommit=True,
-            connect_timeout=CONNECT_TIMEOUT_S,
+            connect_timeout=max(2, math.ceil(limits.connect_timeout_s)),
             application_name=application_name,
             keepalives=1,
             keepalives_idle=5,
@@ -112,7 +148,7 @@ def connect(dsn: str, *, application_name: str = "yard") -> psycopg.Connection[R
     except psycopg.Error as exc:
         raise DatabaseLost(f"cannot reach PostgreSQL ({_where(dsn)}): {_first_line(exc)}") from exc
     try:
-        for setting in SESSION_SETTINGS:
+        for setting in limits.settings():
             conn.execute(setting)
     except psycopg.Error as exc:
         conn.close()
@@ -137,12 +173,20 @@ class PgDatabase:
     """One PostgreSQL database, used from Trio. Open it with :meth:`open`;
     close it with :meth:`close` (idempotent)."""
 
-    def __init__(self, dsn: str, *, connections: int = 4, application_name: str = "yard") -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        connections: int = 4,
+        application_name: str = "yard",
+        limits: PgLimits | None = None,
+    ) -> None:
         # Use PgDatabase.open(): it also migrates.
         if connections < 1:
             raise ValueError("connections must be at least 1")
         self._dsn = dsn
         self._application_name = application_name
+        self._limits = limits or PgLimits()
         self._limiter = trio.CapacityLimiter(connections)
         self._idle: list[psycopg.Connection[Row]] = []
         self._closed = False
@@ -173,11 +217,13 @@ class PgDatabase:
         *,
         connections: int = 4,
         application_name: str = "yard",
+        limits: PgLimits | None = None,
     ) -> PgDatabase:
         """Connect to ``dsn`` and apply every migration of ``migrations`` not
         yet recorded (see the module rules).
 
         connections: how many calls may run at once (one connection each).
+        limits: the sessions' time limits (default :class:`PgLimits`).
         Raises :class:`DatabaseLost` if the server cannot be reached and
         :class:`DatabaseError` if a migration fails (it is rolled back;
         earlier ones stay) or the database is newer than ``migrations``.
@@ -185,7 +231,7 @@ class PgDatabase:
         versions = [m.version for m in migrations]
         if versions != sorted(set(versions)):
             raise DatabaseError(f"migration versions must be unique and increasing: {versions}")
-        db = cls(dsn, connections=connections, application_name=application_name)
+        db = cls(dsn, connections=connections, application_name=application_name, limits=limits)
         try:
             await db._call(lambda conn: _migrate(conn, migrations))
         except BaseException:
@@ -260,7 +306,7 @@ class PgDatabase:
     ) -> T:
         conn = held.pop() if held else None
         if conn is None or conn.closed:
-            conn = connect(self._dsn, application_name=self._application_name)
+            conn = connect(self._dsn, application_name=self._application_name, limits=self._limits)
         try:
             result = fn(conn)
         except psycopg.Error as exc:
