@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 import trio
 
 from tests.cluster.postgres import PostgresServer
@@ -159,12 +160,17 @@ async def test_the_end_of_a_job_is_heard_with_its_id(postgres_dsn: str) -> None:
         await db.close()
 
 
-async def test_a_listener_on_a_server_that_is_down_opens_and_keeps_trying() -> None:
+async def test_a_listener_on_a_server_that_is_down_opens_and_keeps_trying(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # nothing listens there once closed
     with trio.fail_after(10):
         async with Listener(f"postgresql://postgres@127.0.0.1:{port}/none") as listener:
             assert not listener.connected
-            assert await listener.wait(0.3) == frozenset()
+            assert await listener.wait(0.4) == frozenset()
             assert listener.statistics().connects == 0
+    # Several attempts (50, 100, 200 ms apart), one warning for the outage.
+    warnings = [r for r in caplog.records if "not listening" in r.getMessage()]
+    assert len(warnings) == 1, warnings

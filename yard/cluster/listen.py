@@ -200,7 +200,7 @@ class Listener:
             try:
                 conn = await trio.to_thread.run_sync(self._connect)
             except DatabaseLost as exc:
-                if self._connects == 0 or backoff == RECONNECT_MIN_S:
+                if backoff == RECONNECT_MIN_S:  # once per outage, not per attempt
                     log.warning("cluster: not listening for notifications: %s", exc)
                 if not started:
                     task_status.started()
