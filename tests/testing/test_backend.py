@@ -17,7 +17,8 @@ import psutil
 import pytest
 import trio
 
-from yard.testing.backend import backend_command, touch
+from yard.testing.backend import backend_command
+from yard.testing.fake import touch
 from yard.testing.payloads import png_bytes, wav_bytes
 from yard.testing.process import running_backend
 

@@ -1,14 +1,15 @@
 """Things for testing yard against real processes.
 
-- ``python -m yard.testing.backend``: a small, fast OpenAI-speaking HTTP
-  server that holds real memory and fails on demand (crash, out-of-memory,
-  hang, garbage, slow start, failing health check). See
-  :mod:`yard.testing.backend` for its switches, and
-  ``yard.testing.backend.backend_command`` to build its argv.
-- ``yard.testing.fake``: the in-process fake backend of the proxy, jobs and
-  benchmark tests (h11 on Trio; ``python -m yard.testing.fake`` for a
-  process of it).
-- ``yard.testing.payloads``: what they send (PNG, WAV, embeddings, bytes).
+- ``yard.testing.fake``: the one fake HTTP backend of yard's tests and
+  benchmarks (h11 on Trio): in-process (``serve_fake``) or as a process.
+  Its special paths (``/status/N``, ``/cut-after``, ``/hang``, ...) and its
+  failure switches (crash, out-of-memory, hang, garbage, slow start,
+  failing health check) are listed there.
+- ``python -m yard.testing.backend``: the fake as a model server process that
+  holds real memory and fails on demand; ``yard.testing.backend.backend_command``
+  builds its argv, and ``yard.testing.process.running_backend`` runs it.
+- ``yard.testing.payloads``: what they send (PNG, WAV, embeddings,
+  completions, bytes).
 
 (Nothing is imported here, so that ``python -m yard.testing.backend`` runs the
 module exactly once.)

@@ -4,9 +4,12 @@ same bytes."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import math
+import os
 import struct
+import time
 import zlib
 
 
@@ -71,3 +74,91 @@ def embedding(text: str, dim: int) -> list[float]:
     raw = [(digest[i % len(digest)] - 127.5) / 127.5 for i in range(dim)]
     norm = math.sqrt(sum(v * v for v in raw)) or 1.0
     return [v / norm for v in raw]
+
+
+def embeddings(model: str, inputs: object, dim: int) -> dict[str, object]:
+    """An OpenAI embeddings answer: one :func:`embedding` per input text."""
+    texts = inputs if isinstance(inputs, list) else [inputs]
+    return {
+        "object": "list",
+        "model": model,
+        "data": [
+            {"object": "embedding", "index": i, "embedding": embedding(str(text), dim)}
+            for i, text in enumerate(texts)
+        ],
+        "usage": {"prompt_tokens": len(texts), "total_tokens": len(texts)},
+    }
+
+
+def images(body: dict[str, object]) -> dict[str, object]:
+    """An OpenAI image generation answer: ``n`` (1 to 4) real PNGs of
+    ``size`` (at most 512x512), base64 in JSON."""
+    try:
+        width, height = (int(v) for v in str(body.get("size", "64x64")).lower().split("x"))
+    except ValueError:
+        width, height = 64, 64
+    width, height = max(1, min(width, 512)), max(1, min(height, 512))
+    n = body.get("n")
+    count = max(1, min(4, n if isinstance(n, int) and not isinstance(n, bool) else 1))
+    prompt = str(body.get("prompt", ""))
+    pngs = [png_bytes(width, height, f"{prompt}{i}".encode()) for i in range(count)]
+    return {
+        "created": int(time.time()),
+        "data": [{"b64_json": base64.b64encode(png).decode()} for png in pngs],
+    }
+
+
+def _prompt_text(body: dict[str, object], *, chat: bool) -> str:
+    if chat:
+        messages = body.get("messages")
+        if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+            return str(messages[-1].get("content", ""))
+        return ""
+    return str(body.get("prompt", ""))
+
+
+def completion(model: str, body: dict[str, object], *, chat: bool) -> dict[str, object]:
+    """An OpenAI chat or text completion that echoes the prompt."""
+    text = f"echo: {_prompt_text(body, chat=chat)}"
+    usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    if chat:
+        return {
+            "id": f"chatcmpl-{os.getpid()}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": usage,
+        }
+    return {
+        "id": f"cmpl-{os.getpid()}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}],
+        "usage": usage,
+    }
+
+
+def completion_chunk(ident: str, model: str, piece: str | None, *, chat: bool) -> dict[str, object]:
+    """One server-sent chunk of a streamed completion: ``piece`` of text, or
+    the final chunk (``finish_reason`` stop) when None."""
+    if chat:
+        delta: dict[str, object] = {} if piece is None else {"content": piece}
+        choice: dict[str, object] = {"index": 0, "delta": delta}
+    else:
+        choice = {"index": 0, "text": piece or ""}
+    choice["finish_reason"] = None if piece is not None else "stop"
+    return {
+        "id": ident,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+    }
