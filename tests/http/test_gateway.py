@@ -9,8 +9,16 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 import trio
+import trio.testing
 
-from tests.http.conftest import APPS, Gateway, GatewayFactory, make_config, open_raw
+from tests.http.conftest import (
+    APPS,
+    Gateway,
+    GatewayFactory,
+    VirtualGateway,
+    make_config,
+    open_raw,
+)
 from tests.http.upstream import Scripted, serve_scripted
 from yard.engine import Rejected
 from yard.observe.metrics import REQUESTS
@@ -180,23 +188,21 @@ async def test_core_rejections_become_errors_with_status_and_retry_after(gw: Gat
     assert gw.upstream.requests == []
 
 
-async def test_deadline_headers_reach_the_engine_on_its_clock(gw: Gateway) -> None:
-    before = trio.current_time()
-    await gw.client.post(
-        "/v1/chat/completions",
-        json=CHAT,
-        headers={"x-yard-start-within": "30", "x-yard-allow-late": "true"},
-    )
-    await gw.client.post(
-        "/v1/chat/completions", json=CHAT, headers={"x-yard-start-by": "2000-01-01T00:00:00Z"}
-    )
-    within, by = gw.engine.admissions
-    after = trio.current_time()
-    assert before + 30 <= within.submitted["start_by"] <= after + 30
-    assert within.submitted["allow_late"] is True
+async def test_deadline_headers_reach_the_engine_on_its_clock(
+    vgw: VirtualGateway, autojump_clock: trio.testing.MockClock
+) -> None:
+    await trio.sleep(100)
+    body = json.dumps(CHAT).encode()
+    within = [("x-yard-start-within", "30"), ("x-yard-allow-late", "true")]
+    await vgw.request("POST", "/v1/chat/completions", body, within)
+    long_past = [("x-yard-start-by", "2000-01-01T00:00:00Z")]
+    await vgw.request("POST", "/v1/chat/completions", body, long_past)
+    first, second = vgw.engine.admissions
+    assert first.submitted["start_by"] == 100 + 30
+    assert first.submitted["allow_late"] is True
     # A moment long past lies far behind the engine clock's now.
-    assert by.submitted["start_by"] < before - 700_000_000
-    assert by.submitted["allow_late"] is False
+    assert second.submitted["start_by"] < 100 - 700_000_000
+    assert second.submitted["allow_late"] is False
 
 
 async def test_backend_errors_pass_through_and_are_not_retried(gw: Gateway) -> None:
@@ -272,48 +278,58 @@ async def test_healthz_answers_once_serving(gw: Gateway) -> None:
     assert response.json() == {"status": "ok"}
 
 
-async def test_stream_chunks_arrive_as_the_backend_sends_them(gw: Gateway) -> None:
-    body = {**CHAT, "stream": True, "chunks": 3, "interval": 0.3}
-    arrivals: list[float] = []
-    async with gw.client.stream("POST", "/v1/chat/completions", json=body) as response:
-        assert response.headers["content-type"] == "text/event-stream"
-        # Once, though the backend sent its own.
-        assert response.headers.get_list("x-accel-buffering") == ["no"]
-        async for _chunk in response.aiter_raw():
-            arrivals.append(trio.current_time())
-    assert len(arrivals) >= 3
-    # Unbuffered: the first event is here long before the backend finished.
-    assert arrivals[-1] - arrivals[0] >= 0.55
-    assert gw.engine.admissions[0].reports == [("ok", "")]
+async def test_stream_chunks_arrive_as_the_backend_sends_them(
+    vgw: VirtualGateway, autojump_clock: trio.testing.MockClock
+) -> None:
+    body = json.dumps({**CHAT, "stream": True, "chunks": 3, "interval": 0.3}).encode()
+    t0 = trio.current_time()
+    reply = await vgw.request("POST", "/v1/chat/completions", body)
+    assert reply.complete
+    assert reply.header("content-type") == ["text/event-stream"]
+    # Once, though the backend sent its own.
+    assert reply.header("x-accel-buffering") == ["no"]
+    # Each event when the backend sent it: nothing held back until the end.
+    times = [at - t0 for at, piece in reply.pieces if piece.startswith(b"data: ")]
+    assert times[:3] == [0.0, 0.3, 0.6]
+    assert vgw.engine.admissions[0].reports == [("ok", "")]
 
 
 async def test_client_disconnect_mid_stream_cancels_upstream_and_frees_the_slot(
-    gw: Gateway,
+    vgw: VirtualGateway,
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
-    body = {**CHAT, "stream": True, "chunks": 1000, "interval": 0.05}
-    with trio.fail_after(5):
-        stream = await open_raw(gw.url, "POST", "/v1/chat/completions", json.dumps(body).encode())
-        first = await stream.receive_some(65536)
-        assert first.startswith(b"HTTP/1.1 200")
-        await stream.aclose()
-        (admission,) = gw.engine.admissions
-        await gw.engine.wait_settled(admission)
-        assert admission.cancelled
-        assert admission.reports == []
-        await gw.upstream.wait_streams_closed(1)
-    assert gw.upstream.open_streams == 0
-
-
-async def test_client_that_leaves_while_queued_gives_up_its_place(gw: Gateway) -> None:
-    gw.engine.hold["llm"] = trio.Event()
-    with trio.fail_after(5):
-        stream = await open_raw(gw.url, "POST", "/v1/chat/completions", json.dumps(CHAT).encode())
-        await gw.engine.wait_submitted(1)
-        await stream.aclose()
-        (admission,) = gw.engine.admissions
-        await gw.engine.wait_settled(admission)
+    body = json.dumps({**CHAT, "stream": True, "chunks": 1000, "interval": 0.05}).encode()
+    stream = await vgw.open("POST", "/v1/chat/completions", body)
+    first = await stream.receive_some(65536)
+    assert first.startswith(b"HTTP/1.1 200")
+    await trio.sleep(1)
+    left = trio.current_time()
+    await stream.aclose()
+    (admission,) = vgw.engine.admissions
+    await vgw.engine.wait_settled(admission)
+    # The hang-up is seen at once; the backend, at its next write.
+    assert trio.current_time() == left
+    await vgw.upstream.wait_streams_closed(1)
+    assert trio.current_time() == pytest.approx(left + 0.05)
     assert admission.cancelled
-    assert gw.upstream.requests == []
+    assert admission.reports == []
+    assert vgw.upstream.open_streams == 0
+
+
+async def test_client_that_leaves_while_queued_gives_up_its_place(
+    vgw: VirtualGateway, autojump_clock: trio.testing.MockClock
+) -> None:
+    vgw.engine.hold["llm"] = trio.Event()
+    stream = await vgw.open("POST", "/v1/chat/completions", json.dumps(CHAT).encode())
+    await vgw.engine.wait_submitted(1)
+    await trio.sleep(5)
+    left = trio.current_time()
+    await stream.aclose()
+    (admission,) = vgw.engine.admissions
+    await vgw.engine.wait_settled(admission)
+    assert trio.current_time() == left
+    assert admission.cancelled
+    assert vgw.upstream.requests == []
 
 
 async def test_upstream_lost_before_any_byte_is_reported_and_the_core_decides(
@@ -338,20 +354,16 @@ async def test_a_requeued_request_is_sent_again_when_the_core_says_so(gw: Gatewa
 
 
 async def test_connection_cut_mid_response_ends_the_client_response_as_an_error(
-    gw: Gateway,
+    vgw: VirtualGateway,
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
-    with trio.fail_after(5):
-        try:
-            async with gw.client.stream("POST", "/backends/music/cut-after") as response:
-                assert response.status_code == 200
-                await response.aread()
-        except httpx.RemoteProtocolError:
-            pass
-        else:
-            raise AssertionError("a cut response must not look complete")
-    (admission,) = gw.engine.admissions
+    reply = await vgw.request("POST", "/backends/music/cut-after")
+    assert reply.status == 200
+    # A cut response must not look complete.
+    assert not reply.complete
+    (admission,) = vgw.engine.admissions
     assert [o for o, _ in admission.reports] == ["error"]
-    assert len(gw.upstream.requests) == 1
+    assert len(vgw.upstream.requests) == 1
 
 
 async def test_unreachable_backend_is_reported_lost_then_failed(gw: Gateway) -> None:

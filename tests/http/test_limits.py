@@ -17,6 +17,7 @@ import pytest
 import trio
 import trio.testing
 
+from tests.http.conftest import tcp_pair
 from yard.http.server import ASGIApp, Limits, Server
 
 Scope = dict[str, Any]
@@ -57,18 +58,6 @@ async def _echo(scope: Scope, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": answer})
 
 
-async def _tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
-    """A connected loopback TCP pair: (the server's end, the client's end)."""
-    listener = trio.socket.socket()
-    with listener:
-        await listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        client = trio.socket.socket()
-        await client.connect(listener.getsockname())
-        server_end, _ = await listener.accept()
-    return trio.SocketStream(server_end), trio.SocketStream(client)
-
-
 @asynccontextmanager
 async def _served(app: Any = _echo, **limits: Any) -> AsyncIterator[Connect]:
     """Connections to a :class:`Server` with ``limits``, handed straight to it
@@ -80,7 +69,7 @@ async def _served(app: Any = _echo, **limits: Any) -> AsyncIterator[Connect]:
         clients: list[trio.SocketStream] = []
 
         async def connect() -> trio.SocketStream:
-            server_end, client_end = await _tcp_pair()
+            server_end, client_end = await tcp_pair()
             clients.append(client_end)
             nursery.start_soon(server.handle, server_end)
             return client_end
