@@ -26,6 +26,7 @@ Rules this module keeps (the PostgreSQL twin of :mod:`yard.db`):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -305,7 +306,9 @@ class PgDatabase:
         self, held: list[psycopg.Connection[Row]], fn: Callable[[psycopg.Connection[Row]], T]
     ) -> T:
         conn = held.pop() if held else None
-        if conn is None or conn.closed:
+        if conn is not None and not _still_open(conn):
+            conn = None
+        if conn is None:
             conn = connect(self._dsn, application_name=self._application_name, limits=self._limits)
         try:
             result = fn(conn)
@@ -315,18 +318,37 @@ class PgDatabase:
                 raise DatabaseLost(
                     f"lost PostgreSQL ({_where(self._dsn)}): {_first_line(exc)}"
                 ) from exc
-            held.append(conn)
+            _keep(conn, held)
             raise DatabaseError(f"PostgreSQL: {_first_line(exc)}") from exc
         except BaseException:
-            # fn's own error (or a bug): its transaction was rolled back; a
-            # connection left in any other state is not reused.
-            if conn.broken or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                conn.close()
-            else:
-                held.append(conn)
+            # fn's own error (or a bug): its transaction was rolled back.
+            _keep(conn, held)
             raise
         held.append(conn)
         return result
+
+
+def _still_open(conn: psycopg.Connection[Row]) -> bool:
+    """Whether an idle connection is still usable, without a round trip: a
+    server that restarted or ended the session has closed the socket, and
+    reading what is there (non-blocking) finds that. A stale connection is
+    closed, so that a call after a restart goes to a fresh one instead of
+    failing as a lost database."""
+    if not conn.closed:
+        with contextlib.suppress(psycopg.Error):
+            conn.pgconn.consume_input()
+        if not conn.broken and conn.pgconn.status == psycopg.pq.ConnStatus.OK:
+            return True
+    conn.close()
+    return False
+
+
+def _keep(conn: psycopg.Connection[Row], held: list[psycopg.Connection[Row]]) -> None:
+    # Back to the pool only if it is idle and outside any transaction.
+    if conn.broken or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.close()
+    else:
+        held.append(conn)
 
 
 def _lost(conn: psycopg.Connection[Row], exc: psycopg.Error) -> bool:
