@@ -2,10 +2,22 @@
 
 Ordering rules (DESIGN.md "Priority with aging", "Start-by deadlines"):
 
-- A request's *effective priority* is ``base + aging_rate * (now - arrived_at)``.
-  Linear aging never changes the order of two waiting requests, so each
-  request gets a fixed *rank* ``base - aging_rate * arrived_at`` at arrival
-  (effective = rank + aging_rate * now) and heaps can hold the order.
+- A request's *effective priority* is ``base + aging_rate * (now - aging_from)``,
+  ``aging_from`` being its arrival (:func:`aging_start`: for *patient* work, a
+  start-by far off, later). Linear aging never changes the order of two waiting
+  requests, so each request gets a fixed *rank* ``base - aging_rate *
+  aging_from`` at arrival (effective = rank + aging_rate * now) and heaps can
+  hold the order.
+- Patient work: a request whose start-by is further away than its patience
+  (``patient_aging_s``, or twice the work queued on its backend if that is
+  longer) ages only from its *latest comfortable start*, that long before its
+  start-by. Until then fresher work of higher priority goes first: a batch line
+  due in three hours does not outrank a chat request that came a minute after
+  it. Its start-by still holds (urgency, ``deadline_missed``), and its wait
+  bound counts from its latest comfortable start (``docs/wait-bound.md``).
+  Until then it also leaves free slots to other work that came to its backend
+  lately (:func:`leaves_last_slot`): a chat request that comes finds a slot,
+  not four batch lines.
 - Urgent requests (a start-by deadline is near) are ordered among themselves
   earliest-deadline-first and count ``deadline_boost`` extra points.
 - The next request is the urgent one with the earliest deadline *if* its
@@ -25,6 +37,8 @@ kind, with the same generation (a requeued request gets a new generation).
 from __future__ import annotations
 
 import heapq
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -60,6 +74,7 @@ class Req:
     dispatched_at: float | None = None
     lost_at: float | None = None
     share_tag: float = 0.0  # start tag of the apps' fairness term (yard.core.fairness)
+    ages_from: float | None = None  # patient work: its latest comfortable start (aging_start)
 
     def score(self, boost: float) -> float:
         """Boosted rank: the effective priority minus ``aging_rate * now``."""
@@ -67,6 +82,57 @@ class Req:
 
     def effective(self, now: float, rate: float, boost: float) -> float:
         return self.score(boost) + rate * now
+
+
+PATIENCE_FACTOR = 2.0
+"""A patient request's latest comfortable start leaves at least this many times
+the work queued on its backend before its start-by: the backend may also have to
+wait for memory that other backends hold."""
+
+
+def aging_start(
+    arrived: float, start_by: float | None, patient_s: float, backlog_s: float
+) -> float:
+    """When a request arriving (or released from its hold) at ``arrived`` starts
+    to age: at once, or, for patient work, at its latest comfortable start.
+
+    start_by: its start-by (None: it ages from ``arrived``).
+    patient_s: ``SchedulerConfig.patient_aging_s``.
+    backlog_s: the work queued on its backend ahead of it, in seconds of its
+        slots (queued requests x mean service time / slots).
+
+    Returns ``max(arrived, start_by - max(patient_s, PATIENCE_FACTOR *
+    backlog_s))``.
+    """
+    if start_by is None:
+        return arrived
+    return max(arrived, start_by - max(patient_s, PATIENCE_FACTOR * backlog_s))
+
+
+OTHERS_RECENT_S = 60.0
+"""A backend that other (not patient) work came to within this long keeps slots
+free for it: such work is likely to come again soon."""
+
+
+def leaves_last_slot(
+    req: Req, queue: RequestQueue, running: Mapping[str, Req], slots: int, now: float
+) -> bool:
+    """Whether ``req``, next in its backend's order, must leave the free slots to
+    other work for now. Only patient work (``now`` before its ``ages_from``) on a
+    backend of several slots that other work came to lately
+    (:data:`OTHERS_RECENT_S`) does: it may take a slot only if that leaves one
+    free slot more than the other work running there holds, so a burst of the
+    work that keeps coming finds slots free. A backend that serves patient work
+    alone gives it every slot; on one of a single slot, order alone decides."""
+    if (
+        req.ages_from is None
+        or now >= req.ages_from
+        or slots < 2
+        or now - queue.others_at > OTHERS_RECENT_S
+    ):
+        return False
+    others = sum(1 for r in running.values() if r.ages_from is None)
+    return slots - len(running) - 1 < others + 1
 
 
 _NORMAL = 0
@@ -93,11 +159,14 @@ class RequestQueue:
     _head_known: bool = False
     _deadlines: list[tuple[float, int, Req, int]] = field(default_factory=list)
     _pushed: int = 0
+    others_at: float = -math.inf  # when the latest request that is not patient came
 
     def push(self, req: Req) -> None:
         """Add a queued request (``req.state`` must be QUEUED)."""
         self.size += 1
         self._head_known = False
+        if req.ages_from is None and req.arrived_at > self.others_at:
+            self.others_at = req.arrived_at
         self._push(req)
         if req.start_by is not None:
             self._pushed += 1

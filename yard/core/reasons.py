@@ -352,3 +352,13 @@ def announcement_matched(request_id: str, announcement: str, left: int) -> str:
 
 def announcement_ended(aid: str, backend: str, outcome: str, used: int, count: int) -> str:
     return f"announcement {aid} for {backend} {outcome}: {used} of {count} requests came"
+
+
+def patient(request_id: str, starts_in_s: float, lead_s: float, slots: int) -> str:
+    """A request with a start-by far off ages only from its latest comfortable start."""
+    slot = ", and it leaves free slots to other work that keeps coming" if slots > 1 else ""
+    return (
+        f"{request_id}: its start-by is far off: it ages from its latest comfortable start, "
+        f"{in_s(starts_in_s)} ({secs(lead_s)} before its start-by); until then fresher work "
+        f"of higher priority goes first{slot}"
+    )

@@ -11,7 +11,7 @@ from yard.core import estimates, reasons, windows
 from yard.core.decisions import Decision, Flag, Reject
 from yard.core.events import RequestArrived, RequestCancelled, RequestFinished
 from yard.core.lifecycle import BackendState
-from yard.core.queue import Req, ReqState
+from yard.core.queue import Req, ReqState, aging_start
 from yard.core.state import Core
 from yard.core.timers import Due, Timer
 
@@ -73,16 +73,24 @@ def enter(core: Core, ev: RequestArrived, now: float, out: list[Decision]) -> No
         # Aging counts from the window's opening (docs/wait-bound.md).
         arrived = max(arrived, min(ev.not_before, now))
     prio = min(max(ev.priority, c.min_priority), c.max_priority)
+    aging_from = arrived
+    if ev.start_by is not None:
+        backlog = b.queue.size * core.service_est(b) / b.spec.slots
+        aging_from = aging_start(arrived, ev.start_by, c.patient_aging_s, backlog)
+        if aging_from > arrived:
+            why = reasons.patient(rid, aging_from - now, ev.start_by - aging_from, b.spec.slots)
+            out.append(Flag(request_id=rid, backend=b.name, reason=why))
     req = Req(
         id=rid,
         backend=b.name,
         priority=prio,
         app=ev.app,
         arrived_at=arrived,
-        rank=prio - c.aging_rate * arrived,
+        rank=prio - c.aging_rate * aging_from,
         start_by=ev.start_by,
         allow_late=ev.allow_late,
         requeued=ev.requeued,
+        ages_from=aging_from if aging_from > arrived else None,
     )
     if ev.start_by is not None:
         cost, how = core.start_cost(b, now)

@@ -130,7 +130,7 @@ from yard.core.events import (
 from yard.core.fairness import Shares
 from yard.core.lifecycle import BackendState
 from yard.core.planning import Planner
-from yard.core.queue import Req, ReqState, RequestQueue
+from yard.core.queue import Req, ReqState, RequestQueue, leaves_last_slot
 from yard.core.records import Backend, Device
 from yard.core.spec import HOST, BackendSpec, DeviceSpec, Profile, SchedulerConfig
 from yard.core.state import Core
@@ -338,7 +338,7 @@ class Scheduler:
                 req = b.queue.head()
                 if req is not None and serving is not None and self._held(req, serving):
                     req = next((r for r in b.queue.ordered() if not self._held(r, serving)), None)
-                if req is None:
+                if req is None or leaves_last_slot(req, b.queue, b.running, b.spec.slots, now):
                     break
                 head = core.victim_of.get(b.name)
                 first = b.dispatched_since_ready == 0

@@ -154,6 +154,11 @@ class SchedulerConfig:
         the backend's exit report before it fails as ``backend_failed``.
     lead_margin_s: a backend is loaded this long more than its measured load
         time before announced or held work's window opens.
+    patient_aging_s: a request whose start-by is further away than this (or
+        than twice the work queued on its backend, if that is longer) ages only
+        from that long before its start-by: work that says it can wait gives
+        way to fresher work of higher priority until then, and still starts by
+        its start-by (:func:`yard.core.queue.aging_start`).
     max_announcements: most announcements an app may have open at once
         (``POST /v1/announcements``; ``[apps.NAME] max_announcements`` overrides
         it). Read by the announcement service, not by the core.
@@ -172,6 +177,7 @@ class SchedulerConfig:
     default_service_s: float = 10.0
     lost_grace_s: float = 5.0
     lead_margin_s: float = 2.0
+    patient_aging_s: float = 3600.0
     max_announcements: int = 16
 
     def __post_init__(self) -> None:
@@ -185,3 +191,5 @@ class SchedulerConfig:
             raise ValueError("lead_margin_s and max_announcements must not be negative")
         if self.share_points < 0:
             raise ValueError("share_points must not be negative")
+        if not self.patient_aging_s > 0:
+            raise ValueError("patient_aging_s must be positive")
