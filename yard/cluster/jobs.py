@@ -83,6 +83,18 @@ _BEST = f"""
 """
 """The best unclaimed job of ``backends`` (a preferred backend first among
 equal ranks), read without locking it."""
+_CLAIM_BEST = f"""
+    UPDATE jobs SET claimed_by = %(node)s, claimed_at = extract(epoch FROM now())
+    WHERE seq = (SELECT seq FROM jobs WHERE seq = ({_BEST}) AND {_UNCLAIMED}
+                 FOR UPDATE SKIP LOCKED)
+    RETURNING {_COLUMNS}
+"""
+_CLAIM_NEXT = f"""
+    UPDATE jobs SET claimed_by = %(node)s, claimed_at = extract(epoch FROM now())
+    WHERE seq = (SELECT seq FROM jobs WHERE {_UNCLAIMED} AND backend = ANY(%(backends)s)
+                 ORDER BY rank DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED)
+    RETURNING {_COLUMNS}
+"""
 
 
 def rank_of(priority: float, created_at: float, aging_rate: float) -> float:
@@ -365,35 +377,18 @@ class PgJobStore:
             return None
 
         def _claim(conn: psycopg.Connection[Row]) -> JobRecord | None:
-            params = {"backends": list(backends), "prefer": list(prefer)}
-            # The best job: the top of each backend's queue (one probe of
-            # jobs_waiting each), then the best of those.
-            best = conn.execute(_BEST, params).fetchone()
-            if best is None:
-                return None
-            found = conn.execute(
-                f"SELECT seq FROM jobs WHERE seq = %s AND {_UNCLAIMED} FOR UPDATE SKIP LOCKED",
-                (best[0],),
-            ).fetchone()
-            if found is None:
-                # Another node is claiming it this instant: walk the one
-                # order past the jobs being claimed (without the tie-break).
-                found = conn.execute(
-                    f"SELECT seq FROM jobs WHERE {_UNCLAIMED} AND backend = ANY(%(backends)s) "
-                    "ORDER BY rank DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED",
-                    params,
-                ).fetchone()
-                if found is None:
-                    return None
-            row = conn.execute(
-                "UPDATE jobs SET claimed_by = %s, claimed_at = extract(epoch FROM now()) "
-                f"WHERE seq = %s RETURNING {_COLUMNS}",
-                (node, found[0]),
-            ).fetchone()
-            assert row is not None  # locked by this transaction since the SELECT
-            return _record(row)
+            # Each statement is a transaction of its own (autocommit): the
+            # usual claim is one round trip.
+            params = {"node": node, "backends": list(backends), "prefer": list(prefer)}
+            row = conn.execute(_CLAIM_BEST, params).fetchone()
+            if row is None and conn.execute(_BEST, params).fetchone() is not None:
+                # The best is being claimed by another node this instant:
+                # walk the one order past the jobs being claimed (without
+                # the tie-break).
+                row = conn.execute(_CLAIM_NEXT, params).fetchone()
+            return None if row is None else _record(row)
 
-        return await self._db.transaction(_claim)
+        return await self._db.run(_claim)
 
     async def release(self, job_id: str, node: str) -> bool:
         """Give a job ``node`` claimed and has not started back to the shared

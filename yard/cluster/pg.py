@@ -257,6 +257,13 @@ class PgDatabase:
         """The first row of a query, or None."""
         return await self._call(lambda conn: conn.execute(query, params or None).fetchone())
 
+    async def run(self, fn: Callable[[psycopg.Connection[Row]], T]) -> T:
+        """Run ``fn(connection)`` in a worker thread without a transaction
+        around it: each statement it executes commits on its own (one round
+        trip each). For a sequence of independent statements, each atomic by
+        itself; psycopg's errors as in :meth:`transaction`."""
+        return await self._call(fn)
+
     async def transaction(self, fn: Callable[[psycopg.Connection[Row]], T]) -> T:
         """Run ``fn(connection)`` in a worker thread inside one transaction and
         return what it returns; if ``fn`` raises, the transaction is rolled
