@@ -1,5 +1,7 @@
-"""Harness for the real-path tests: ``yard.serve.serve`` in this process on a
-free loopback port, with real test-backend processes (``yard.testing.backend``)."""
+"""Harness for the gateway tests. The real-path tests run ``yard.serve.serve``
+in this process on a free loopback port, with real test-backend processes
+(``yard.testing.backend``); :func:`virtual_yard` runs the gateway and the real
+engine on virtual time, with scripted processes and the in-process fake."""
 
 from __future__ import annotations
 
@@ -10,10 +12,18 @@ from pathlib import Path
 
 import trio
 
-from yard.config import load_config
+from tests.engine.fakes import Script
+from tests.http.conftest import APPS, make_config
+from tests.http.virtual import ServedLauncher, VirtualGateway
+from yard.config import AppConfig, load_config
+from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
+from yard.engine import Engine
+from yard.http.app import create_app
 from yard.http.runtime import Runtime
+from yard.http.server import Server
 from yard.serve import serve
 from yard.testing.backend import backend_command
+from yard.testing.fake import FakeBackend, Options, serve_fake
 
 
 def backend_toml(
@@ -63,3 +73,36 @@ async def wait_until(condition: Callable[[], bool], *, poll_s: float = 0.02) -> 
         if condition():
             return
         await trio.sleep(poll_s)
+
+
+@asynccontextmanager
+async def virtual_yard(
+    fake: Options, *, load_s: float = 2.0, apps: Mapping[str, AppConfig] = APPS
+) -> AsyncIterator[VirtualGateway[Engine]]:
+    """The gateway with the real engine and scheduler core, for tests under
+    MockClock: one backend, ``llm`` (model ``tiny``, one slot, on the host),
+    whose process loads in ``load_s`` and answers as the fake backend with
+    options ``fake``; clients connect through loopback TCP pairs."""
+    async with trio.open_nursery() as nursery:
+        upstream = await nursery.start(serve_fake, FakeBackend(fake))
+        scheduler = Scheduler(
+            [DeviceSpec(name="host", kind="host", total_bytes=64 * 2**30)],
+            [BackendSpec(name="llm", slots=1)],
+            SchedulerConfig(),
+        )
+        launcher = ServedLauncher(upstream.base_url, {"llm": Script(ready_after_s=load_s)})
+        engine = Engine(scheduler=scheduler, launcher=launcher)
+        await nursery.start(engine.run)
+        runtime = Runtime(
+            config=make_config(apps=dict(apps)), engine=engine, started_at=1_700_000_000.0
+        )
+        server = Server(create_app(runtime))
+        server.nursery = nursery
+        gateway = VirtualGateway(server, nursery, engine, upstream, runtime)
+        try:
+            yield gateway
+        finally:
+            nursery.cancel_scope.cancel()
+            for client in gateway.clients:
+                client.socket.close()
+            runtime.upstream.close_idle()

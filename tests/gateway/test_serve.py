@@ -3,7 +3,6 @@ real sockets (loopback). Slow: each test starts processes."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -74,69 +73,6 @@ async def test_openai_client_gets_the_same_answers_through_yard_as_directly(
             sent = dict(echo["headers"])
             assert plain.headers["x-yard-request-id"] == sent["x-yard-request-id"]
             assert [(m["id"], m["state"]) for m in models.json()["data"]] == [("tiny", "ready")]
-
-
-async def test_two_apps_contending_for_one_slot_are_served_in_priority_order(
-    tmp_path: Path,
-) -> None:
-    counter = tmp_path / "served.txt"
-    apps = (
-        '[apps.chat]\nkey = "key-chat"\ndefault_priority = 80\nmax_priority = 90\n\n'
-        '[apps.batch]\nkey = "key-batch"\ndefault_priority = 10\nmax_priority = 20\n\n'
-    )
-    body = apps + _llm(tmp_path, service_time=0.4, counter_file=str(counter))
-    with trio.fail_after(60):
-        async with running_yard(tmp_path, body) as runtime:
-            engine = runtime.engine
-            ids: dict[str, str] = {}
-            async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
-
-                async def send(label: str, key: str) -> None:
-                    response = await client.post(
-                        "/v1/chat/completions",
-                        json=CHAT,
-                        headers={"authorization": f"Bearer {key}"},
-                    )
-                    assert response.status_code == 200, response.text
-                    ids[label] = response.headers["x-yard-request-id"]
-
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(send, "first", "key-batch")
-                    await wait_until(lambda: engine.statistics().inflight == 1)
-                    nursery.start_soon(send, "batch", "key-batch")
-                    await wait_until(lambda: engine.statistics().queue_length == 1)
-                    nursery.start_soon(send, "chat", "key-chat")
-                    await wait_until(lambda: engine.statistics().queue_length == 2)
-            served = counter.read_text().split()
-            assert served == [ids["first"], ids["chat"], ids["batch"]]
-
-
-async def test_client_that_disconnects_mid_stream_frees_the_slot_at_once(
-    tmp_path: Path,
-) -> None:
-    body = _llm(tmp_path, chunks=10_000, chunk_interval=0.02)
-    with trio.fail_after(60):
-        async with running_yard(tmp_path, body) as runtime:
-            engine = runtime.engine
-            host, port = runtime.urls[0].removeprefix("http://").rsplit(":", 1)
-            stream = await trio.open_tcp_stream(host, int(port))
-            payload = json.dumps({**CHAT, "stream": True}).encode()
-            try:
-                await stream.send_all(
-                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-                    b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                    % (len(payload), payload)
-                )
-                first = await stream.receive_some(65536)
-                assert first.startswith(b"HTTP/1.1 200"), first[:200]
-                assert engine.statistics().inflight == 1
-            finally:
-                await stream.aclose()
-            await wait_until(lambda: engine.statistics().inflight == 0)
-            stats = engine.statistics()
-            assert stats.requests.get("cancelled") == 1
-            assert stats.requests.get("ok", 0) == 0
-            assert engine.snapshot().backends[0].inflight == 0
 
 
 async def test_backend_crash_mid_request_fails_the_client_and_is_never_retried(
@@ -287,36 +223,6 @@ async def test_sigterm_lets_the_stream_in_flight_finish_then_stops_the_backends(
             assert text.rstrip().endswith("data: [DONE]")
         # serve returned by itself: the backend process is gone.
         assert not _alive(pid)
-
-
-async def test_a_deadline_that_cannot_be_met_is_refused_at_once_unless_late_is_allowed(
-    tmp_path: Path,
-) -> None:
-    with trio.fail_after(60):
-        async with running_yard(tmp_path, _llm(tmp_path, service_time=1.0)) as runtime:
-            engine = runtime.engine
-            async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
-                await client.post("/v1/chat/completions", json=CHAT)  # loaded and measured
-                results: dict[str, httpx.Response] = {}
-
-                async def send(label: str, headers: dict[str, str]) -> None:
-                    results[label] = await client.post(
-                        "/v1/chat/completions", json=CHAT, headers=headers
-                    )
-
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(send, "busy", {})
-                    await wait_until(lambda: engine.statistics().inflight == 1)
-                    start = trio.current_time()
-                    await send("refused", {"x-yard-start-within": "0.2"})
-                    refused_after = trio.current_time() - start
-                    await send("late", {"x-yard-start-within": "0.2", "x-yard-allow-late": "true"})
-            refused = results["refused"]
-            assert refused.status_code == 409
-            assert refused.json()["error"]["code"] == "deadline_infeasible"
-            assert refused_after < 0.5
-            assert results["late"].status_code == 200
-            assert results["busy"].status_code == 200
 
 
 async def test_a_second_yard_on_a_taken_port_fails_before_touching_the_backends(

@@ -10,18 +10,18 @@ memory stream).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-import h11
 import httpx
 import pytest
 import trio
 import trio.testing
 
 from tests.http.fakes import FakeEngine
+from tests.http.virtual import VirtualGateway
 from yard.config import AppConfig, BackendConfig, Config, ServerConfig
 from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
@@ -132,96 +132,10 @@ async def open_raw(url: str, method: str, path: str, body: bytes) -> trio.Socket
     return stream
 
 
-async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
-    """A connected loopback TCP pair: (the server's end, the client's end)."""
-    listener = trio.socket.socket()
-    with listener:
-        await listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        client = trio.socket.socket()
-        await client.connect(listener.getsockname())
-        server_end, _ = await listener.accept()
-    return trio.SocketStream(server_end), trio.SocketStream(client)
-
-
-@dataclass
-class Reply:
-    """A response as the client saw it, with the virtual time of each piece."""
-
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes = b""
-    #: (virtual time, bytes) of each piece of the body as it arrived.
-    pieces: list[tuple[float, bytes]] = field(default_factory=list)
-    #: The response ended cleanly (not cut).
-    complete: bool = False
-
-    def header(self, name: str) -> list[str]:
-        return [value for key, value in self.headers if key == name]
-
-
-@dataclass
-class VirtualGateway:
-    """The gateway on :class:`~yard.http.server.Server`, reached through
-    loopback TCP pairs handed to :meth:`Server.handle` (see ``vgw``)."""
-
-    server: Server
-    nursery: trio.Nursery
-    engine: FakeEngine
-    upstream: Upstream
-    runtime: Runtime
-    clients: list[trio.SocketStream] = field(default_factory=list)
-
-    async def open(
-        self, method: str, path: str, body: bytes = b"", headers: Sequence[tuple[str, str]] = ()
-    ) -> trio.SocketStream:
-        """A new connection with one request written on it."""
-        server_end, client = await tcp_pair()
-        self.clients.append(client)
-        self.nursery.start_soon(self.server.handle, server_end)
-        head = [("host", "127.0.0.1"), ("content-length", str(len(body))), *headers]
-        await client.send_all(
-            f"{method} {path} HTTP/1.1\r\n".encode()
-            + b"".join(f"{k}: {v}\r\n".encode() for k, v in head)
-            + b"\r\n"
-            + body
-        )
-        return client
-
-    async def request(
-        self, method: str, path: str, body: bytes = b"", headers: Sequence[tuple[str, str]] = ()
-    ) -> Reply:
-        """One request; its response read (with h11) to the end or the cut."""
-        stream = await self.open(method, path, body, headers)
-        conn = h11.Connection(h11.CLIENT)
-        conn.send(h11.Request(method=method, target=path, headers=[("host", "127.0.0.1")]))
-        conn.send(h11.EndOfMessage())
-        reply: Reply | None = None
-        try:
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    conn.receive_data(await stream.receive_some(65536))
-                elif isinstance(event, h11.Response):
-                    headers_in = [(k.decode(), v.decode()) for k, v in event.headers]
-                    reply = Reply(event.status_code, headers_in)
-                elif isinstance(event, h11.Data):
-                    assert reply is not None
-                    reply.body += event.data
-                    reply.pieces.append((trio.current_time(), bytes(event.data)))
-                elif isinstance(event, h11.EndOfMessage):
-                    assert reply is not None
-                    reply.complete = True
-                    return reply
-        except (h11.RemoteProtocolError, trio.BrokenResourceError):
-            assert reply is not None, "no response at all"
-            return reply
-        finally:
-            await stream.aclose()
-
-
 @pytest.fixture
-async def vgw(autojump_clock: trio.testing.MockClock) -> AsyncIterator[VirtualGateway]:
+async def vgw(
+    autojump_clock: trio.testing.MockClock,
+) -> AsyncIterator[VirtualGateway[FakeEngine]]:
     """The gateway under MockClock (the test runs on virtual time)."""
     async with trio.open_nursery() as nursery:
         upstream = await nursery.start(serve_upstream, Upstream())

@@ -15,11 +15,12 @@ from tests.http.conftest import (
     APPS,
     Gateway,
     GatewayFactory,
-    VirtualGateway,
     make_config,
     open_raw,
 )
+from tests.http.fakes import FakeEngine
 from tests.http.upstream import Scripted, serve_scripted
+from tests.http.virtual import VirtualGateway
 from yard.engine import Rejected
 from yard.observe.metrics import REQUESTS
 
@@ -189,7 +190,7 @@ async def test_core_rejections_become_errors_with_status_and_retry_after(gw: Gat
 
 
 async def test_deadline_headers_reach_the_engine_on_its_clock(
-    vgw: VirtualGateway, autojump_clock: trio.testing.MockClock
+    vgw: VirtualGateway[FakeEngine], autojump_clock: trio.testing.MockClock
 ) -> None:
     await trio.sleep(100)
     body = json.dumps(CHAT).encode()
@@ -279,7 +280,7 @@ async def test_healthz_answers_once_serving(gw: Gateway) -> None:
 
 
 async def test_stream_chunks_arrive_as_the_backend_sends_them(
-    vgw: VirtualGateway, autojump_clock: trio.testing.MockClock
+    vgw: VirtualGateway[FakeEngine], autojump_clock: trio.testing.MockClock
 ) -> None:
     body = json.dumps({**CHAT, "stream": True, "chunks": 3, "interval": 0.3}).encode()
     t0 = trio.current_time()
@@ -295,7 +296,7 @@ async def test_stream_chunks_arrive_as_the_backend_sends_them(
 
 
 async def test_client_disconnect_mid_stream_cancels_upstream_and_frees_the_slot(
-    vgw: VirtualGateway,
+    vgw: VirtualGateway[FakeEngine],
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     body = json.dumps({**CHAT, "stream": True, "chunks": 1000, "interval": 0.05}).encode()
@@ -317,7 +318,7 @@ async def test_client_disconnect_mid_stream_cancels_upstream_and_frees_the_slot(
 
 
 async def test_client_that_leaves_while_queued_gives_up_its_place(
-    vgw: VirtualGateway, autojump_clock: trio.testing.MockClock
+    vgw: VirtualGateway[FakeEngine], autojump_clock: trio.testing.MockClock
 ) -> None:
     vgw.engine.hold["llm"] = trio.Event()
     stream = await vgw.open("POST", "/v1/chat/completions", json.dumps(CHAT).encode())
@@ -354,7 +355,7 @@ async def test_a_requeued_request_is_sent_again_when_the_core_says_so(gw: Gatewa
 
 
 async def test_connection_cut_mid_response_ends_the_client_response_as_an_error(
-    vgw: VirtualGateway,
+    vgw: VirtualGateway[FakeEngine],
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     reply = await vgw.request("POST", "/backends/music/cut-after")

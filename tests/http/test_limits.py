@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.http.conftest import tcp_pair
+from tests.http.virtual import tcp_pair
 from yard.http.server import ASGIApp, Limits, Server
 
 Scope = dict[str, Any]

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import trio
 
-from tests.engine.fakes import FakeLauncher, FakeProcess, Script
+from tests.engine.fakes import Script
+from tests.http.virtual import ServedLauncher
 from yard.config import BackendConfig, Config, ServerConfig
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
@@ -62,37 +63,6 @@ class _Backend:
             await self.changed.wait()
 
 
-class _Process(FakeProcess):
-    """A fake backend process whose base URL is the in-process backend."""
-
-    def __init__(self, name: str, gpus: tuple[str, ...], url: str) -> None:
-        super().__init__(name, gpus, Script(ready_after_s=0.0), pid=1000)
-        self.url = url
-
-    @property
-    def base_url(self) -> str:
-        return self.url
-
-
-class _Launcher(FakeLauncher):
-    def __init__(self, backend: _Backend) -> None:
-        super().__init__()
-        self.backend = backend
-
-    async def launch(
-        self,
-        backend: str,
-        gpus: tuple[str, ...],
-        *,
-        measure: bool = False,
-        context: int | None = None,
-    ) -> FakeProcess:
-        await trio.lowlevel.checkpoint()
-        process = _Process(backend, gpus, f"http://127.0.0.1:{self.backend.port}")
-        self.processes.append(process)
-        return process
-
-
 @asynccontextmanager
 async def _yard(server: ServerConfig) -> AsyncIterator[tuple[str, Engine, _Backend]]:
     backend = _Backend()
@@ -111,11 +81,13 @@ async def _yard(server: ServerConfig) -> AsyncIterator[tuple[str, Engine, _Backe
         [BackendSpec(name="big", slots=SLOTS)],
         config.scheduler,
     )
-    engine = Engine(scheduler=scheduler, launcher=_Launcher(backend))
+    launcher = ServedLauncher(scripts={"big": Script(ready_after_s=0.0)})
+    engine = Engine(scheduler=scheduler, launcher=launcher)
     runtime = Runtime(config=config, engine=engine)
     async with trio.open_nursery() as nursery:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         backend.port = listeners[0].socket.getsockname()[1]
+        launcher.url = f"http://127.0.0.1:{backend.port}"
         nursery.start_soon(trio.serve_listeners, backend.handle, listeners)
         await nursery.start(engine.run)
         binds = await nursery.start(
