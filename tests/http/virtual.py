@@ -131,17 +131,9 @@ class ServedLauncher(FakeLauncher):
         super().__init__(scripts)
         self.url = url
 
-    async def launch(
-        self,
-        backend: str,
-        gpus: tuple[str, ...],
-        *,
-        measure: bool = False,
-        context: int | None = None,
-    ) -> FakeProcess:
-        await trio.lowlevel.checkpoint()
-        self.launched.append((trio.current_time(), backend, gpus))
-        script = self.scripts.get(backend, Script())
-        process = ServedProcess(self.url, backend, gpus, script, pid=1000 + len(self.processes))
-        self.processes.append(process)
+    async def launch(self, backend: str, gpus: tuple[str, ...], **options: Any) -> FakeProcess:
+        """As :meth:`FakeLauncher.launch`, with the process answering at ``url``."""
+        scripted = await super().launch(backend, gpus, **options)
+        process = ServedProcess(self.url, backend, gpus, scripted.script, pid=scripted.pid or 0)
+        self.processes[-1] = process
         return process
