@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
+from collections import OrderedDict
 from typing import Any, Protocol
 from urllib.parse import unquote
 
@@ -67,6 +68,8 @@ class Host(Protocol):
     address: tuple[str, int] | None
     lifespan_state: dict[str, Any]
     connections: set[Connection]
+    waiting: OrderedDict[Connection, None]
+    """The connections waiting on their client, the longest waiting first."""
     nursery: trio.Nursery | None
     max_connections: int
 
@@ -109,11 +112,13 @@ class Connection:
         self.idle_since: float | None = None
         """Set while waiting for a request none of which has arrived yet
         (such a connection is closed at once at shutdown)."""
-        self.waiting_since: float | None = None
-        """Set while waiting on the client for a request's head (none of it,
-        or part) or for more of its body (also the rest of a body the app
-        answered without reading): the server may close such a connection to
-        make room at its cap (the longest waiting first)."""
+        # While waiting on the client for a request's head (none of it, or
+        # part) or for more of its body (also the rest of a body the app
+        # answered without reading), the connection is in server.waiting:
+        # the server may close it to make room at its cap, the longest
+        # waiting first. A connection is added when its wait begins and
+        # removed when it ends, so the order is that of the waits' beginnings.
+        self._waiting = server.waiting
         limits = server.limits
         self._keep_alive_s = limits.keep_alive_s
         self._head_timeout_s = limits.head_timeout_s
@@ -270,19 +275,22 @@ class Connection:
         else:
             deadline = now + self._keep_alive_s
         self.idle_since = None if conn.buffered else now
-        self.waiting_since = now
-        while True:
-            if not await self._receive(deadline):
-                return None
-            event = conn.next_event()
-            if event is not wire.NEED_DATA:
-                self.idle_since = self.waiting_since = None
-                return event
-            if self.idle_since is not None and conn.buffered:
-                # A head has begun: it has head_timeout_s from its first byte.
-                self.idle_since = None
-                if self._requests:
-                    deadline = trio.current_time() + self._head_timeout_s
+        self._waiting[self] = None
+        try:
+            while True:
+                if not await self._receive(deadline):
+                    return None
+                event = conn.next_event()
+                if event is not wire.NEED_DATA:
+                    self.idle_since = None
+                    return event
+                if self.idle_since is not None and conn.buffered:
+                    # A head has begun: it has head_timeout_s from its first byte.
+                    self.idle_since = None
+                    if self._requests:
+                        deadline = trio.current_time() + self._head_timeout_s
+        finally:
+            self._waiting.pop(self, None)
 
     async def body_event(self) -> wire.Event | wire.Signal | None:
         """The request body's next event; None when the body made no
@@ -295,12 +303,12 @@ class Connection:
             event = self.wire.next_event()
             if event is not wire.NEED_DATA:
                 return event
-            self.waiting_since = now = trio.current_time()
+            self._waiting[self] = None
             try:
-                if not await self._receive(now + self.body_timeout_s):
+                if not await self._receive(trio.current_time() + self.body_timeout_s):
                     return None
             finally:
-                self.waiting_since = None
+                self._waiting.pop(self, None)
 
     async def _drain_request(self) -> bool:
         """Read what the app left of the request body, so the connection can
@@ -313,12 +321,12 @@ class Connection:
                 if event is wire.NEED_DATA:
                     # The answer is out: nothing is lost if the server closes
                     # this connection to make room.
-                    self.waiting_since = trio.current_time()
+                    self._waiting[self] = None
                     try:
                         if not await self._receive(deadline):
                             return False
                     finally:
-                        self.waiting_since = None
+                        self._waiting.pop(self, None)
                     continue
             except wire.ProtocolError:
                 return False

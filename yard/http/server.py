@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import socket
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -70,6 +71,8 @@ _DEFER_ACCEPT_S = 5
 _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _ACCEPT_RETRY_S = 0.1
 _LOG_EVERY_S = 10.0
+_ACCEPT_BATCH = 16
+"""Connections taken from a listener's backlog per wake-up, at most."""
 
 
 class _Throttled:
@@ -111,10 +114,20 @@ class Server:
         self.address: tuple[str, int] | None = None
         self.lifespan_state: dict[str, Any] = {}
         self.connections: set[Connection] = set()
+        self.waiting: OrderedDict[Connection, None] = OrderedDict()
+        """The connections waiting on their client (for a request head, or
+        more of a body), the longest waiting first: the next to close at the
+        cap."""
         self.nursery: trio.Nursery | None = None
         """Where connections and their hang-up readers run (set by :func:`serve`)."""
         self.accepting = True
         self._accept_scopes: set[trio.CancelScope] = set()
+        # Per listener, a duplicate of its socket that accepts without a
+        # checkpoint (trio's accept is one trip through the run loop each).
+        self._backlogs: dict[trio.SocketListener, socket.socket] = {}
+        self._starting = 0
+        """Connections admitted whose task has not run yet (they count
+        against the cap as the open ones do)."""
         self._accept_failed = _Throttled(_LOG_EVERY_S)
         self._refused = _Throttled(_LOG_EVERY_S)
         self._evicted = _Throttled(_LOG_EVERY_S)
@@ -138,15 +151,9 @@ class Server:
         body, also after its answer), so that one whose request is here
         (TCP_DEFER_ACCEPT) is served instead. False when no connection waits
         on its client."""
-        oldest: Connection | None = None
-        oldest_since = math.inf
-        for conn in self.connections:
-            since = conn.waiting_since
-            if since is not None and since < oldest_since:
-                oldest, oldest_since = conn, since
-        if oldest is None:
+        if not self.waiting:
             return False
-        oldest.waiting_since = None
+        oldest, _ = self.waiting.popitem(last=False)
         oldest.stream.socket.close()
         oldest.hang_up()
         self._evicted.log(
@@ -196,49 +203,105 @@ class Server:
             self.limits.reserved_connections,
         )
 
+    def _admit(self, stream: trio.SocketStream) -> bool | None:
+        """Whether a new connection is served from the reserve (True) or in
+        full (False); None when it was refused (and closed)."""
+        open_now = len(self.connections) + self._starting
+        if open_now < self.max_connections or self._make_room():
+            return False
+        if open_now < self.max_connections + self.limits.reserved_connections:
+            return True
+        self._refuse(stream)
+        return None
+
+    def _accept_now(self, listener: trio.SocketListener) -> list[trio.SocketStream]:
+        """The connections waiting in ``listener``'s backlog now, up to
+        :data:`_ACCEPT_BATCH` - 1, taken without waiting or a checkpoint."""
+        if not self.accepting or listener.socket.fileno() < 0:
+            return []
+        backlog = self._backlogs.get(listener)
+        if backlog is None:
+            sock = listener.socket
+            backlog = socket.fromfd(sock.fileno(), sock.family, sock.type, sock.proto)
+            backlog.setblocking(False)
+            self._backlogs[listener] = backlog
+        streams: list[trio.SocketStream] = []
+        for _ in range(_ACCEPT_BATCH - 1):
+            try:
+                accepted, _ = backlog.accept()
+            except OSError:
+                # Nothing waiting (EAGAIN), or an error the waiting accept
+                # meets and handles next.
+                break
+            streams.append(trio.SocketStream(trio.socket.from_stdlib_socket(accepted)))
+        return streams
+
+    async def _serve_admitted(self, stream: trio.SocketStream, restricted: bool) -> None:
+        self._starting -= 1
+        await self.handle(stream, restricted=restricted)
+
     async def accept_and_serve(self, listener: trio.SocketListener) -> None:
-        """Accept one connection, hand the listener to a new task, serve it.
+        """Accept connections, hand the listener to a new task, serve one.
 
         Leader and followers instead of one accepting task that starts a task
         per connection: the task that was woken by the connection serves it
         straight away, and the next acceptor starts while this one waits on
         a backend. A task started per connection would only run after one
         more trip through the run loop, between the accept and the request.
+
+        What else waits in the backlog when the task wakes (up to
+        :data:`_ACCEPT_BATCH` connections in all) is taken at once, each
+        into a task of its own: one connection per trip through the run
+        loop would keep a client waiting in the backlog behind a crowd (an
+        attacker's reconnecting sockets) for as many trips.
         """
-        while True:
-            if not self.accepting:
-                return
-            scope = trio.CancelScope()
-            self._accept_scopes.add(scope)
-            try:
-                with scope:
-                    stream = await listener.accept()
-            except trio.ClosedResourceError:
-                return  # shutting down
-            except OSError as exc:
-                if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
-                    raise
-                # Out of file descriptors or memory: as trio.serve_listeners.
-                self._accept_failed.log(
-                    logging.ERROR, "accept failed (%s); retrying every %.1f s", exc, _ACCEPT_RETRY_S
-                )
-                await trio.sleep(_ACCEPT_RETRY_S)
-                continue
-            finally:
-                self._accept_scopes.discard(scope)
-            if scope.cancelled_caught:
-                return
-            open_now = len(self.connections)
-            if open_now < self.max_connections or self._make_room():
-                restricted = False
-                break
-            if open_now < self.max_connections + self.limits.reserved_connections:
-                restricted = True
-                break
-            self._refuse(stream)
         assert self.nursery is not None
-        self.nursery.start_soon(self.accept_and_serve, listener)
-        await self.handle(stream, restricted=restricted)
+        handed_over = False
+        try:
+            while True:
+                if not self.accepting:
+                    return
+                scope = trio.CancelScope()
+                self._accept_scopes.add(scope)
+                try:
+                    with scope:
+                        stream = await listener.accept()
+                except trio.ClosedResourceError:
+                    return  # shutting down
+                except OSError as exc:
+                    if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    # Out of file descriptors or memory: as trio.serve_listeners.
+                    self._accept_failed.log(
+                        logging.ERROR,
+                        "accept failed (%s); retrying every %.1f s",
+                        exc,
+                        _ACCEPT_RETRY_S,
+                    )
+                    await trio.sleep(_ACCEPT_RETRY_S)
+                    continue
+                finally:
+                    self._accept_scopes.discard(scope)
+                if scope.cancelled_caught:
+                    return
+                restricted = self._admit(stream)
+                if restricted is not None:
+                    self._starting += 1
+                for extra in self._accept_now(listener):
+                    extra_restricted = self._admit(extra)
+                    if extra_restricted is not None:
+                        self._starting += 1
+                        self.nursery.start_soon(self._serve_admitted, extra, extra_restricted)
+                if restricted is not None:
+                    break
+            self.nursery.start_soon(self.accept_and_serve, listener)
+            handed_over = True
+        finally:
+            if not handed_over:
+                backlog = self._backlogs.pop(listener, None)
+                if backlog is not None:
+                    backlog.close()
+        await self._serve_admitted(stream, restricted)
 
     def stop_accepting(self, listeners: list[trio.SocketListener]) -> None:
         """No new connections: stop the waiting acceptors, close the listeners."""
