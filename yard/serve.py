@@ -5,7 +5,8 @@ The nursery tree (DESIGN.md "The shape"), each part started with
 
 1. the supervisor: reaps backends a killed yard left behind, then launches;
 2. the meter (``yard.memory.default_meter``: host RAM, plus GPUs via NVML);
-3. the profile store (``data_dir/profiles.sqlite``);
+3. the profile store (``data_dir/profiles.sqlite``; with ``[cluster]``, the
+   shared database, opened and migrated here);
 4. the engine, which owns the scheduler core;
 5. the job service (``data_dir/jobs.sqlite``, settings from ``[jobs]``);
    with ``[cluster]``, the shared queue in PostgreSQL and this node
@@ -43,7 +44,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -51,7 +52,9 @@ import trio
 
 from yard.announce.service import announcement_service
 from yard.batches.service import open_batches
-from yard.cluster.node import open_node
+from yard.cluster.node import open_database, open_node
+from yard.cluster.pg import PgDatabase
+from yard.cluster.profiles import PgProfileStore
 from yard.config import Config, ConfigError, exposure, is_loopback, load_config
 from yard.core import Scheduler
 from yard.core.decisions import (
@@ -221,8 +224,19 @@ async def _serve(
             watcher.cancel()
             raise
 
-        profiles = await open_profile_store(config, devices=meter.describe())
-        stack.push_async_callback(_shielded_close, profiles)
+        profiles: SqliteProfileStore | PgProfileStore
+        cluster_db: PgDatabase | None = None
+        if config.cluster is None:
+            profiles = await open_profile_store(config, devices=meter.describe())
+        else:
+            # A node: profiles, jobs and the registry in the shared database;
+            # one measurement serves every node with the same GPU model.
+            cluster_db = await open_database(config.cluster)
+            stack.push_async_callback(_shielded_close, cluster_db.close)
+            profiles = PgProfileStore(
+                cluster_db, config, node=config.cluster.node, devices=meter.describe()
+            )
+        stack.push_async_callback(_shielded_close, profiles.aclose)
 
         engine = Engine(
             scheduler=scheduler,
@@ -252,7 +266,7 @@ async def _serve(
             # parts that show it (status, /metrics).
             meter=MeterInfo(mode=meter.mode, detail=meter.mode_detail),
         )
-        if config.cluster is None:
+        if cluster_db is None:
             jobs = await stack.enter_async_context(
                 open_jobs(
                     engine=engine,
@@ -275,6 +289,7 @@ async def _serve(
             node, jobs = await stack.enter_async_context(
                 open_node(
                     config=config,
+                    db=cluster_db,
                     engine=engine,
                     pool=runtime.upstream,
                     gpu_models=[
@@ -287,7 +302,7 @@ async def _serve(
             await nursery.start(jobs.run)
             await nursery.start(node.run)
             local_store = await JobStore.open(config.server.data_dir / JOBS_FILE)
-            stack.push_async_callback(_shielded_close, local_store)
+            stack.push_async_callback(_shielded_close, local_store.close)
         announcements = announcement_service(engine, local_store, config)
         runtime.announcements = announcements
         await nursery.start(announcements.run)
@@ -481,12 +496,9 @@ async def _serve_http(
         runtime.http_done.set()
 
 
-async def _shielded_close(resource: SqliteProfileStore | JobStore) -> None:
+async def _shielded_close(close: Callable[[], Awaitable[None]]) -> None:
     with trio.CancelScope(shield=True):
-        if isinstance(resource, JobStore):
-            await resource.close()
-        else:
-            await resource.aclose()
+        await close()
 
 
 def stop_signals() -> tuple[signal.Signals, ...]:

@@ -181,7 +181,10 @@ async def _gateway(
     nursery: trio.Nursery, config: Config, engine: FakeEngine, forwarder: Forwarder
 ) -> tuple[str, Runtime]:
     runtime = Runtime(config=config, engine=cast(Engine, engine), started_at=time.time())
-    runtime.cluster = cast(Node, SimpleNamespace(forwarder=forwarder))
+    health = {"status": "ok", "node": forwarder.node, "database": "ok", "nodes": []}
+    runtime.cluster = cast(
+        Node, SimpleNamespace(forwarder=forwarder, name=forwarder.node, health=lambda: health)
+    )
     forwarder._pool = runtime.upstream
     binds = await nursery.start(serve_app, create_app(runtime), "127.0.0.1", 0)
     return str(binds[0]), runtime

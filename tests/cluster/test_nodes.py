@@ -317,3 +317,31 @@ async def test_every_node_shows_in_status_dashboard_metrics_and_yard_status(
         render(status, console)
         text = console.export_text()
         assert "Nodes" in text and "a (here)" in text and "llm" in text
+
+
+@pytest.mark.slow
+async def test_a_job_cancelled_on_one_node_stops_running_on_another(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    slow = backend_table("llm", ["tiny"], service_time=30.0)
+    async with running_cluster(postgres_dsn, tmp_path, {"c": slow, "a": slow}) as cluster:
+        a = cluster.clients["a"]
+        with trio.fail_after(60):
+            await cluster.load("c", "llm")
+            first = await submit(a, 50)
+            await _wait_status(a, first, "running")
+            response = await a.delete(f"/v1/jobs/{first}")
+            assert response.status_code == 200, response.text
+            # c's one slot is free again long before the 30 s the backend
+            # would take: the next job starts there.
+            second = await submit(a, 50)
+            with trio.fail_after(15):
+                await _wait_status(a, second, "running")
+        assert (await a.get(f"/v1/jobs/{first}")).json()["status"] == "cancelled"
+
+
+async def _wait_status(client: httpx.AsyncClient, job_id: str, status: str) -> None:
+    while True:
+        if (await client.get(f"/v1/jobs/{job_id}")).json()["status"] == status:
+            return
+        await trio.sleep(0.05)

@@ -37,6 +37,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -49,7 +50,7 @@ from yard.cluster.listen import Listener
 from yard.cluster.pg import PgDatabase
 from yard.cluster.policy import Peer, hungry, local_backends
 from yard.cluster.registry import NodeState, Registry
-from yard.cluster.schema import MIGRATIONS
+from yard.cluster.schema import ENDED_CHANNEL, JOBS_CHANNEL, MIGRATIONS, NODES_CHANNEL
 from yard.config import Config
 from yard.config.cluster import ClusterConfig
 from yard.core.decisions import Decision, Dispatch
@@ -74,6 +75,7 @@ class EngineLike(Protocol):
 
 class JobsLike(Protocol):
     def enqueue(self, job: JobRecord, *, arrived_at_wall: float | None = None) -> None: ...
+    async def ended_elsewhere(self, job_ids: AbstractSet[str] | None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -348,8 +350,12 @@ class Node:
         # The listener reconnects by itself (and then reports every channel).
         async with self._listen() as listener:
             while True:
-                if await listener.wait():
+                fired = await listener.wait()
+                if fired - {ENDED_CHANNEL}:
                     self.wake()
+                if ENDED_CHANNEL in fired:
+                    # Jobs that ended on some node (or, None: maybe any).
+                    await self.jobs.ended_elsewhere(listener.payloads(ENDED_CHANNEL))
 
     async def leave(self) -> None:
         """A graceful stop: after the job service has stopped, hand this
@@ -445,68 +451,66 @@ def rank(priority: float, created_at: float, aging_rate: float) -> float:
     return value if math.isfinite(value) else -math.inf
 
 
+async def open_database(cluster: ClusterConfig) -> PgDatabase:
+    """Connect to the cluster's database and migrate it (once, whichever
+    node comes first). Raises :class:`yard.db.DatabaseError` when it cannot
+    be reached: a node that never reached it has nothing to serve from it."""
+    return await PgDatabase.open(
+        cluster.database, MIGRATIONS, application_name=f"yard {cluster.node}"
+    )
+
+
 @asynccontextmanager
 async def open_node(
     *,
     config: Config,
+    db: PgDatabase,
     engine: Engine,
     pool: UpstreamPool,
     gpu_models: Sequence[str] = (),
     wall: Callable[[], float] = time.time,
 ) -> AsyncIterator[tuple[Node, Jobs]]:
-    """Connect to the cluster's database (migrating it), and yield this node
-    and its job service on the shared queue (neither running yet: start
-    ``jobs.run``, then ``node.run``, with ``nursery.start``). On the way out
-    the job service stops, the node hands its jobs back (:meth:`Node.leave`)
-    and the database is closed.
-
-    Raises :class:`yard.db.DatabaseError` when the database cannot be reached
-    at start (a node that never reached it has nothing to serve from it).
+    """Yield this node and its job service on the shared queue in ``db``
+    (:func:`open_database`; the caller closes it), neither running yet: start
+    ``jobs.run``, then ``node.run``, with ``nursery.start``. On the way out the
+    job service stops and the node hands its jobs back (:meth:`Node.leave`).
     """
-
     cluster = config.cluster
     if cluster is None:
         raise ValueError("open_node needs a configuration with [cluster]")
-    db = await PgDatabase.open(
-        cluster.database, MIGRATIONS, application_name=f"yard {cluster.node}"
+    store = PgJobStore(db, node=cluster.node, aging_rate=config.scheduler.aging_rate)
+    wake: list[Callable[[], None]] = []
+
+    async def release(job_id: str) -> bool:
+        return await store.release(job_id, cluster.node)
+
+    jobs = Jobs(
+        engine=engine,
+        store=store,
+        pool=pool,
+        config=config.jobs,
+        wall=wall,
+        shared=True,
+        on_change=lambda: wake[0]() if wake else None,
+        release=release,
     )
+    node = Node(
+        config=config,
+        cluster=cluster,
+        engine=engine,
+        jobs=jobs,
+        store=store,
+        registry=Registry(db),
+        listen=lambda: Listener(cluster.database, (JOBS_CHANNEL, NODES_CHANNEL, ENDED_CHANNEL)),
+        forwarder=Forwarder(node=cluster.node, secret=cluster.secret, pool=pool),
+        gpu_models=gpu_models,
+        wall=wall,
+    )
+    wake.append(node.wake)
     try:
-        store = PgJobStore(db, node=cluster.node, aging_rate=config.scheduler.aging_rate)
-        wake: list[Callable[[], None]] = []
-
-        async def release(job_id: str) -> bool:
-            return await store.release(job_id, cluster.node)
-
-        jobs = Jobs(
-            engine=engine,
-            store=store,
-            pool=pool,
-            config=config.jobs,
-            wall=wall,
-            shared=True,
-            on_change=lambda: wake[0]() if wake else None,
-            release=release,
-        )
-        node = Node(
-            config=config,
-            cluster=cluster,
-            engine=engine,
-            jobs=jobs,
-            store=store,
-            registry=Registry(db),
-            listen=lambda: Listener(cluster.database),
-            forwarder=Forwarder(node=cluster.node, secret=cluster.secret, pool=pool),
-            gpu_models=gpu_models,
-            wall=wall,
-        )
-        wake.append(node.wake)
-        try:
-            yield node, jobs
-        finally:
-            with trio.CancelScope(shield=True):
-                await jobs.stop()
-                with trio.move_on_after(max(5.0, cluster.heartbeat_s)):
-                    await node.leave()
+        yield node, jobs
     finally:
         with trio.CancelScope(shield=True):
-            await db.close()
+            await jobs.stop()
+            with trio.move_on_after(max(5.0, cluster.heartbeat_s)):
+                await node.leave()

@@ -36,6 +36,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -665,6 +666,24 @@ class Jobs:
                     continue
         finally:
             self.unwritten -= 1
+
+    async def ended_elsewhere(self, job_ids: AbstractSet[str] | None) -> None:
+        """Jobs ended in the shared store, perhaps by another node (a cluster
+        announces every end; None: any may have). Waiters for them look again
+        at once, and a job running here that was cancelled elsewhere has its
+        upstream request cancelled, as if it had been cancelled here."""
+        ids = set(self._ended) | set(self._running) if job_ids is None else set(job_ids)
+        for job_id in ids:
+            self._notify(job_id)
+            running = self._running.get(job_id)
+            if running is None or running.cancelled:
+                continue
+            job = await self.store.get(job_id)
+            if job is not None and job.status == "cancelled" and not running.cancelled:
+                log.info("job %s: cancelled on another node; its request here is cancelled", job_id)
+                running.cancelled = True
+                running.admission.cancel()
+                running.scope.cancel()
 
     async def _give_back(self, job_id: str) -> None:
         while self.release is not None:
