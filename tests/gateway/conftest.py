@@ -6,10 +6,12 @@ engine on virtual time, with scripted processes and the in-process fake."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import httpx
 import trio
 
 from tests.engine.fakes import Script
@@ -65,6 +67,24 @@ async def running_yard(tmp_path: Path, body: str) -> AsyncIterator[Runtime]:
         runtime: Runtime = await nursery.start(serve, config)
         yield runtime
         nursery.cancel_scope.cancel()
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (for a yard in a process)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def wait_healthy(client: httpx.AsyncClient) -> None:
+    """Poll ``/healthz`` until yard serves (callers bound it with fail_after)."""
+    while True:
+        try:
+            if (await client.get("/healthz")).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        await trio.sleep(0.05)
 
 
 async def wait_until(condition: Callable[[], bool], *, poll_s: float = 0.02) -> None:

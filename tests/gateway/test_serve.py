@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,14 @@ import openai
 import pytest
 import trio
 
-from tests.gateway.conftest import backend_toml, running_yard, wait_until, write_config
+from tests.gateway.conftest import (
+    backend_toml,
+    free_port,
+    running_yard,
+    wait_healthy,
+    wait_until,
+    write_config,
+)
 from yard.config import load_config
 from yard.core.spec import Profile
 from yard.http.runtime import Runtime
@@ -119,12 +125,6 @@ async def test_model_that_cannot_fit_is_refused_at_once(tmp_path: Path) -> None:
             assert runtime.engine.statistics().loads == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -133,20 +133,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
-async def _wait_healthy(client: httpx.AsyncClient) -> None:
-    while True:
-        try:
-            if (await client.get("/healthz")).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        await trio.sleep(0.1)
-
-
 async def test_yard_killed_with_sigkill_leaves_no_orphan_once_started_again(
     tmp_path: Path,
 ) -> None:
-    port = _free_port()
+    port = free_port()
     config = write_config(tmp_path, _llm(tmp_path), listen=f"127.0.0.1:{port}")
     argv = [sys.executable, "-m", "yard.cli", "serve", "--config", str(config)]
     first = await trio.lowlevel.open_process(
@@ -157,7 +147,7 @@ async def test_yard_killed_with_sigkill_leaves_no_orphan_once_started_again(
     try:
         with trio.fail_after(60):
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-                await _wait_healthy(client)
+                await wait_healthy(client)
                 response = await client.post("/v1/chat/completions", json=CHAT)
                 assert response.status_code == 200
                 backend_pid = int(response.headers["x-test-backend-pid"])
@@ -167,7 +157,7 @@ async def test_yard_killed_with_sigkill_leaves_no_orphan_once_started_again(
                 second = await trio.lowlevel.open_process(
                     argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
                 )
-                await _wait_healthy(client)
+                await wait_healthy(client)
                 # Orphans are reaped before yard serves.
                 await wait_until(lambda: not _alive(backend_pid))
                 again = await client.post("/v1/chat/completions", json=CHAT)

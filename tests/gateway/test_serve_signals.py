@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -18,7 +17,7 @@ import httpx
 import pytest
 import trio
 
-from tests.gateway.conftest import wait_until
+from tests.gateway.conftest import free_port, wait_healthy, wait_until
 from yard.config import load_config
 from yard.core.spec import Profile
 from yard.memory import default_meter
@@ -28,12 +27,6 @@ from yard.supervisor import group_members
 from yard.testing.backend import backend_command
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _config(tmp_path: Path, port: int, *, stop_grace_s: float, **switches: object) -> Path:
@@ -100,21 +93,26 @@ def _backend_groups(tmp_path: Path) -> list[int]:
     return groups
 
 
-async def _wait_healthy(client: httpx.AsyncClient) -> None:
-    while True:
-        try:
-            if (await client.get("/healthz")).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        await trio.sleep(0.05)
-
-
 async def _load_both(client: httpx.AsyncClient) -> None:
     for model in ("a", "b"):
         body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
         response = await client.post("/v1/chat/completions", json=body)
         assert response.status_code == 200, response.text
+
+
+@asynccontextmanager
+async def _loaded_yard(
+    tmp_path: Path, *, stop_grace_s: float
+) -> AsyncIterator[tuple[trio.Process, list[int], Path]]:
+    """``yard serve`` in a process (see :func:`_yard`) with both backends
+    loaded: the process, its backends' process groups, and its config."""
+    port = free_port()
+    config = await _profiled(_config(tmp_path, port, stop_grace_s=stop_grace_s))
+    async with _yard(tmp_path, config) as proc:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            await wait_healthy(client)
+            await _load_both(client)
+        yield proc, _backend_groups(tmp_path), config
 
 
 async def _wait_logged(tmp_path: Path, text: str) -> None:
@@ -129,15 +127,9 @@ def _survivors(groups: list[int]) -> list[int]:
 async def test_a_second_signal_hurries_the_stop_but_leaves_no_backend_behind(
     tmp_path: Path, signum: signal.Signals
 ) -> None:
-    port = _free_port()
     # A grace longer than the test's bound: only a hurried stop ends in time.
-    config = await _profiled(_config(tmp_path, port, stop_grace_s=60))
     with trio.fail_after(45):
-        async with _yard(tmp_path, config) as proc:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-                await _wait_healthy(client)
-                await _load_both(client)
-            groups = _backend_groups(tmp_path)
+        async with _loaded_yard(tmp_path, stop_grace_s=60) as (proc, groups, _):
             assert len(groups) == 2
             assert _survivors(groups)
             proc.send_signal(signum)
@@ -152,12 +144,12 @@ async def test_a_second_signal_hurries_the_stop_but_leaves_no_backend_behind(
 
 
 async def test_signals_while_a_backend_loads_leave_no_backend_behind(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     config = await _profiled(_config(tmp_path, port, stop_grace_s=60, load_time=30))
     with trio.fail_after(45):
         async with _yard(tmp_path, config) as proc:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-                await _wait_healthy(client)
+                await wait_healthy(client)
                 async with trio.open_nursery() as nursery:
 
                     async def ask() -> None:
@@ -182,14 +174,8 @@ async def test_signals_while_a_backend_loads_leave_no_backend_behind(tmp_path: P
 
 
 async def test_a_signal_during_start_up_stops_yard_with_nothing_left(tmp_path: Path) -> None:
-    port = _free_port()
-    config = await _profiled(_config(tmp_path, port, stop_grace_s=60))
     with trio.fail_after(45):
-        async with _yard(tmp_path, config) as proc:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-                await _wait_healthy(client)
-                await _load_both(client)
-            groups = _backend_groups(tmp_path)
+        async with _loaded_yard(tmp_path, stop_grace_s=60) as (proc, groups, config):
             # Killed outright: its backends are orphans, reaped by the next
             # yard (one that writes to its closed pipe may die of SIGPIPE
             # first: gone either way).
@@ -211,14 +197,8 @@ async def test_a_signal_during_start_up_stops_yard_with_nothing_left(tmp_path: P
 async def test_sighup_stops_yard_like_sigterm_leaving_no_backend_behind(tmp_path: Path) -> None:
     if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
         pytest.skip("SIGHUP is ignored here (nohup), and so in the yard this test starts")
-    port = _free_port()
-    config = await _profiled(_config(tmp_path, port, stop_grace_s=0.5))
     with trio.fail_after(45):
-        async with _yard(tmp_path, config) as proc:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-                await _wait_healthy(client)
-                await _load_both(client)
-            groups = _backend_groups(tmp_path)
+        async with _loaded_yard(tmp_path, stop_grace_s=0.5) as (proc, groups, _):
             proc.send_signal(signal.SIGHUP)
             await proc.wait()
             assert proc.returncode == 0

@@ -8,6 +8,7 @@ tests allow for them)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -731,6 +732,52 @@ _VALUES = [
 _ENDINGS = [b"\r\n", b"\r\n", b"\r\n", b"\n"]
 
 
+Pick = Callable[..., bytes]
+
+
+def _framed(draw: st.DrawFn, pick: Pick, eol: bytes, *, until_close: bool) -> tuple[bytes, bytes]:
+    """(the framing header lines, the body as sent) of a message with a short
+    body: by length (now and then a wrong one), chunked (now and then a bad
+    chunk line, end or trailer), or neither (the body then runs to the close
+    when ``until_close``, else there is none)."""
+    body = draw(st.binary(max_size=20))
+    framing = draw(st.sampled_from(["none", "length", "chunked", "length", "chunked"]))
+    if framing == "length":
+        declared = len(body) + draw(st.sampled_from([0] * 18 + [-1, 1]))
+        return b"Content-Length: %d" % max(declared, 0) + eol, body
+    if framing == "none":
+        return b"", body if until_close else b""
+    rest = b""
+    cut = 0
+    for size in draw(st.lists(st.integers(1, 8), max_size=3)):
+        piece = body[cut : cut + size]
+        cut += size
+        if not piece:
+            break
+        extension = pick([b"", b";a=b", b';x="y z"', b" ", b"\t"], [b" ;a", b"\x00"])
+        hex_size = draw(st.sampled_from([b"%x", b"%X", b"%04x"])) % len(piece)
+        rest += hex_size + extension + b"\r\n" + piece + pick([b"\r\n"], [b"\n", b"x\r\n"])
+    rest += b"0" + draw(st.sampled_from([b"", b";end"])) + b"\r\n"
+    rest += pick([b"", b"x-trailer: t\r\n"], [b"bad trailer\r\n", b" folded\r\n"])
+    rest += pick([b"\r\n"], [b"\n"])
+    return b"Transfer-Encoding: chunked" + eol, rest
+
+
+def _mutated(draw: st.DrawFn, data: bytes) -> bytes:
+    """``data``, now and then with a byte changed, removed or the message cut
+    short, anywhere."""
+    if draw(st.integers(0, 11)) == 11:
+        where = draw(st.integers(0, len(data)))
+        kind = draw(st.sampled_from(["replace", "delete", "truncate"]))
+        if kind == "replace":
+            data = data[:where] + bytes([draw(st.integers(0, 255))]) + data[where + 1 :]
+        elif kind == "delete":
+            data = data[:where] + data[where + 1 :]
+        else:
+            data = data[:where]
+    return data
+
+
 @st.composite
 def requests(draw: st.DrawFn) -> bytes:
     """Mostly well-formed requests; each part now and then a bad one."""
@@ -761,41 +808,8 @@ def requests(draw: st.DrawFn) -> bytes:
         head += line_end()
         if draw(st.integers(0, 14)) == 14:
             head += draw(st.sampled_from([b" ", b"\t", b"  "])) + b"folded" + line_end()
-    body = draw(st.binary(max_size=20))
-    framing = draw(st.sampled_from(["none", "length", "chunked", "length", "chunked"]))
-    if framing == "length":
-        declared = len(body) + draw(st.sampled_from([0] * 18 + [-1, 1]))
-        head += b"Content-Length: %d" % max(declared, 0) + eol
-        rest = body
-    elif framing == "chunked":
-        head += b"Transfer-Encoding: chunked" + eol
-        rest = b""
-        cut = 0
-        for size in draw(st.lists(st.integers(1, 8), max_size=3)):
-            piece = body[cut : cut + size]
-            cut += size
-            if not piece:
-                break
-            extension = pick([b"", b";a=b", b';x="y z"', b" ", b"\t"], [b" ;a", b"\x00"])
-            hex_size = draw(st.sampled_from([b"%x", b"%X", b"%04x"])) % len(piece)
-            rest += hex_size + extension + b"\r\n" + piece + pick([b"\r\n"], [b"\n", b"x\r\n"])
-        rest += b"0" + draw(st.sampled_from([b"", b";end"])) + b"\r\n"
-        rest += pick([b"", b"x-trailer: t\r\n"], [b"bad trailer\r\n", b" folded\r\n"])
-        rest += pick([b"\r\n"], [b"\n"])
-    else:
-        rest = b""
-    data = head + eol + rest
-    if draw(st.integers(0, 11)) == 11:
-        # A byte changed, removed or the message cut short, anywhere.
-        where = draw(st.integers(0, len(data)))
-        kind = draw(st.sampled_from(["replace", "delete", "truncate"]))
-        if kind == "replace":
-            data = data[:where] + bytes([draw(st.integers(0, 255))]) + data[where + 1 :]
-        elif kind == "delete":
-            data = data[:where] + data[where + 1 :]
-        else:
-            data = data[:where]
-    return data
+    framing, rest = _framed(draw, pick, eol, until_close=False)
+    return _mutated(draw, head + framing + eol + rest)
 
 
 def _has_both_framings(h11_outcome: Outcome) -> bool:
@@ -1256,38 +1270,8 @@ def backend_responses(draw: st.DrawFn) -> tuple[bytes, bytes]:
         head += pick([eol], [b"\n", b"\r", b"\r\r\n"], 20)
         if draw(st.integers(0, 14)) == 14:
             head += draw(st.sampled_from([b" ", b"\t"])) + b"folded" + eol
-    body = draw(st.binary(max_size=20))
-    framing = draw(st.sampled_from(["none", "length", "chunked", "length", "chunked"]))
-    if framing == "length":
-        declared = len(body) + draw(st.sampled_from([0] * 18 + [-1, 1]))
-        head += b"Content-Length: %d" % max(declared, 0) + eol
-        rest = body
-    elif framing == "chunked":
-        head += b"Transfer-Encoding: chunked" + eol
-        rest = b""
-        cut = 0
-        for size in draw(st.lists(st.integers(1, 8), max_size=3)):
-            piece = body[cut : cut + size]
-            cut += size
-            if not piece:
-                break
-            extension = pick([b"", b";a=b", b" "], [b" ;a", b"\x00"])
-            rest += b"%x" % len(piece) + extension + b"\r\n" + piece + pick([b"\r\n"], [b"\n"])
-        rest += b"0\r\n" + pick([b"", b"x-trailer: t\r\n"], [b"bad trailer\r\n"])
-        rest += pick([b"\r\n"], [b"\n"])
-    else:
-        rest = body
-    data = head + eol + rest
-    if draw(st.integers(0, 11)) == 11:
-        where = draw(st.integers(0, len(data)))
-        kind = draw(st.sampled_from(["replace", "delete", "truncate"]))
-        if kind == "replace":
-            data = data[:where] + bytes([draw(st.integers(0, 255))]) + data[where + 1 :]
-        elif kind == "delete":
-            data = data[:where] + data[where + 1 :]
-        else:
-            data = data[:where]
-    return method, data
+    framing, rest = _framed(draw, pick, eol, until_close=True)
+    return method, _mutated(draw, head + framing + eol + rest)
 
 
 def _h11_only(h11_outcome: ResponseOutcome, data: bytes) -> bool:
