@@ -34,6 +34,7 @@ from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
 from yard.http.app import create_app, serve_app
 from yard.http.runtime import Runtime
+from yard.observe.metrics import REQUESTS
 from yard.testing.fake import FakeBackend, serve_fake
 
 SECRET = "cluster-secret"
@@ -223,6 +224,7 @@ async def pair() -> AsyncIterator[Pair]:
 async def test_a_request_for_a_model_this_node_lacks_is_answered_by_the_node_that_has_it(
     pair: Pair,
 ) -> None:
+    counted = REQUESTS.labels(model="big", backend="", outcome="forwarded")._value.get()
     with trio.fail_after(10):
         sent_at = time.time()
         response = await pair.a.post(
@@ -244,6 +246,9 @@ async def test_a_request_for_a_model_this_node_lacks_is_answered_by_the_node_tha
     echo = json.loads(response.content)
     names = {name for name, _ in echo["headers"]}
     assert not names & {"x-yard-forwarded-by", "x-yard-arrived-at", "x-yard-cluster-signature"}
+    # Node a counts it as forwarded (the whole request is counted by node b).
+    forwarded = REQUESTS.labels(model="big", backend="", outcome="forwarded")
+    assert forwarded._value.get() == counted + 1
 
 
 async def test_a_model_ready_elsewhere_and_not_here_is_forwarded(pair: Pair) -> None:

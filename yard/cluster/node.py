@@ -26,15 +26,17 @@ runs :class:`Node`:
   back. The node says so in its log (once, and once more when it is back),
   ``/healthz`` and the dashboard (:meth:`Node.statistics`).
 
-A node restarted under the same name first reaps its own previous life (it
-may have been killed with jobs claimed): exactly what a restart does with the
-SQLite store (:mod:`yard.jobs.restore`).
+A node restarted under the same name (killed with jobs claimed) gets them
+back from the job service's restore, exactly as a restart on SQLite does
+(:mod:`yard.jobs.restore`): the shared store gives it the jobs it holds.
+
+Backend names are cluster-wide: a job's ``backend`` is claimed by name on any
+node, so one backend name serves the same models on every node that has it.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -122,8 +124,8 @@ class Node:
     """This yard as a node of the cluster (see the module's theory).
 
     Start :meth:`run` with ``nursery.start`` after the job service runs;
-    ready once its own previous life is reaped and its first heartbeat is
-    published (or the database was found lost: the node serves anyway).
+    ready once its first heartbeat is published (or the database was found
+    lost: the node serves anyway).
     """
 
     def __init__(
@@ -298,10 +300,10 @@ class Node:
             if n.name == self.name:
                 continue
             up = n.state == "up" and now - n.heartbeat_at <= self.cluster.dead_after_s
-            models = dict(getattr(n, "models", None) or {})
             serves = frozenset(n.serves)
-            ready = frozenset(m for m in serves if models.get(m, m) in n.loaded)
-            waiting = {m: n.queues.get(models.get(m, m), 0) for m in serves}
+            backend_of = {m: self._backend_of(m, n) for m in serves}
+            ready = frozenset(m for m, b in backend_of.items() if b in n.loaded)
+            waiting = {m: n.queues.get(b, 0) for m, b in backend_of.items() if b}
             peers.append(
                 Peer(
                     name=n.name,
@@ -326,6 +328,16 @@ class Node:
         )
         urls[self.name] = self.url
         self.forwarder.update(peers, urls)
+
+    def _backend_of(self, model: str, node: NodeState) -> str | None:
+        """The backend serving ``model`` on ``node``: the one of this node's
+        configuration (backend names are cluster-wide), or the node's only
+        backend; None when that cannot be told (it is then not taken for
+        ready there, though requests may still go there to be loaded)."""
+        here = self._models.get(model)
+        if here is not None:
+            return here
+        return node.backends[0] if len(node.backends) == 1 else None
 
     def _database(self, ok: bool, exc: BaseException | None = None) -> None:
         if ok and not self._database_ok:
@@ -440,15 +452,6 @@ def _roomiest(free: Mapping[str, float]) -> float:
     gpus = [v for k, v in free.items() if k != "host"]
     values = gpus or list(free.values())
     return max(values) if values else 0.0
-
-
-def rank(priority: float, created_at: float, aging_rate: float) -> float:
-    """A job's place in the cluster's one priority order: higher first.
-    Linear aging (``priority + aging_rate * waited``) orders two jobs the same
-    at every moment as ``priority - aging_rate * created_at`` does, and that
-    never changes while the job waits."""
-    value = priority - aging_rate * created_at
-    return value if math.isfinite(value) else -math.inf
 
 
 async def open_database(cluster: ClusterConfig) -> PgDatabase:

@@ -90,9 +90,9 @@ class _ClientGone(Exception):
 class _Forward(Exception):
     """Another node of the cluster serves this request (:mod:`yard.cluster.forward`)."""
 
-    def __init__(self, target: Target, body: bytes, priority: float) -> None:
+    def __init__(self, target: Target, body: bytes, priority: float, model: str) -> None:
         super().__init__(target.node)
-        self.target, self.body, self.priority = target, body, priority
+        self.target, self.body, self.priority, self.model = target, body, priority, model
 
 
 class Gateway:
@@ -355,8 +355,13 @@ class Gateway:
             send=send,
         )
         if self._observe is not None:
+            # Served (and counted in full) by the other node; here: forwarded.
             self._observe(
-                model="", backend="", outcome=f"forwarded_{outcome}", queued_s=None, latency_s=None
+                model=forward.model,
+                backend="",
+                outcome="forwarded" if outcome == "ok" else outcome,
+                queued_s=None,
+                latency_s=None,
             )
 
     async def _read(
@@ -456,7 +461,7 @@ class Gateway:
                     is_async=prefer is not None and b"respond-async" in prefer.lower(),
                 )
                 if target is not None:
-                    raise _Forward(target, body, clamp_priority(config, app, priority))
+                    raise _Forward(target, body, clamp_priority(config, app, priority), model)
             # Outside the app's models: the same answer as a model that does
             # not exist, so that the app cannot tell them apart.
             if backend_config is None or not app.may_use(model):
