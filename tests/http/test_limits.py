@@ -95,9 +95,25 @@ async def _read_to_close(stream: trio.SocketStream) -> bytes:
     return got
 
 
+async def _closed(stream: trio.SocketStream) -> tuple[bytes, float]:
+    """What the server sends until it closes, and how many (virtual)
+    seconds that took."""
+    t0 = trio.current_time()
+    with trio.fail_after(200):
+        got = await _read_to_close(stream)
+    return got, trio.current_time() - t0
+
+
 def _error_code(answer: bytes) -> str:
     body = json.loads(answer.partition(b"\r\n\r\n")[2])
     return str(body["error"]["code"])
+
+
+def _assert_timed_out(answer: bytes) -> None:
+    """``answer`` is the 408 of a request that stopped coming, and the end."""
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert b"connection: close" in answer
+    assert _error_code(answer) == "request_timeout"
 
 
 # -- the request head ----------------------------------------------------------
@@ -108,14 +124,10 @@ async def test_a_head_that_never_completes_gets_408_at_head_timeout(
 ) -> None:
     async with _served() as connect:
         client = await connect()
-        t0 = trio.current_time()
         await client.send_all(b"POST /login HTTP/1.1\r\nhost: x\r\n")
-        with trio.fail_after(200):
-            got = await _read_to_close(client)
-        assert trio.current_time() - t0 == 10.0
-    assert got.startswith(b"HTTP/1.1 408 ")
-    assert b"connection: close" in got
-    assert _error_code(got) == "request_timeout"
+        got, waited = await _closed(client)
+        assert waited == 10.0
+    _assert_timed_out(got)
 
 
 async def test_a_head_that_trickles_in_is_not_given_more_time_per_byte(
@@ -145,10 +157,8 @@ async def test_a_connection_that_sends_nothing_is_closed_at_head_timeout(
 ) -> None:
     async with _served() as connect:
         client = await connect()
-        t0 = trio.current_time()
-        with trio.fail_after(200):
-            got = await _read_to_close(client)
-        assert trio.current_time() - t0 == 10.0
+        got, waited = await _closed(client)
+        assert waited == 10.0
     assert got == b""  # no request began: nothing to answer
 
 
@@ -182,11 +192,9 @@ async def test_a_second_head_that_stalls_gets_head_timeout_from_its_first_byte(
         with trio.fail_after(5):
             await client.receive_some(65536)
         await trio.sleep(30.0)
-        t0 = trio.current_time()
         await client.send_all(b"GET /b HTTP/1.1\r\n")
-        with trio.fail_after(200):
-            got = await _read_to_close(client)
-        assert trio.current_time() - t0 == 10.0
+        got, waited = await _closed(client)
+        assert waited == 10.0
     assert got.startswith(b"HTTP/1.1 408 ")
 
 
@@ -201,13 +209,9 @@ async def test_a_body_that_stops_coming_gets_408_at_body_timeout(
         await client.send_all(b"POST /up HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n")
         await trio.sleep(5.0)
         await client.send_all(b"x" * 10)
-        t0 = trio.current_time()
-        with trio.fail_after(200):
-            got = await _read_to_close(client)
-        assert trio.current_time() - t0 == 30.0
-    assert got.startswith(b"HTTP/1.1 408 ")
-    assert b"connection: close" in got
-    assert _error_code(got) == "request_timeout"
+        got, waited = await _closed(client)
+        assert waited == 30.0
+    _assert_timed_out(got)
 
 
 async def test_a_slow_body_that_keeps_coming_is_read_to_its_end(
