@@ -11,7 +11,9 @@ Rules this module keeps:
   ``postgres`` user and the server runs as that user (``setpriv``).
 - It listens on a Unix socket in that directory and on 127.0.0.1 at a free
   port, with ``trust`` authentication (loopback only), and without fsync:
-  these tests need a real server, not a durable one.
+  these tests need a real server, not one that survives a power cut. Commits
+  still reach the operating system (synchronous commit stays on), so a
+  committed row survives :meth:`PostgresServer.stop`, which is a crash.
 - Every command is bounded in time; :meth:`PostgresServer.stop` is
   ``pg_ctl -m immediate stop`` (the same as a crash, as fast as it gets).
 """
@@ -137,7 +139,6 @@ class PostgresServer:
                 "-h 127.0.0.1",
                 f"-k {self.socket_dir}",
                 "-c fsync=off",
-                "-c synchronous_commit=off",
                 "-c full_page_writes=off",
                 "-c shared_buffers=32MB",
                 "-c max_connections=200",

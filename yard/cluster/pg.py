@@ -26,8 +26,8 @@ Rules this module keeps (the PostgreSQL twin of :mod:`yard.db`):
 
 from __future__ import annotations
 
-import contextlib
 import math
+import select
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -336,18 +336,24 @@ class PgDatabase:
 
 
 def _still_open(conn: psycopg.Connection[Row]) -> bool:
-    """Whether an idle connection is still usable, without a round trip: a
-    server that restarted or ended the session has closed the socket, and
-    reading what is there (non-blocking) finds that. A stale connection is
-    closed, so that a call after a restart goes to a fresh one instead of
-    failing as a lost database."""
-    if not conn.closed:
-        with contextlib.suppress(psycopg.Error):
-            conn.pgconn.consume_input()
-        if not conn.broken and conn.pgconn.status == psycopg.pq.ConnStatus.OK:
-            return True
+    """Whether an idle connection is still usable, without a round trip. An
+    idle session has nothing to read; a server that restarted or ended the
+    session has sent its last words and closed the socket, so a readable
+    socket means a stale connection (rarely, a harmless notice: then it costs
+    one reconnect). A stale connection is closed, so that a call after a
+    restart goes to a fresh one instead of failing as a lost database."""
+    if not conn.closed and not conn.broken and not _readable(conn.pgconn.socket):
+        return True
     conn.close()
     return False
+
+
+def _readable(fd: int) -> bool:
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([fd], [], [], 0)[0])  # pragma: no cover - no poll()
 
 
 def _keep(conn: psycopg.Connection[Row], held: list[psycopg.Connection[Row]]) -> None:
