@@ -12,6 +12,7 @@ through real yard nodes is ``bench/claim.py``'s.
 Without ``--dsn`` it starts a throw-away PostgreSQL of its own (as the
 cluster tests do: Debian's, on 127.0.0.1) and stops it after.
 ``--socket`` uses that server's Unix socket instead of TCP loopback;
+``--durable`` keeps its fsync on (as a real server: each commit is synced);
 ``--backlog N`` measures with N jobs already waiting.
 """
 
@@ -133,11 +134,11 @@ async def measure(dsn: str, rounds: int, backlog: int = 0) -> dict[str, object]:
 
 
 @contextlib.contextmanager
-def _server(socket: bool) -> Iterator[str]:
+def _server(socket: bool, durable: bool) -> Iterator[str]:
     # The test fixtures' server: a throw-away PostgreSQL on this machine.
     from tests.cluster.postgres import start_postgres
 
-    with start_postgres() as server:
+    with start_postgres(durable=durable) as server:
         name = server.create_database()
         yield server.socket_dsn(name) if socket else server.dsn(name)
 
@@ -148,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", help="an empty PostgreSQL database to use (default: start one)")
     parser.add_argument("--socket", action="store_true", help="the Unix socket, not TCP")
     parser.add_argument(
+        "--durable", action="store_true", help="the started server syncs commits (fsync on)"
+    )
+    parser.add_argument(
         "--backlog", type=int, default=0, help="jobs already waiting (see measure())"
     )
     args = parser.parse_args(argv)
@@ -157,9 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         figures = trio.run(measure, args.dsn, args.rounds, args.backlog)
         figures["transport"] = "given dsn"
     else:
-        with _server(args.socket) as dsn:
+        with _server(args.socket, args.durable) as dsn:
             figures = trio.run(measure, dsn, args.rounds, args.backlog)
         figures["transport"] = "unix socket" if args.socket else "tcp 127.0.0.1"
+        figures["fsync"] = args.durable
     json.dump(figures, sys.stdout, indent=2)
     print()
     return 0

@@ -85,6 +85,7 @@ class PostgresServer:
     root: Path
     port: int
     as_user: str | None
+    durable: bool = False
 
     @property
     def data_dir(self) -> Path:
@@ -138,8 +139,7 @@ class PostgresServer:
                 f"-p {self.port}",
                 "-h 127.0.0.1",
                 f"-k {self.socket_dir}",
-                "-c fsync=off",
-                "-c full_page_writes=off",
+                *(() if self.durable else ("-c fsync=off", "-c full_page_writes=off")),
                 "-c shared_buffers=32MB",
                 "-c max_connections=200",
                 "-c dynamic_shared_memory_type=mmap",
@@ -185,9 +185,12 @@ class PostgresServer:
 
 
 @contextlib.contextmanager
-def start_postgres() -> Iterator[PostgresServer]:
+def start_postgres(*, durable: bool = False) -> Iterator[PostgresServer]:
     """Initialise and start a throw-away server (see the module rules); stop
     it and remove its directory on exit, whatever happened.
+
+    durable: keep PostgreSQL's own defaults (fsync on), for benchmarks that
+    should pay what a real server pays per commit.
 
     Raises :class:`PostgresMissing` (its message says to run ``make
     postgresql``) if the server binaries are not installed.
@@ -197,7 +200,9 @@ def start_postgres() -> Iterator[PostgresServer]:
     # Not pytest's tmp_path: its parents are private to root, and the
     # server (running as postgres) must reach its data and socket.
     root = Path(tempfile.mkdtemp(prefix="yard-pg-"))
-    server = PostgresServer(bin_dir=bin_dir, root=root, port=_free_port(), as_user=as_user)
+    server = PostgresServer(
+        bin_dir=bin_dir, root=root, port=_free_port(), as_user=as_user, durable=durable
+    )
     try:
         if as_user is not None:
             user = pwd.getpwnam(as_user)
