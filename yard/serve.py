@@ -53,7 +53,6 @@ import trio
 from yard.announce.service import announcement_service
 from yard.batches.service import open_batches
 from yard.cluster.node import open_database, open_node
-from yard.cluster.pg import PgDatabase
 from yard.cluster.profiles import PgProfileStore
 from yard.config import Config, ConfigError, exposure, is_loopback, load_config
 from yard.core import Scheduler
@@ -210,9 +209,14 @@ async def _serve(
         profile = scheduler.profile(backend)
         return config.backends[backend].startup_timeout(profile.load_s if profile else None)
 
+    # A node reaches its cluster's database before it starts anything: without
+    # it, it has nothing to serve from (raises DatabaseError).
+    cluster_db = None if config.cluster is None else await open_database(config.cluster)
     shutdown = Shutdown()
     stop = shutdown.requested
     async with AsyncExitStack() as stack:
+        if cluster_db is not None:
+            stack.push_async_callback(_shielded_close, cluster_db.close)
         stack.callback(meter.close)
         nursery = await stack.enter_async_context(trio.open_nursery())
         supervisor = Supervisor(config)
@@ -225,14 +229,11 @@ async def _serve(
             raise
 
         profiles: SqliteProfileStore | PgProfileStore
-        cluster_db: PgDatabase | None = None
-        if config.cluster is None:
+        if config.cluster is None or cluster_db is None:
             profiles = await open_profile_store(config, devices=meter.describe())
         else:
             # A node: profiles, jobs and the registry in the shared database;
             # one measurement serves every node with the same GPU model.
-            cluster_db = await open_database(config.cluster)
-            stack.push_async_callback(_shielded_close, cluster_db.close)
             profiles = PgProfileStore(
                 cluster_db, config, node=config.cluster.node, devices=meter.describe()
             )

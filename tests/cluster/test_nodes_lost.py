@@ -7,6 +7,7 @@ Its own module: it stops and restarts this module's PostgreSQL server.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -15,7 +16,14 @@ import pytest
 import trio
 
 from tests.cluster.postgres import PostgresServer
-from tests.cluster.test_nodes import CHAT, Cluster, backend_table, running_cluster, submit
+from tests.cluster.test_nodes import (
+    CHAT,
+    Cluster,
+    backend_table,
+    free_port,
+    running_cluster,
+    submit,
+)
 
 
 async def _status(client: httpx.AsyncClient, job_id: str) -> str:
@@ -70,3 +78,24 @@ async def test_a_node_without_its_database_serves_what_it_has_and_catches_up(
     assert "lost the shared database" in log
     assert "the shared database is back" in log
     assert f"job {job}: cannot record its end" in log
+
+
+@pytest.mark.slow
+async def test_a_node_that_cannot_reach_its_database_at_start_says_so_and_exits_1(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "yard.toml"
+    config.write_text(
+        f'[server]\nlisten = "127.0.0.1:{free_port()}"\ndata_dir = "{tmp_path / "data"}"\n'
+        '[cluster]\ndatabase = "postgresql://postgres@127.0.0.1:1/yard"\nnode = "x"\n'
+    )
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [sys.executable, "-m", "yard.cli", "serve", "--config", str(config)],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert done.returncode == 1
+    last = done.stderr.decode().strip().splitlines()[-1]
+    assert last.startswith("yard: the cluster's database ([cluster] database): cannot reach")
