@@ -260,10 +260,10 @@ async def test_a_sync_request_to_a_node_without_the_model_is_answered_by_the_one
     only_c = backend_table("big", ["big"], service_time=0.0)
     small = backend_table("small", ["small"])
     async with running_cluster(
-        postgres_dsn, tmp_path, {"c": only_c + small, "a": small}
+        postgres_dsn, tmp_path, {"c": only_c + small, "a": small, "b": small}
     ) as cluster:
         with trio.fail_after(60):
-            await cluster.wait_sees("a", ["c"])
+            await cluster.wait_sees("a", ["b", "c"])
             response = await cluster.clients["a"].post(
                 "/v1/chat/completions", json={**CHAT, "model": "big"}
             )
