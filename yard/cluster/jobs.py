@@ -83,14 +83,21 @@ _BEST = f"""
 """
 """The best unclaimed job of ``backends`` (a preferred backend first among
 equal ranks), read without locking it."""
+_LAZY_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) AS lazy_commit"
+"""Joined into a one-statement transaction, its commit does not wait for the
+disk: for claims, whose loss in a crash of the database only gives the job
+back to the shared queue (every later change of the job, such as
+mark_running, is synced, and syncing it syncs the claim before it)."""
 _CLAIM_BEST = f"""
     UPDATE jobs SET claimed_by = %(node)s, claimed_at = extract(epoch FROM now())
+    FROM {_LAZY_COMMIT}
     WHERE seq = (SELECT seq FROM jobs WHERE seq = ({_BEST}) AND {_UNCLAIMED}
                  FOR UPDATE SKIP LOCKED)
     RETURNING {_COLUMNS}
 """
 _CLAIM_NEXT = f"""
     UPDATE jobs SET claimed_by = %(node)s, claimed_at = extract(epoch FROM now())
+    FROM {_LAZY_COMMIT}
     WHERE seq = (SELECT seq FROM jobs WHERE {_UNCLAIMED} AND backend = ANY(%(backends)s)
                  ORDER BY rank DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED)
     RETURNING {_COLUMNS}
