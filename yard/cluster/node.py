@@ -161,6 +161,11 @@ class Node:
         self._claims = 0
         self._reaped = 0
         self._nodes: tuple[NodeState, ...] = ()
+        # Backends whose unclaimed queue was empty at the last claim, and a
+        # count of job announcements (NOTIFY yard_jobs) to tell whether one
+        # came in while that claim was on its way.
+        self._empty: set[str] = set()
+        self._notices = 0
         self._models = {model: backend for model, backend in config.models()}
         self._slots = {b.name: b.slots for b in config.backends.values()}
         self._gpus_of = {b.name: tuple(b.gpus) for b in config.backends.values()}
@@ -248,6 +253,8 @@ class Node:
         while True:
             await trio.sleep(self.cluster.heartbeat_s)
             await self._heartbeat()
+            # Look at every backend again (an announcement may have been lost).
+            self._jobs_announced(None)
             self.wake()
 
     async def _heartbeat(self) -> None:
@@ -277,7 +284,8 @@ class Node:
         self._update_routes(snapshot, now)
 
     def _describe(self, snapshot: Snapshot, now: float) -> NodeState:
-        loaded = tuple(b.name for b in snapshot.backends if b.state == "ready")
+        # Loading counts as loaded: other nodes leave its jobs to this one.
+        loaded = tuple(b.name for b in snapshot.backends if b.state in ("ready", "starting"))
         return NodeState(
             name=self.name,
             url=self.url,
@@ -329,6 +337,14 @@ class Node:
         urls[self.name] = self.url
         self.forwarder.update(peers, urls)
 
+    def _jobs_announced(self, backends: AbstractSet[str] | None) -> None:
+        """Jobs became claimable for ``backends`` (None: perhaps for any)."""
+        self._notices += 1
+        if backends is None:
+            self._empty.clear()
+        else:
+            self._empty.difference_update(backends)
+
     def _backend_of(self, model: str, node: NodeState) -> str | None:
         """The backend serving ``model`` on ``node``: the one of this node's
         configuration (backend names are cluster-wide), or the node's only
@@ -363,6 +379,8 @@ class Node:
         async with self._listen() as listener:
             while True:
                 fired = await listener.wait()
+                if JOBS_CHANNEL in fired:
+                    self._jobs_announced(listener.payloads(JOBS_CHANNEL))
                 if fired - {ENDED_CHANNEL}:
                     self.wake()
                 if ENDED_CHANNEL in fired:
@@ -405,10 +423,18 @@ class Node:
                 room_elsewhere=room,
                 ahead=self.cluster.claim_ahead,
             )
-            if not hunger:
+            # Backends whose shared queue was found empty, with no job announced
+            # for them since, are not asked again: a node busy with synchronous
+            # requests wakes on every dispatch, and must not ask the database
+            # each time.
+            wanted = [b for b in hunger.claim if b not in self._empty]
+            if not wanted:
                 return
-            job = await self.store.claim(self.name, hunger.claim, prefer=hunger.prefer)
+            notices = self._notices
+            job = await self.store.claim(self.name, wanted, prefer=hunger.prefer)
             if job is None:
+                if notices == self._notices:
+                    self._empty.update(wanted)
                 return
             self._claims += 1
             try:
