@@ -19,7 +19,9 @@ runs :class:`Node`:
   have room here, claims the best-ranked job among them (``prefer``: the
   loaded ones, for ties only), and hands it to the job service with its
   original arrival, so that its age is the same on every node. One job at a
-  time: the claimed job now waits here, which changes the room.
+  time: the claimed job now waits here, which changes the room. A backend
+  whose shared queue was found empty is asked again only once a job is
+  announced for it (or at the next heartbeat).
 - **A lost database**: no new claims (a node that cannot reach the shared
   queue must not guess at it); everything already here keeps being served;
   the job service holds finished results and writes them once the database is
