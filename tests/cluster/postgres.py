@@ -5,8 +5,9 @@ Rules this module keeps:
 - The server is Debian's (``/usr/lib/postgresql/<version>/bin``, the newest
   one) or whatever ``initdb`` is on ``PATH``. None at all is an error that
   says to run ``make postgresql``: a missing server never skips tests silently.
-- Everything lives in one fresh directory under the system's temporary
-  directory (data, Unix socket, log), removed on stop. PostgreSQL refuses to
+- Everything lives in one fresh directory (data, Unix socket, log), in
+  memory under ``/dev/shm`` where there is one, else under the system's
+  temporary directory, removed on stop. PostgreSQL refuses to
   run as root, so when the tests run as root the directory is handed to the
   ``postgres`` user and the server runs as that user (``setpriv``).
 - It listens on a Unix socket in that directory and on 127.0.0.1 at a free
@@ -14,12 +15,15 @@ Rules this module keeps:
   these tests need a real server, not one that survives a power cut. Commits
   still reach the operating system (synchronous commit stays on), so a
   committed row survives :meth:`PostgresServer.stop`, which is a crash.
+- ``initdb`` runs once per test process; each server starts from a copy of
+  its data directory.
 - Every command is bounded in time; :meth:`PostgresServer.stop` is
   ``pg_ctl -m immediate stop`` (the same as a crash, as fast as it gets).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import pwd
@@ -108,7 +112,10 @@ class PostgresServer:
         return f"host={self.socket_dir} port={self.port} user=postgres dbname={dbname}"
 
     def _run(self, args: Sequence[str]) -> None:
-        command = [str(self.bin_dir / args[0]), *args[1:]]
+        """Run one of the server's programs (as its user)."""
+        self._run_as_user([str(self.bin_dir / args[0]), *args[1:]])
+
+    def _run_as_user(self, command: Sequence[str]) -> None:
         if self.as_user is not None:
             command = [
                 "setpriv",
@@ -129,7 +136,7 @@ class PostgresServer:
             log = self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
             log = log[-2000:]
             raise RuntimeError(
-                f"{' '.join(args)} failed ({done.returncode}): {done.stdout}{done.stderr}\n{log}"
+                f"{' '.join(command)} failed ({done.returncode}): {done.stdout}{done.stderr}\n{log}"
             )
 
     def start(self) -> None:
@@ -184,6 +191,49 @@ class PostgresServer:
             )
 
 
+_templates: dict[Path, Path] = {}
+
+
+def _scratch(*, durable: bool) -> str | None:
+    """Where servers keep their files: in memory (``/dev/shm``) when there
+    is one, since these servers need no disk; on disk for a durable one."""
+    shm = Path("/dev/shm")
+    if not durable and shm.is_dir() and os.access(shm, os.W_OK):
+        return str(shm)
+    return None  # the system's temporary directory
+
+
+def _template(bin_dir: Path, as_user: str | None) -> Path:
+    """A freshly initialised data directory for ``bin_dir``'s server, made
+    once per process (removed when it exits); servers start from copies."""
+    if bin_dir in _templates:
+        return _templates[bin_dir]
+    root = Path(tempfile.mkdtemp(prefix="yard-pg-template-", dir=_scratch(durable=False)))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    maker = PostgresServer(bin_dir=bin_dir, root=root, port=0, as_user=as_user)
+    if as_user is not None:
+        user = pwd.getpwnam(as_user)
+        os.chown(root, user.pw_uid, user.pw_gid)
+    maker._run(
+        [
+            "initdb",
+            "-D",
+            str(maker.data_dir),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+            "--wal-segsize=1",
+        ]
+    )
+    _templates[bin_dir] = maker.data_dir
+    return maker.data_dir
+
+
 @contextlib.contextmanager
 def start_postgres(*, durable: bool = False) -> Iterator[PostgresServer]:
     """Initialise and start a throw-away server (see the module rules); stop
@@ -199,7 +249,7 @@ def start_postgres(*, durable: bool = False) -> Iterator[PostgresServer]:
     as_user = "postgres" if os.geteuid() == 0 else None
     # Not pytest's tmp_path: its parents are private to root, and the
     # server (running as postgres) must reach its data and socket.
-    root = Path(tempfile.mkdtemp(prefix="yard-pg-"))
+    root = Path(tempfile.mkdtemp(prefix="yard-pg-", dir=_scratch(durable=durable)))
     server = PostgresServer(
         bin_dir=bin_dir, root=root, port=_free_port(), as_user=as_user, durable=durable
     )
@@ -207,21 +257,10 @@ def start_postgres(*, durable: bool = False) -> Iterator[PostgresServer]:
         if as_user is not None:
             user = pwd.getpwnam(as_user)
             os.chown(root, user.pw_uid, user.pw_gid)
-        server._run(
-            [
-                "initdb",
-                "-D",
-                str(server.data_dir),
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                "--no-sync",
-            ]
-        )
+        # initdb is most of a start: it runs once per test process, and
+        # each server starts from a copy of what it wrote.
+        template = _template(bin_dir, as_user)
+        server._run_as_user(["cp", "-a", str(template), str(server.data_dir)])
         server.start()
         yield server
     finally:
