@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import replace
 from functools import cache
 
@@ -15,6 +16,7 @@ from sim.cluster import (
     Job,
     Latency,
     SharedQueue,
+    _devices_and_backends,
     cluster_scenario,
     run_cluster,
     table,
@@ -22,7 +24,9 @@ from sim.cluster import (
 from sim.metrics import metrics
 from sim.runner import RequestRecord
 from sim.workload import Arrival, renumber
+from tests.core.harness import Harness, gpu, host
 from yard.cluster.policy import Hunger
+from yard.core import BackendSpec
 
 
 @cache
@@ -180,3 +184,27 @@ def test_the_table_judges_each_row_and_reuses_rows_already_measured() -> None:
     cells = [cell.strip() for cell in lines[4].split("|")[1:-1]]
     assert cells[:3] == [MACHINES[2], "7", "0 ok"]
     assert cells[3].endswith(" ok") and cells[4].endswith(" ok")
+
+
+def test_the_light_snapshot_is_the_schedulers_own_devices_and_backends() -> None:
+    """sim.cluster builds devices and backends without sorting the queue; they must stay
+    what ``Scheduler.snapshot`` says (a guard against the two drifting apart)."""
+    backends = [
+        BackendSpec(name="news", gpus=("gpu0",)),
+        BackendSpec(name="chat", gpus=("gpu0",), slots=4),
+    ]
+    h = Harness(backends, (gpu(gib=24), host()), profiles={"news": (13.0, 2.0, 40.0)})
+    steps: list[Callable[[], object]] = [
+        lambda: h.arrive("c1", "chat", at=0.0),
+        lambda: h.ready("chat", at=12.0),
+        lambda: h.arrive("n1", "news", at=13.0),
+        lambda: h.arrive("c2", "chat", at=13.0),
+        lambda: h.finish("c1", at=20.0),
+    ]
+    for step in steps:
+        step()
+        full = h.s.snapshot(h.now, limit=0)
+        light = _devices_and_backends(h.s)
+        assert light.devices == full.devices
+        assert light.backends == full.backends
+        assert light.queue_length == full.queue_length
