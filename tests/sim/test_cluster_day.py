@@ -208,3 +208,15 @@ def test_the_light_snapshot_is_the_schedulers_own_devices_and_backends() -> None
         assert light.devices == full.devices
         assert light.backends == full.backends
         assert light.queue_length == full.queue_length
+
+
+def test_a_host_holds_a_claimed_job_no_longer_than_its_model_takes_to_load() -> None:
+    """No hoarding: a job is claimed when its host can start it, at once on a free
+    slot or after the one load it triggered."""
+    day = two_hours()
+    scenario = cluster_scenario(2.0)
+    for job in day.jobs:
+        assert job.claimed_at is not None and job.record.dispatches
+        model = scenario.model(job.record.arrival.backend)
+        held = job.record.dispatches[0] - job.claimed_at
+        assert held <= model.load_s * (1 + model.load_jitter) + 1.0, (job, held)
