@@ -1,10 +1,9 @@
 """Which shared jobs a node claims, and where a synchronous request is served.
 
 Pure functions over small records, no I/O (like :mod:`yard.core`, the only part of
-yard it reads): the node
-(:mod:`yard.cluster.node`) builds the records from its engine's snapshot and the
-registry, the simulation (:mod:`sim.cluster`) builds them from its simulated hosts,
-and both get the same answers.
+yard it reads): the node (:mod:`yard.cluster.node`) builds the records from its
+engine's snapshot and the registry, the simulation (:mod:`sim.cluster`) from its
+simulated hosts, and both get the same answers.
 
 The rules these functions keep:
 
