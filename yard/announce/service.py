@@ -171,14 +171,18 @@ class Announcements:
         """The announcement, if it exists and is ``app``'s (None: any app's)."""
         if not announcement_id.isascii():
             raise AnnouncementNotFound(announcement_id)
+        # Taken before the read: an end written (and forgotten here) while the
+        # read runs would otherwise be in neither.
+        unstored = dict(self._unstored)
         record = await self.store.get(announcement_id)
         if record is None or (app is not None and record.app != app):
             raise AnnouncementNotFound(announcement_id)
-        return self._current(record)
+        return _current(record, unstored)
 
     async def listed(self, *, app: str | None, limit: int = 100) -> list[AnnouncementRecord]:
         """The app's announcements (None: every app's), newest first."""
-        return [self._current(r) for r in await self.store.listed(app=app, limit=limit)]
+        unstored = dict(self._unstored)
+        return [_current(r, unstored) for r in await self.store.listed(app=app, limit=limit)]
 
     async def withdraw(self, announcement_id: str, *, app: str | None) -> AnnouncementRecord:
         """Withdraw an open announcement (an ended one is returned as it is)."""
@@ -194,14 +198,6 @@ class Announcements:
     def counts(self) -> dict[tuple[str, str], int]:
         """Announcements ended since start, per (app, outcome), for ``/metrics``."""
         return dict(self._counts)
-
-    def _current(self, record: AnnouncementRecord) -> AnnouncementRecord:
-        """``record`` with the end the core decided and the store does not hold yet."""
-        pending = self._unstored.get(record.id)
-        if pending is None or record.status != "open":
-            return record
-        end, at = pending
-        return replace(record, status=end.outcome, used=end.used, ended_at=at)
 
     def describe(self, record: AnnouncementRecord) -> dict[str, object]:
         """The JSON the API answers with."""
@@ -317,6 +313,17 @@ class Announcements:
                 label=_label(record.not_before, now_wall),
             )
         )
+
+
+def _current(
+    record: AnnouncementRecord, unstored: Mapping[str, tuple[AnnouncementEnded, float]]
+) -> AnnouncementRecord:
+    """``record`` with the end the core decided and the store did not hold yet."""
+    pending = unstored.get(record.id)
+    if pending is None or record.status != "open":
+        return record
+    end, at = pending
+    return replace(record, status=end.outcome, used=end.used, ended_at=at)
 
 
 def announcement_service(engine: Engine, jobs: JobStore, config: Config) -> Announcements:
