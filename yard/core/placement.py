@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -91,6 +91,10 @@ class Plan:
     free_wait_s: float = 0.0
     room: str = ""
     context: int | None = None
+    retell: Callable[[str], str] | None = None
+    """For a blocked plan, or one that waits for another load: its reason told
+    of another backend by name (one with the same options that, after the same
+    frontier, meets the same checks and refusals; see :mod:`yard.core.planning`)."""
 
     def key(self) -> tuple[int, bool, float, int, tuple[str, ...]]:
         busy = bool(self.drain or self.pending)
@@ -179,13 +183,28 @@ def refusal(
 ) -> str | None:
     """Why ``o`` (whose best waiting request is ``o_head``) may not make room
     for ``head`` (None: it may)."""
+    o_key = None if o_head is None else order_key(o_head, boost)
+    head_key = None if head is None else order_key(head, boost)
+    return refusal_by_key(o, o_head, o_key, head_key, taken)
+
+
+def refusal_by_key(
+    o: Backend,
+    o_head: Req | None,
+    o_key: tuple[float, float, str] | None,
+    head_key: tuple[float, float, str] | None,
+    taken: set[str] | frozenset[str],
+) -> str | None:
+    """:func:`refusal` with the requests' :func:`~yard.core.queue.order_key`
+    given (``o_key`` of ``o_head``, ``head_key`` of the request that needs the
+    room; None for none), so that one backend can be asked about many."""
     if o.pinned:
         return reasons.not_a_victim_pinned(o.name)
     if o.state not in LOADED:
         return reasons.not_a_victim_state(o.name, o.state.value)
     if o.name in taken:
         return reasons.not_a_victim_taken(o.name)
-    if outranks(o_head, head, boost):
+    if o_key is not None and (head_key is None or o_key < head_key):  # o_head outranks
         if o_head is o.ahead:
             return o.ahead_keep_why
         return reasons.not_a_victim_outranks(o.name)
@@ -257,15 +276,6 @@ def fits_empty(
     return False, reasons.too_big(b.name, worst)
 
 
-def outranks(oh: Req | None, head: Req | None, boost: float) -> bool:
-    """Whether a backend whose best waiting request is ``oh`` stays for ``head``."""
-    if oh is None:
-        return False
-    if head is None:
-        return True
-    return order_key(oh, boost) < order_key(head, boost)
-
-
 def best_plan(
     b: Backend,
     head: Req | None,
@@ -320,26 +330,38 @@ def blocked_at_once(
     first check (a device claimed this round, or another load running there),
     without working out the rest; None if some option goes further. ``reads``
     collects the devices where it asked whether a load runs."""
-    best: Plan | None = None
+    # the first option stopped by a claim, unless one waits for a load
+    best: tuple[tuple[str, ...], str, Mapping[str, int], Backend | None] | None = None
     for gpus, need in options:
-        plan: Plan | None = None
         for d in gpus or (HOST,):
             if d in claimed:
                 if best is None:
-                    plan = Plan(b, gpus, Outcome.BLOCKED, reasons.claimed(d), need=need)
+                    best = (gpus, d, need, None)
                 break
             reads.devices.add(loading(d))
             loader = room.loading.get(d)
             if loader is not None and loader is not b:
-                if best is None or best.status != Outcome.WAIT:
-                    text = reasons.one_load_at_a_time(d, loader.name)
-                    plan = Plan(b, gpus, Outcome.WAIT, text, need=need)
+                if best is None or best[3] is None:
+                    best = (gpus, d, need, loader)
                 break
         else:
             return None
-        if plan is not None:
-            best = plan
-    return best
+    if best is None:
+        return None
+    gpus, d, need, loader = best
+    if loader is None:
+        return _claimed(b, gpus, d, need)
+    text = reasons.one_load_at_a_time(d, loader.name)
+    plan = Plan(b, gpus, Outcome.WAIT, text, need=need)
+    plan.retell = lambda _name: text
+    return plan
+
+
+def _claimed(b: Backend, gpus: tuple[str, ...], device: str, need: Mapping[str, int]) -> Plan:
+    text = reasons.claimed(device)
+    plan = Plan(b, gpus, Outcome.BLOCKED, text, need=need)
+    plan.retell = lambda _name: text
+    return plan
 
 
 def plan_on(
@@ -366,7 +388,7 @@ def plan_on(
         reads = Reads()
     for d in primary:
         if d in claimed:
-            return Plan(b, gpus, Outcome.BLOCKED, reasons.claimed(d), need=need)
+            return _claimed(b, gpus, d, need)
         reads.devices.add(loading(d))
         loader = room.loading.get(d)
         if loader is not None and loader is not b:
@@ -418,8 +440,10 @@ def plan_on(
             continue
         why_not = eligible(o)
         if why_not is not None:
-            text = reasons.must_load_alone(where, b.name, why_not)
-            return Plan(b, gpus, Outcome.BLOCKED, text, need=need)
+            plan = Plan(b, gpus, Outcome.BLOCKED, "", need=need)
+            plan.retell = lambda name, why=why_not: reasons.must_load_alone(where, name, why)
+            plan.reason = plan.retell(b.name)
+            return plan
         chosen.append(o)
         free(o, 1)
     if any(x > 0 for x in deficit.values()):
@@ -451,8 +475,11 @@ def plan_on(
                 break
         if any(x > 0 for x in deficit.values()):
             short = max(devs, key=lambda d: deficit[d])
-            text = reasons.no_room(short, b.name, need[short], eventual[short], blockers)
-            return Plan(b, gpus, Outcome.BLOCKED, text, need=need)
+            at, needs, free_there = short, need[short], eventual[short]
+            plan = Plan(b, gpus, Outcome.BLOCKED, "", need=need)
+            plan.retell = lambda name: reasons.no_room(at, name, needs, free_there, blockers)
+            plan.reason = plan.retell(b.name)
+            return plan
         # stop no more than needed: drop greedy picks that turned out spare
         for o in reversed(list(greedy)):
             held = room.held[o.name]

@@ -31,6 +31,18 @@ only:
   as victims are taken.
 
 All other plans are reused as they are, with their effects on the frontier.
+Two shortcuts keep the cost of a round low with many backends:
+
+- A touched backend is read again only where what plans may read of it (its
+  refusal inputs, its eviction key: :func:`_read_sig`) changed since the steps
+  last agreed with it.
+- Within a round, a plan that stopped at its first checks (claims, another
+  load), or a blocked one whose every considered victim refused, is *told
+  again* to the backends after it with the same options and the same frontier
+  instead of being worked out again: candidates come best head first, and a
+  victim that refuses a request (pinned, not loaded, taken, or outranking it)
+  refuses every request ranked lower, so the checks come out the same and
+  only the name in the reason differs.
 
 The result is the same as planning every backend afresh on every event:
 ``tests/core/test_machine.py`` (Hypothesis) and ``tests/core/test_planning.py``
@@ -45,7 +57,7 @@ from dataclasses import dataclass, field
 from yard.core import placement, reasons
 from yard.core.decisions import Decision
 from yard.core.lifecycle import BackendState, Move
-from yard.core.placement import Outcome, Plan, Reads, Room, evict_key, refusal
+from yard.core.placement import Outcome, Plan, Reads, Room, evict_key, refusal_by_key
 from yard.core.queue import Req, order_key
 from yard.core.records import Backend
 from yard.core.spec import HOST
@@ -89,7 +101,13 @@ class _Step:
     books: frozenset[str]  # the devices whose booking it may have read
     before: _Frontier  # the frontier it was planned after
     after: _Frontier | None  # the frontier after it, if its plan changed it
+    head_key: tuple[float, float, str] | None = None  # order_key of head
+    why: dict[str, str | None] = field(default_factory=dict)  # reads.refusals by name
+    ordered: frozenset[str] = frozenset()  # the backends in reads.orders of two or more
 
+
+_Key = tuple[float, float, str]
+_OptionsSig = tuple[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], ...]
 
 _CLOCK_MARGIN_S = 1e-3
 """Batching is planned again this long before the clock could end it (the
@@ -99,6 +117,28 @@ _NOTHING: frozenset[str] = frozenset()
 
 _EMPTY = _Frontier()
 """The frontier before the first plan of a round (never changed: plans copy it)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Told:
+    """A plan worked out in this round, with what it read, by name."""
+
+    plan: Plan | None
+    reads: Reads
+    names: frozenset[str]
+    why: dict[str, str | None]  # reads.refusals by name
+    ordered: frozenset[str]  # the backends in reads.orders of two or more
+    head_key: tuple[float, float, str] | None  # order_key of the head it was planned for
+    option: int = 0  # the plan's place among the options
+    at_once: bool = False  # it stopped at its first checks (it read no booking, no victim)
+
+
+def _ranks_no_higher(key: _Key | None, than: _Key | None) -> bool:
+    """Whether a request ranked ``key`` is refused by every backend that refused
+    one ranked ``than`` (None: no request; refused by every backend with one)."""
+    if key is None or than is None:
+        return key is than
+    return than <= key
 
 
 def _is_waiting(b: Backend) -> bool:
@@ -124,7 +164,14 @@ class Planner:
         self._evicting: set[int] = set()  # the steps that chose victims
         self._effects: list[int] = []  # the steps that booked, claimed or took
         # per backend: its options, the devices whose claim and booking its plan may read
-        self._devices: dict[str, tuple[object, frozenset[str], frozenset[str]]] = {}
+        # and the number of its options' figures
+        self._devices: dict[str, tuple[object, frozenset[str], frozenset[str], int]] = {}
+        self._sigs: dict[_OptionsSig, int] = {}
+        # this round's blocked plans, told again to the backends after them
+        self._told: dict[tuple[_Frontier, Room, int, bool | None], _Told] = {}
+        # per backend: what plans may read of it (:func:`_read_sig`) when the
+        # steps were last known to agree with it
+        self._seen: dict[str, _Sig] = {}
 
     def round(self, now: float, out: list[Decision]) -> None:
         """Plan the loads and carry out what the plans say."""
@@ -145,9 +192,16 @@ class Planner:
                     if n not in self._index and _is_waiting(core.backends[n])
                 ]
             )
-        dirty = set() if full else self._dirty(touched, now)
+        self._told.clear()
+        if full:
+            self._seen.clear()
+            # profiles may have changed: number the options afresh
+            self._sigs.clear()
+            self._devices.clear()
+        dirty = set() if full else self._dirty(touched, now, settled=True)
         for device in core.touched_devices:
             dirty.update(self._weighers.get(device, ()))
+        core.unsettled |= touched
         touched.clear()
         core.touched_devices.clear()
         index = {} if full else self._index
@@ -162,7 +216,7 @@ class Planner:
                 # A plan was carried out: the plans after it that read what it
                 # changed are planned again, the others stand.
                 seen = core.transitions
-                dirty |= self._dirty(touched, now)
+                dirty |= self._dirty(touched, now, settled=False)
                 for device in core.touched_devices:
                     dirty.update(self._weighers.get(device, ()))
                 last_dirty = max(dirty, default=-1)
@@ -202,7 +256,10 @@ class Planner:
                     victim_of[v.name] = st.head
         self._reprieve(frontier.taken, victim_of)
         # What this round carried out is in core.touched and touched_devices:
-        # the next round revisits the plans that read it.
+        # the next round revisits the plans that read it (the plans before a
+        # carry-out read its backends as they were, so no signature vouches).
+        for name in touched:
+            self._seen.pop(name, None)
         self._version = core.room_version
 
     def _keep(self, steps: list[_Step], order: list[Backend], fresh: list[int]) -> None:
@@ -228,14 +285,16 @@ class Planner:
         effects_changed = False
         for k in fresh:
             before, now_ = old[k], steps[k]
-            for name in before.names - now_.names:
-                self._readers[name].discard(k)
-            for name in now_.names - before.names:
-                self._readers.setdefault(name, set()).add(k)
-            for device in before.reads.devices - now_.reads.devices:
-                self._weighers[device].discard(k)
-            for device in now_.reads.devices - before.reads.devices:
-                self._weighers.setdefault(device, set()).add(k)
+            if before.names != now_.names:
+                for name in before.names - now_.names:
+                    self._readers[name].discard(k)
+                for name in now_.names - before.names:
+                    self._readers.setdefault(name, set()).add(k)
+            if before.reads.devices != now_.reads.devices:
+                for device in before.reads.devices - now_.reads.devices:
+                    self._weighers[device].discard(k)
+                for device in now_.reads.devices - before.reads.devices:
+                    self._weighers.setdefault(device, set()).add(k)
             if now_.reads.evicts:
                 self._evicting.add(k)
             else:
@@ -268,10 +327,17 @@ class Planner:
                 return False
         return True
 
-    def _dirty(self, touched: set[str], now: float) -> set[int]:
+    def _dirty(self, touched: set[str], now: float, *, settled: bool) -> set[int]:
         """The steps whose own inputs changed: their head, what they read of a
         touched backend, or (evicting) their own queue, their victims and the
-        clock."""
+        clock.
+
+        settled: every step agrees with the backends as they are now except in
+        what ``touched`` names (the start of a round). Then a touched backend
+        whose :func:`_read_sig` is the one the steps last agreed with is not
+        read again, and its signature is remembered; otherwise (plans carried
+        out in this round) the touched backends' signatures are forgotten.
+        """
         dirty: set[int] = set()
         steps = self._steps
         for k in self._evicting:
@@ -283,12 +349,38 @@ class Planner:
             ):
                 dirty.add(k)
         boost = self._core.config.deadline_boost
+        seen = self._seen
+        backends = self._core.backends
         for name in touched:
-            for k in self._readers.get(name, ()):
-                if k not in dirty and not _still_reads(self._steps[k], name, boost):
-                    dirty.add(k)
+            readers = self._readers.get(name)
+            if readers and settled:
+                o = backends[name]
+                sig = _read_sig(o, boost)
+                old = seen.get(name)
+                seen[name] = sig
+                # what may have changed: its refusals, its place in eviction orders
+                refused = old is None or old[:5] != sig[:5]
+                ordered = old is None or old[5] != sig[5]
+                if refused or ordered:
+                    o_head = o.head()
+                    for k in readers:
+                        if k not in dirty and not _still_reads(
+                            steps[k], o, o_head, sig[2], refused, ordered
+                        ):
+                            dirty.add(k)
+            else:
+                seen.pop(name, None)  # no step vouches for what it read
+                if readers:
+                    o = backends[name]
+                    o_head = o.head()
+                    key = None if o_head is None else order_key(o_head, boost)
+                    for k in readers:
+                        if k not in dirty and not _still_reads(
+                            steps[k], o, o_head, key, True, True
+                        ):
+                            dirty.add(k)
             own = self._index.get(name)
-            if own is not None and _head_changed(self._steps[own].backend, self._steps[own]):
+            if own is not None and _head_changed(steps[own].backend, steps[own]):
                 dirty.add(own)
         return dirty
 
@@ -307,25 +399,66 @@ class Planner:
                 b, b.state, head, urgent, overtakes, None, Reads(), none, none, none, frontier, None
             )
             return step, room
-        reads = Reads()
         options = core.options(b)
         known = self._devices.get(b.name)
         if known is None or known[0] is not options:
             claims = frozenset(d for gpus, _ in options for d in gpus or (HOST,))
-            known = (options, claims, claims | {HOST})
+            # backends with equal options share a number (a cheap key)
+            same = tuple((gpus, tuple(sorted(need.items()))) for gpus, need in options)
+            sig = self._sigs.setdefault(same, len(self._sigs))
+            known = (options, claims, claims | {HOST}, sig)
             self._devices[b.name] = known
-        _, claims, books = known
-        plan = placement.blocked_at_once(b, options, frontier.claimed, room, reads)
-        if plan is None:
-            reads = Reads()
-            plan = core.best_plan(
-                b, head, frontier.booked, frontier.claimed, frontier.taken, now, room, reads
-            )
+        _, claims, books, sig = known
+        head_key = None if head is None else order_key(head, core.config.deadline_boost)
+        # A plan that stops at its first checks (claims, loads), or a blocked
+        # one whose every refusal holds for a request ranked no higher, holds
+        # for the backends after it with the same options, after the same
+        # frontier: it is told again, not worked out again.
+        alone = None if b.profile is not None else b.self_caused_start_failures > 0
+        key = (frontier, room, sig, alone)
+        told = self._told.get(key)
+        plan: Plan | None
+        if told is not None and (told.at_once or _ranks_no_higher(head_key, told.head_key)):
+            best = told.plan
+            assert best is not None and best.retell is not None
+            need = options[told.option][1]
+            plan = Plan(b, best.gpus, best.status, best.retell(b.name), need=need)
+            plan.retell = best.retell
         else:
+            reads = Reads()
+            plan = placement.blocked_at_once(b, options, frontier.claimed, room, reads)
+            if plan is not None:
+                told = _Told(plan, reads, reads.backends(), {}, _NOTHING, head_key, at_once=True)
+            else:
+                reads = Reads()
+                plan = core.best_plan(
+                    b, head, frontier.booked, frontier.claimed, frontier.taken, now, room, reads
+                )
+                why = {o.name: why_not for o, why_not in reads.refusals}
+                long = [order for order in reads.orders if len(order) > 1]
+                ordered = frozenset(o.name for order in long for o in order)
+                told = _Told(plan, reads, reads.backends(), why, ordered, head_key)
+            if plan is not None and plan.retell is not None and None not in told.why.values():
+                told.option = next(i for i, (g, _) in enumerate(options) if g == plan.gpus)
+                self._told[key] = told
+        if told.at_once:
             books = _NOTHING
-        names = reads.backends()
         step = _Step(
-            b, b.state, head, urgent, overtakes, plan, reads, names, claims, books, frontier, None
+            b,
+            b.state,
+            head,
+            urgent,
+            overtakes,
+            plan,
+            told.reads,
+            told.names,
+            claims,
+            books,
+            frontier,
+            None,
+            head_key,
+            told.why,
+            told.ordered,
         )
         if plan is None:
             b.wait_reason = reasons.no_place(b.name)
@@ -367,12 +500,9 @@ class Planner:
     def _reprieve(self, taken: set[str], victim_of: dict[str, Req]) -> None:
         """Backends drained for a swap that no plan needs any more serve again."""
         core = self._core
-        for b in core.backends.values():
-            if (
-                b.state is BackendState.DRAINING
-                and b.drain_reason == "swap"
-                and b.name not in taken
-            ):
+        for name in sorted(core.draining - taken):
+            b = core.backends[name]
+            if b.drain_reason == "swap":
                 core.transition(b, Move.UNDRAIN, "ready again: the swap no longer needs its memory")
                 b.drain_reason = None
         core.victim_of = victim_of
@@ -413,16 +543,40 @@ def _move(step: _Step, frontier: _Frontier) -> None:
         step.after = _after(step.plan, frontier)
 
 
-def _still_reads(step: _Step, name: str, boost: float) -> bool:
-    """Whether what ``step``'s plan read of backend ``name`` is still so."""
-    for o, why_not in step.reads.refusals:
-        if o.name == name:
-            o_head = o.head()
-            if refusal(o, o_head, step.head, step.before.taken, boost) != why_not:
-                return False
-    for order in step.reads.orders:
-        if any(o.name == name for o in order) and sorted(order, key=evict_key) != order:
+_Sig = tuple[bool, BackendState, tuple[float, float, str] | None, bool, str, tuple[object, ...]]
+
+
+def _read_sig(o: Backend, boost: float) -> _Sig:
+    """Everything a plan may read of ``o`` besides the frontier: what
+    :func:`~yard.core.placement.refusal` asks of it and its
+    :func:`~yard.core.placement.evict_key` (its place in the eviction order)."""
+    head = o.head()
+    key = None if head is None else order_key(head, boost)
+    ahead = head is not None and head is o.ahead
+    return (o.pinned, o.state, key, ahead, o.ahead_keep_why, evict_key(o))
+
+
+def _still_reads(
+    step: _Step,
+    o: Backend,
+    o_head: Req | None,
+    o_key: tuple[float, float, str] | None,
+    refused: bool,
+    ordered: bool,
+) -> bool:
+    """Whether what ``step``'s plan read of backend ``o`` (whose best waiting
+    request is ``o_head``, ranked by ``o_key``) is still so: why it refused to
+    evict ``o`` (if ``refused``: that may have changed) and the eviction order
+    of the options that went through ``o`` (if ``ordered``)."""
+    name = o.name
+    if refused and name in step.why:
+        taken = step.before.taken
+        if refusal_by_key(o, o_head, o_key, step.head_key, taken) != step.why[name]:
             return False
+    if ordered and name in step.ordered:
+        for order in step.reads.orders:
+            if len(order) > 1 and o in order and sorted(order, key=evict_key) != order:
+                return False
     return True
 
 

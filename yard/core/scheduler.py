@@ -403,8 +403,14 @@ class Scheduler:
         return limit is not None and serving.get(req.app, 0) >= limit
 
     def _settle(self, now: float, out: list[Decision]) -> None:
+        """Start the idle timer of a backend that became idle, stop one an
+        operator unloads once its last request ended: only the backends
+        touched since the last settling (nothing else changed)."""
         core = self._core
-        for b in core.backends.values():
+        names = core.unsettled | core.touched
+        core.unsettled = set()
+        for name in sorted(names):
+            b = core.backends[name]
             if b.state is BackendState.DRAINING and not b.running:
                 if b.drain_reason == "admin":
                     core.stop(b, "unloaded by an operator", out)

@@ -47,6 +47,9 @@ class Core:
         a device's name for its memory figures (held, freed, foreign, who holds
         it), :func:`~yard.core.placement.loading` of it for whether a load runs
         there.
+    unsettled: the backends touched since the scheduler last settled them
+        (idle timers, operator unloads), besides those in ``touched``.
+    draining: the backends in the draining state.
     windows: held requests and announcements (:mod:`yard.core.windows`).
     """
 
@@ -62,6 +65,8 @@ class Core:
     transitions: int = 0
     touched: set[str] = field(default_factory=set)
     touched_devices: set[str] = field(default_factory=set)
+    unsettled: set[str] = field(default_factory=set)
+    draining: set[str] = field(default_factory=set)
     options_cache: dict[str, Options] = field(default_factory=dict)
     fit_cache: dict[str, tuple[bool, str]] = field(default_factory=dict)
     shares: Shares | None = None  # the apps' fairness term; None: no app has a weight
@@ -123,6 +128,10 @@ class Core:
             self.touched_devices.update(loading(d) for d in b.devices)
         b.state = move(b.name, b.state, m)
         b.reason = reason
+        if b.state is BackendState.DRAINING:
+            self.draining.add(b.name)
+        else:
+            self.draining.discard(b.name)
 
     def release(self, b: Backend) -> None:
         """The instance is gone: it holds no memory and no slots."""
