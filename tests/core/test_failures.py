@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 from tests.core.harness import GIB, Harness, gpu, host
 from yard.core import (
     BackendSpec,
     Dispatch,
     Flag,
+    Profile,
     ProfileRaised,
     Reject,
     Requeue,
@@ -54,11 +57,11 @@ def test_an_oom_yard_caused_requeues_the_requests_once_at_their_old_place() -> N
     h.load("chat", "r1")
     h.arrive("r2", "chat", at=1)  # both running on chat's two slots
     h.arrive("r3", "chat", at=2)  # waiting
-    h.memory("gpu0", used_gib=16, at=3, chat=16)  # above its 10 GiB profile
+    h.memory("gpu0", used_gib=16, at=3, chat=16)  # above its 10 GiB profile: raised to 16
     out = h.exited("chat", at=4, oom=True)
     assert [d.request_id for d in out if isinstance(d, Requeue)] == ["r1", "r2"]
     [raised] = [d for d in out if isinstance(d, ProfileRaised)]
-    assert raised.profile.gpu_bytes == 16 * GIB
+    assert raised.profile.gpu_bytes == math.ceil(16 * GIB * 1.1)  # 10% above the last
     h.ready("chat", at=10)
     assert h.dispatched()[-2:] == ["r1", "r2"]  # r1 and r2 before r3: their old place
 
@@ -224,10 +227,24 @@ def test_an_oom_on_a_shared_gpu_with_no_reading_is_self_caused_and_not_repeated(
     assert isinstance(stop, StopBackend) and stop.backend == "small"
 
 
-def test_live_use_above_the_profile_is_flagged_once() -> None:
+def test_live_use_above_the_profile_is_flagged_once_and_raises_the_profile_at_once() -> None:
     h = chat_and_tts()
     h.load("chat", "r1")
-    [flag] = h.memory("gpu0", used_gib=12, at=1, chat=12)
+    flag, raised = h.memory("gpu0", used_gib=12, at=1, chat=12)
     assert isinstance(flag, Flag) and flag.backend == "chat"
     assert flag.reason == "chat: it used 12.0 GiB on gpu0, above its profile 10.0 GiB"
-    assert h.memory("gpu0", used_gib=13, at=2, chat=13) == []
+    assert isinstance(raised, ProfileRaised) and raised.backend == "chat"
+    assert raised.profile == Profile(gpu_bytes=12 * GIB, host_bytes=GIB, load_s=5.0)
+    assert raised.reason == (
+        "chat: it used 12.0 GiB on gpu0, above its profile 10.0 GiB; profile raised from "
+        "10.0 GiB GPU / 1.0 GiB host to 12.0 GiB / 1.0 GiB"
+    )
+    assert h.s.profile("chat") == raised.profile
+    assert h.s.snapshot(1).devices[0].committed_bytes == math.ceil(12 * GIB * 1.1)
+    # Flagged once; raised again only by a reading above the raised figure.
+    assert h.memory("gpu0", used_gib=12, at=2, chat=12) == []
+    [again] = h.memory("gpu0", used_gib=13, at=3, chat=13)
+    assert isinstance(again, ProfileRaised) and again.profile.gpu_bytes == 13 * GIB
+    [host_raised] = h.memory("host", used_gib=2, at=4, chat=2)
+    assert isinstance(host_raised, ProfileRaised)
+    assert (host_raised.profile.gpu_bytes, host_raised.profile.host_bytes) == (13 * GIB, 2 * GIB)

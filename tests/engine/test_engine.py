@@ -22,6 +22,7 @@ from tests.engine.fakes import (
     Script,
     ScriptedPolicy,
 )
+from yard.core import BackendSpec, DeviceSpec, Scheduler
 from yard.core.decisions import (
     Decision,
     Dispatch,
@@ -451,9 +452,11 @@ async def test_a_measured_first_load_reports_its_peak_and_stores_it(
         assert store.puts == [(5.0, "llm", Profile(gpu_bytes=6 * GiB, host_bytes=GiB, load_s=5.0))]
 
 
-async def test_live_use_above_the_profile_raises_it_once(
+async def test_live_readings_reach_the_core_as_they_are_and_the_engine_raises_no_profile(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    # Whether use above the profile means anything is the core's to judge
+    # (tests/core/test_memory.py); the engine reports readings, nothing more.
     def memory(t: float) -> dict[str, int]:
         return {"gpu0": 4 * GiB if t < 20 else 7 * GiB}
 
@@ -470,32 +473,57 @@ async def test_live_use_above_the_profile_raises_it_once(
         profiles=store,
         meter_interval_s=1.0,
     ) as h:
-        assert h.policy.seen[0] == (
-            0.0,
-            ProfileMeasured(
-                backend="llm", gpu_bytes=5 * GiB, host_bytes=0, load_s=4.0, source="stored"
-            ),
-        )
         h.engine.submit(backend="llm", priority=1, request_id="a")
         await trio.sleep(40)
-        raised = [
-            (t, e)
-            for t, e in h.policy.seen
-            if isinstance(e, ProfileMeasured) and e.source == "raised"
-        ]
-        assert raised == [
+        profiles = [(t, e) for t, e in h.policy.seen if isinstance(e, ProfileMeasured)]
+        assert profiles == [
             (
-                20.0,
+                0.0,
                 ProfileMeasured(
-                    backend="llm", gpu_bytes=7 * GiB, host_bytes=0, load_s=4.0, source="raised"
+                    backend="llm", gpu_bytes=5 * GiB, host_bytes=0, load_s=4.0, source="stored"
                 ),
             )
         ]
-        assert store.profiles["llm"].gpu_bytes == 7 * GiB
+        assert store.puts == []
         readings = [e for _, e in h.policy.seen if isinstance(e, MemoryMeasured)]
         assert readings[-1] == MemoryMeasured(
             device="gpu0", used_bytes=7 * GiB, backends=(("llm", 7 * GiB),)
         )
+
+
+async def test_live_use_above_the_profile_is_raised_once_by_the_core_and_stored(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    def memory(t: float) -> dict[str, int]:
+        return {"gpu0": 4 * GiB if t < 20 else 7 * GiB}
+
+    scheduler = Scheduler(
+        [DeviceSpec(name="gpu0", kind="gpu", total_bytes=24 * GiB)],
+        [BackendSpec(name="llm", gpus=("gpu0",))],
+    )
+    launcher = FakeLauncher({"llm": Script(ready_after_s=4, memory=memory)})
+    store = MemoryProfileStore({"llm": Profile(gpu_bytes=5 * GiB, host_bytes=0, load_s=4.0)})
+    engine = Engine(
+        scheduler=scheduler,
+        launcher=launcher,
+        meter=FakeMeter(launcher, {"gpu0": 24 * GiB}),
+        profiles=store,
+        meter_interval_s=1.0,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        engine.submit(backend="llm", priority=1, request_id="a")
+        await trio.sleep(40)
+        raised = [
+            (d.at, d.decision.profile)
+            for d in engine.decisions()
+            if isinstance(d.decision, ProfileRaised)
+        ]
+        profile = Profile(gpu_bytes=7 * GiB, host_bytes=0, load_s=4.0)
+        assert raised == [(20.0, profile)]
+        assert store.puts == [(20.0, "llm", profile)]
+        assert scheduler.profile("llm") == profile
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_slow_subscriber_is_dropped_and_the_log_keeps_the_latest(

@@ -7,6 +7,8 @@ decisions to ``out``. Out-of-memory is judged by :mod:`yard.core.failures`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from yard.core import failures, reasons, resources, windows
 from yard.core.decisions import Decision, Flag, ProfileRaised
 from yard.core.events import (
@@ -158,12 +160,16 @@ def profile(core: Core, ev: ProfileMeasured, out: list[Decision]) -> None:
     reject_if_unfit(core, b, out)
 
 
-def memory(core: Core, ev: MemoryMeasured, out: list[Decision]) -> None:
+def memory(core: Core, ev: MemoryMeasured, now: float, out: list[Decision]) -> None:
+    """A meter reading of one device: live use per backend, foreign use; a
+    backend seen above its profile is flagged (once), and its profile raised
+    to what it uses (:func:`raise_to_live`)."""
     dev = core.devices.get(ev.device)
     if dev is None:
         return
     total = 0
     changed = False  # in what planning reads: memory held, foreign use
+    above: list[tuple[Backend, int, int]] = []
     for name, nbytes in ev.backends:
         total += nbytes
         b = core.backends.get(name)
@@ -176,9 +182,11 @@ def memory(core: Core, ev: MemoryMeasured, out: list[Decision]) -> None:
             # At the context it runs with (a backend with a context range).
             figures = resources.at(b.profile, b.context)
             limit = figures.gpu_bytes if ev.device != HOST else figures.host_bytes
-            if nbytes > limit and b.overcommit is None:
-                b.overcommit = reasons.above_profile(nbytes, ev.device, limit)
-                out.append(Flag(backend=b.name, reason=f"{b.name}: {b.overcommit}"))
+            if nbytes > limit:
+                above.append((b, nbytes, limit))
+                if b.overcommit is None:
+                    b.overcommit = reasons.above_profile(nbytes, ev.device, limit)
+                    out.append(Flag(backend=b.name, reason=f"{b.name}: {b.overcommit}"))
     dev.used = ev.used_bytes
     foreign = max(0, ev.used_bytes - total)
     if foreign != dev.foreign or changed:
@@ -194,6 +202,39 @@ def memory(core: Core, ev: MemoryMeasured, out: list[Decision]) -> None:
                 o.overcommit = why
         if flagged:
             out.append(Flag(reason=f"{why}; running there: {', '.join(flagged)}"))
+    for b, nbytes, limit in above:
+        raise_to_live(core, b, ev.device, nbytes, limit, now, out)
+
+
+def raise_to_live(
+    core: Core, b: Backend, device: str, nbytes: int, limit: int, now: float, out: list[Decision]
+) -> None:
+    """``b`` was seen using ``nbytes`` on ``device``, above the ``limit`` its
+    profile gives there: the profile (at the context it runs with) takes that
+    figure, its reservation grows to match, and a ``ProfileRaised`` tells the
+    engine to store it. It is the profile's new measured point: it keeps the
+    load time the scheduler uses for it (now counted as measured)."""
+    assert b.profile is not None
+    old = b.profile
+    at = resources.at(old, b.context)
+    load = core.load_s(b)
+    if device == HOST:
+        point = replace(at, host_bytes=nbytes, load_s=load)
+    else:
+        point = replace(at, gpu_bytes=nbytes, load_s=load)
+    b.profile_has_load = True
+    core.forget_fit(b)
+    b.profile = resources.learn(old, point)
+    b.reserved = dict(core.need(b, b.gpus))
+    b.measuring = False
+    core.room_version += 1
+    reject_if_unfit(core, b, out)
+    windows.profile_changed(core, b.name, now)
+    why = reasons.above_profile(nbytes, device, limit)
+    before = (old.gpu_bytes, old.host_bytes)
+    after = (b.profile.gpu_bytes, b.profile.host_bytes)
+    reason = reasons.profile_raised_live(b.name, why, before, after)
+    out.append(ProfileRaised(backend=b.name, profile=b.profile, reason=reason))
 
 
 def admin_load(core: Core, ev: AdminLoad, now: float, out: list[Decision]) -> None:

@@ -277,6 +277,13 @@ def profile_raised(name: str, why: str, old: tuple[int, int], new: tuple[int, in
     )
 
 
+def profile_raised_live(name: str, why: str, old: tuple[int, int], new: tuple[int, int]) -> str:
+    return (
+        f"{name}: {why}; profile raised from "
+        f"{gib(old[0])} GPU / {gib(old[1])} host to {gib(new[0])} / {gib(new[1])}"
+    )
+
+
 def shared_and_outgrew(device: str, others: Sequence[str]) -> str:
     return (
         f"it shared {device} with {', '.join(others)} and together they outgrew it "

@@ -241,7 +241,7 @@ class Scheduler:
                 backend_events.profile(core, event, out)
                 windows.profile_changed(core, event.backend, now)
             case MemoryMeasured():
-                backend_events.memory(core, event, out)
+                backend_events.memory(core, event, now, out)
             case AdminLoad():
                 backend_events.admin_load(core, event, now, out)
             case AdminUnload():

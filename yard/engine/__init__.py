@@ -18,8 +18,9 @@ Memory: a meter task reads every device every ``meter_interval_s`` and sends one
 ``MemoryMeasured`` per device. A first load the core asks to measure
 (``StartBackend(measure=True)``) is also sampled every ``profile_interval_s`` from launch
 to ready (warm-up included); its peak per device becomes ``ProfileMeasured("measured")``,
-sent before ``BackendReady`` and persisted. Live use above the current profile sends
-``ProfileMeasured("raised")`` and persists it too.
+sent before ``BackendReady`` and persisted. Live use above the current profile is the
+core's to judge: it raises the profile and says so with ``ProfileRaised``, which the
+engine persists.
 
 Shutdown: cancelling :meth:`Engine.run` stops every backend it started (shielded, within
 ``shutdown_grace_s``) and ends every waiting request with 503 ``shutting_down``.

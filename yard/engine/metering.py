@@ -1,5 +1,9 @@
 """Memory for the engine: the meter loop, the sampling of a measured first load,
-profiles raised from live readings, and the durable profile store.
+and the durable profile store.
+
+The engine only reports what the meter reads; the core decides what a reading
+means (a backend above its profile gets its profile raised, as a
+``ProfileRaised`` decision that the engine then stores).
 
 A meter or store that raises is logged and skipped: memory trouble never takes the
 engine down. Every figure reaches the core as an event sent through ``send_event``.
@@ -9,12 +13,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 import trio
 
-from yard.core import resources
 from yard.core.events import Event, MemoryMeasured, ProfileMeasured
 from yard.core.spec import HOST, Profile
 from yard.engine.records import BackendRecord, Policy, track_peaks
@@ -56,9 +58,6 @@ class Metering:
         self._send_event = send_event
         self._spawn = spawn
         self._meter_interval_s = meter_interval_s
-        # Per backend: the (gpu, host) bytes of the highest profile sent or decided.
-        # Raised figures per backend, and the context they hold at.
-        self._raised: dict[str, tuple[int, int, int | None]] = {}
         self._failures = 0
 
     def pids(self) -> dict[str, int]:
@@ -107,7 +106,6 @@ class Metering:
             context=record.context,
         )
         record.measure = False
-        self._raised.pop(record.name, None)
         self._send_event(
             ProfileMeasured(
                 backend=record.name,
@@ -121,8 +119,8 @@ class Metering:
         return profile
 
     def raised(self, backend: str, profile: Profile) -> None:
-        """The core raised ``backend``'s profile: remember it and store it."""
-        self._raised[backend] = (profile.gpu_bytes, profile.host_bytes, profile.context)
+        """The core raised ``backend``'s profile (from a live reading, or after
+        an out-of-memory it caused): store it."""
         self._spawn(self.store_profile, backend, profile)
 
     async def store_profile(self, backend: str, profile: Profile) -> None:
@@ -158,9 +156,10 @@ class Metering:
                 )
 
     def take_readings(self, readings: list[DeviceReading]) -> None:
-        """Send the core one ``MemoryMeasured`` per reading; a backend seen using
-        more than its profile gets a ``ProfileMeasured("raised")``, also stored."""
-        live: dict[str, tuple[int, int]] = {}
+        """Send the core one ``MemoryMeasured`` per reading (it raises the
+        profile of a backend seen above it); the peaks of a backend being
+        measured on its first load are tracked here."""
+        seen: set[str] = set()
         for reading in readings:
             self._send_event(
                 MemoryMeasured(
@@ -169,49 +168,8 @@ class Metering:
                     backends=tuple(sorted(reading.backends.items())),
                 )
             )
-            host = reading.device == HOST
-            for name, used in reading.backends.items():
-                gpu_bytes, host_bytes = live.get(name, (0, 0))
-                if host:
-                    live[name] = (gpu_bytes, max(host_bytes, used))
-                else:
-                    live[name] = (max(gpu_bytes, used), host_bytes)
-        for name, (gpu_bytes, host_bytes) in live.items():
+            seen.update(reading.backends)
+        for name in sorted(seen):
             record = self._records.get(name)
-            if record is None:
-                continue
-            if record.measure:
+            if record is not None and record.measure:
                 track_peaks(record, readings)
-                continue
-            profile = self._policy.profile(name)
-            if profile is None:
-                continue
-            # A backend with a context range is compared, and raised, at the
-            # context it runs with.
-            profile = resources.at(profile, record.context)
-            known_gpu, known_host, at = self._raised.get(name, (0, 0, record.context))
-            if at != record.context:
-                known_gpu = known_host = 0
-            known_gpu = max(known_gpu, profile.gpu_bytes)
-            known_host = max(known_host, profile.host_bytes)
-            if gpu_bytes <= known_gpu and host_bytes <= known_host:
-                continue
-            raised = replace(
-                profile,
-                gpu_bytes=max(gpu_bytes, known_gpu),
-                host_bytes=max(host_bytes, known_host),
-            )
-            self._raised[name] = (raised.gpu_bytes, raised.host_bytes, raised.context)
-            self._send_event(
-                ProfileMeasured(
-                    backend=name,
-                    gpu_bytes=raised.gpu_bytes,
-                    host_bytes=raised.host_bytes,
-                    load_s=raised.load_s,
-                    source="raised",
-                    context=raised.context,
-                    gpu_per_token=raised.gpu_per_token,
-                    host_per_token=raised.host_per_token,
-                )
-            )
-            self._spawn(self.store_profile, name, raised)
