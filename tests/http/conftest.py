@@ -154,3 +154,11 @@ async def vgw(
         for client in gateway.clients:
             client.socket.close()
     runtime.upstream.close_idle()
+
+
+def observed(vgw: VirtualGateway[FakeEngine], hook: RequestHook) -> None:
+    """Serve ``vgw`` with ``hook`` as the metrics hook (as ``gateway_factory``'s
+    ``observe`` does)."""
+    control = cast(ASGIApp, create_control_app(vgw.runtime))  # (it registers yard's hook)
+    vgw.runtime.observe_request = hook
+    vgw.server.app = GatewayApp(vgw.runtime, control)

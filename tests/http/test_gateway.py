@@ -16,7 +16,7 @@ from tests.http.conftest import (
     Gateway,
     GatewayFactory,
     make_config,
-    open_raw,
+    observed,
 )
 from tests.http.fakes import FakeEngine
 from tests.http.upstream import Scripted, serve_scripted
@@ -453,27 +453,26 @@ class _Heard:
 
 
 async def test_metrics_hook_hears_each_request_once_with_outcome_wait_and_latency(
-    gateway_factory: GatewayFactory,
+    vgw: VirtualGateway[FakeEngine], autojump_clock: trio.testing.MockClock
 ) -> None:
     heard = _Heard()
-    gw = await gateway_factory(observe=heard)
-    async with gw.client:
-        streamed = {**CHAT, "stream": True, "chunks": 3, "interval": 0.1}
-        assert (await gw.client.post("/v1/chat/completions", json=streamed)).status_code == 200
-        assert (await gw.client.post("/backends/music/x", content=b"x")).status_code == 200
-        gw.engine.reject["whisper"] = Rejected(status=503, code="queue_full", message="full")
-        rejected = await gw.client.post("/v1/audio/transcriptions", json={"model": "whisper-1"})
-        assert rejected.status_code == 503
-        assert (await gw.client.post("/backends/music/cut-before")).status_code == 502
-        with trio.fail_after(5):
-            await heard.wait_calls(4)
+    observed(vgw, heard)
+    streamed = json.dumps({**CHAT, "stream": True, "chunks": 3, "interval": 0.25}).encode()
+    assert (await vgw.request("POST", "/v1/chat/completions", streamed)).status == 200
+    assert (await vgw.request("POST", "/backends/music/x", b"x")).status == 200
+    vgw.engine.reject["whisper"] = Rejected(status=503, code="queue_full", message="full")
+    whisper = json.dumps({"model": "whisper-1"}).encode()
+    assert (await vgw.request("POST", "/v1/audio/transcriptions", whisper)).status == 503
+    assert (await vgw.request("POST", "/backends/music/cut-before")).status == 502
+    await heard.wait_calls(4)
     ok, plain, full, lost = heard.calls
-    assert ok["latency_s"] is not None and 0.2 <= float(str(ok["latency_s"])) < 2.0
-    assert {k: v for k, v in ok.items() if k != "latency_s"} == {
+    # The stream's three events, 0.25 s apart, then its end.
+    assert ok == {
         "model": "tiny",
         "backend": "llm",
         "outcome": "ok",
         "queued_s": 0.0125,
+        "latency_s": 0.5,
     }
     assert (plain["model"], plain["backend"], plain["outcome"]) == ("", "music", "ok")
     # Never dispatched: no wait and no latency to report.
@@ -493,25 +492,17 @@ async def test_metrics_hook_hears_each_request_once_with_outcome_wait_and_latenc
 
 
 async def test_metrics_hook_hears_a_cut_response_as_error_and_a_client_gone_as_cancelled(
-    gateway_factory: GatewayFactory,
+    vgw: VirtualGateway[FakeEngine], autojump_clock: trio.testing.MockClock
 ) -> None:
     heard = _Heard()
-    gw = await gateway_factory(observe=heard)
-    async with gw.client:
-        with trio.fail_after(5):
-            try:
-                async with gw.client.stream("POST", "/backends/music/cut-after") as response:
-                    await response.aread()
-            except httpx.RemoteProtocolError:
-                pass
-            await heard.wait_calls(1)
-            body = {**CHAT, "stream": True, "chunks": 1000, "interval": 0.05}
-            stream = await open_raw(
-                gw.url, "POST", "/v1/chat/completions", json.dumps(body).encode()
-            )
-            assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 200")
-            await stream.aclose()
-            await heard.wait_calls(2)
+    observed(vgw, heard)
+    assert not (await vgw.request("POST", "/backends/music/cut-after")).complete
+    await heard.wait_calls(1)
+    body = json.dumps({**CHAT, "stream": True, "chunks": 1000, "interval": 0.05}).encode()
+    stream = await vgw.open("POST", "/v1/chat/completions", body)
+    assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 200")
+    await stream.aclose()
+    await heard.wait_calls(2)
     cut, gone = heard.calls
     assert (cut["outcome"], cut["queued_s"]) == ("error", 0.0125)
     assert cut["latency_s"] is not None
