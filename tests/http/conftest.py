@@ -119,19 +119,6 @@ async def gw(gateway_factory: GatewayFactory) -> AsyncIterator[Gateway]:
         yield gateway
 
 
-async def open_raw(url: str, method: str, path: str, body: bytes) -> trio.SocketStream:
-    """Send one request over a raw socket and return the open stream (for
-    tests that read part of a response and then hang up)."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    stream = await trio.open_tcp_stream(host, int(port))
-    head = (
-        f"{method} {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\n\r\n"
-    ).encode()
-    await stream.send_all(head + body)
-    return stream
-
-
 @pytest.fixture
 async def vgw(
     autojump_clock: trio.testing.MockClock,
