@@ -1,6 +1,6 @@
 """How the server takes connections from its listeners' backlog: several per
 wake-up, each counted against the connection cap before its task runs, and
-nothing left listening once the server stops."""
+nothing left listening once the server stops; and what its statistics count."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import pytest
 import trio
+import trio.testing
 
 from yard.http.server import ASGIApp, Limits, Server, open_listeners, serve
 
@@ -138,6 +139,8 @@ async def test_connections_taken_together_count_against_the_cap_before_they_run(
             # refused at once; none of them waits on its client to make room.
             assert await _status_lines(clients[3:]) == [b"HTTP/1.1 503"] * 3
             assert app.held == 3
+            stats = server.statistics()
+            assert (stats.open_connections, stats.refused, stats.evicted) == (3, 3, 0)
             app.release.set()
             assert await _status_lines(clients[:3]) == [b"HTTP/1.1 200"] * 3
 
@@ -165,3 +168,65 @@ async def test_nothing_listens_once_the_server_has_stopped() -> None:
             stop.set()
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+async def _tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    """A connected loopback TCP pair: (the server's end, the client's end)."""
+    listener = trio.socket.socket()
+    with listener:
+        await listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        client = trio.socket.socket()
+        await client.connect(listener.getsockname())
+        server_end, _ = await listener.accept()
+    return trio.SocketStream(server_end), trio.SocketStream(client)
+
+
+async def _answer_then_body(scope: Scope, receive: Any, send: Any) -> None:
+    """Reads the body (``/read``), or answers 403 without reading it."""
+    if scope["path"] == "/read":
+        while (await receive()).get("more_body"):
+            pass
+    await send({"type": "http.response.start", "status": 403, "headers": []})
+    await send({"type": "http.response.body", "body": b"no"})
+
+
+async def test_statistics_count_what_each_limit_ended(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    limits = Limits(max_connections=3, reserved_connections=0, keep_alive_s=75.0)
+    server = Server(cast(ASGIApp, _answer_then_body), limits=limits)
+    requests = [
+        b"",  # nothing: the head timeout
+        b"GET / HTTP/1.1\r\n",  # part of a head: 408 at the head timeout
+        b"GET / HTTP/1.1\r\nhost: x\r\n\r\n",  # answered, then idle: keep_alive_s
+        b"POST /read HTTP/1.1\r\nhost: x\r\ncontent-length: 9\r\n\r\nab",  # 408 (body)
+    ]
+    clients = []
+    with trio.fail_after(300):
+        async with trio.open_nursery() as nursery:
+            server.nursery = nursery
+            for request in requests[:3]:
+                server_end, client = await _tcp_pair()
+                clients.append(client)
+                nursery.start_soon(server.handle, server_end)
+                await client.send_all(request)
+                await trio.testing.wait_all_tasks_blocked()  # (they wait in this order)
+            stats = server.statistics()
+            assert (stats.open_connections, stats.waiting_connections) == (3, 3)
+            # At the cap: the longest waiting (the silent one) makes room.
+            listeners = await open_listeners("127.0.0.1", 0)
+            nursery.start_soon(server.accept_and_serve, listeners[0])
+            client = await trio.open_tcp_stream(*listeners[0].socket.getsockname()[:2])
+            clients.append(client)
+            await client.send_all(requests[3])
+            await trio.sleep(200)
+            server.stop_accepting(listeners)
+            nursery.cancel_scope.cancel()
+    for client in clients:
+        client.socket.close()
+    stats = server.statistics()
+    assert (stats.open_connections, stats.waiting_connections) == (0, 0)
+    assert (stats.evicted, stats.refused) == (1, 0)
+    assert (stats.head_timeouts, stats.idle_closed, stats.body_timeouts) == (1, 1, 1)
+    assert stats.send_timeouts == 0

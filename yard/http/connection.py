@@ -59,6 +59,28 @@ def refusal(code: str, message: str, retry_after_s: float) -> bytes:
     return b"HTTP/1.1 503 Service Unavailable\r\n%s\r\n%s" % (head, body)
 
 
+class Tally:
+    """What the server's limits have done so far, counted (read through
+    :meth:`yard.http.server.Server.statistics`)."""
+
+    __slots__ = (
+        "body_timeouts",
+        "evicted",
+        "head_timeouts",
+        "idle_closed",
+        "refused",
+        "send_timeouts",
+    )
+
+    def __init__(self) -> None:
+        self.evicted = 0
+        self.refused = 0
+        self.head_timeouts = 0
+        self.idle_closed = 0
+        self.body_timeouts = 0
+        self.send_timeouts = 0
+
+
 class Host(Protocol):
     """What a connection needs of its server (:class:`yard.http.server.Server`)."""
 
@@ -70,6 +92,7 @@ class Host(Protocol):
     connections: set[Connection]
     waiting: OrderedDict[Connection, None]
     """The connections waiting on their client, the longest waiting first."""
+    tally: Tally
     nursery: trio.Nursery | None
     max_connections: int
 
@@ -306,6 +329,7 @@ class Connection:
             self._waiting[self] = None
             try:
                 if not await self._receive(trio.current_time() + self.body_timeout_s):
+                    self.server.tally.body_timeouts += 1
                     return None
             finally:
                 self._waiting.pop(self, None)
@@ -352,6 +376,7 @@ class Connection:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.hang_up()
         except trio.TooSlowError:
+            self.server.tally.send_timeouts += 1
             log.info(
                 "%s read nothing of its answer for %g s (server.send_timeout_s): cut",
                 self.client,
@@ -375,6 +400,7 @@ class Connection:
         await self.write(data)
 
     async def _refuse(self) -> None:
+        self.server.tally.refused += 1
         await self.error(
             503,
             "too_many_connections",
@@ -412,12 +438,17 @@ class Connection:
                 if self.restricted:
                     await self._refuse()
                 elif self.wire.buffered:
+                    server.tally.head_timeouts += 1
                     await self.error(
                         408,
                         "request_timeout",
                         f"the request head did not arrive within {self._head_timeout_s:g} s "
                         "(server.head_timeout_s); send the whole head at once",
                     )
+                elif self._requests:
+                    server.tally.idle_closed += 1  # (keep_alive_s)
+                else:
+                    server.tally.head_timeouts += 1  # (not a byte of it)
                 return
             if not isinstance(event, wire.Request):
                 return  # ConnectionClosed

@@ -43,13 +43,14 @@ import os
 import socket
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from yard.http import sockio, wire
 from yard.http.asgi import ASGIApp, Message, Scope
-from yard.http.connection import Connection, bearer_matches, refusal
+from yard.http.connection import Connection, Tally, bearer_matches, refusal
 from yard.http.lifespan import run_lifespan
 from yard.http.limits import Limits, connection_cap
 
@@ -59,6 +60,7 @@ __all__ = [
     "Message",
     "Scope",
     "Server",
+    "ServerStatistics",
     "connection_cap",
     "open_listeners",
     "serve",
@@ -96,6 +98,34 @@ class _Throttled:
         self.held_back = 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerStatistics:
+    """What :meth:`Server.statistics` reports: the connections now, and what
+    the limits have done since the server started.
+
+    open_connections: connections being served (in full or from the reserve).
+    waiting_connections: of those, the ones waiting on their client (for a
+        request head, or more of a body): the ones the cap may close.
+    max_connections: the cap in force (after the open-file limit).
+    evicted: connections closed at the cap to make room for a new one.
+    refused: connections answered 503 ``too_many_connections``.
+    head_timeouts: heads that did not come whole within ``head_timeout_s``.
+    idle_closed: keep-alive connections closed after ``keep_alive_s`` idle.
+    body_timeouts: bodies that made no progress for ``body_timeout_s`` (408).
+    send_timeouts: answers the client took nothing of for ``send_timeout_s``.
+    """
+
+    open_connections: int
+    waiting_connections: int
+    max_connections: int
+    evicted: int
+    refused: int
+    head_timeouts: int
+    idle_closed: int
+    body_timeouts: int
+    send_timeouts: int
+
+
 class Server:
     """Serves one ASGI app on TCP listeners (see :func:`serve`).
 
@@ -118,6 +148,7 @@ class Server:
         """The connections waiting on their client (for a request head, or
         more of a body), the longest waiting first: the next to close at the
         cap."""
+        self.tally = Tally()
         self.nursery: trio.Nursery | None = None
         """Where connections and their hang-up readers run (set by :func:`serve`)."""
         self.accepting = True
@@ -138,6 +169,21 @@ class Server:
             retry_after_s=1.0,
         )
 
+    def statistics(self) -> ServerStatistics:
+        """The connections now, and what the limits have done so far."""
+        tally = self.tally
+        return ServerStatistics(
+            open_connections=len(self.connections),
+            waiting_connections=len(self.waiting),
+            max_connections=self.max_connections,
+            evicted=tally.evicted,
+            refused=tally.refused,
+            head_timeouts=tally.head_timeouts,
+            idle_closed=tally.idle_closed,
+            body_timeouts=tally.body_timeouts,
+            send_timeouts=tally.send_timeouts,
+        )
+
     def may_use_reserve(self, request: wire.Request) -> bool:
         """Whether a request on a connection over the cap is served:
         ``GET /healthz``, or one with the admin key."""
@@ -154,6 +200,7 @@ class Server:
         if not self.waiting:
             return False
         oldest, _ = self.waiting.popitem(last=False)
+        self.tally.evicted += 1
         oldest.stream.socket.close()
         oldest.hang_up()
         self._evicted.log(
@@ -196,6 +243,7 @@ class Server:
             sockio.read_now(stream, 65536)
             os.write(stream.socket.fileno(), self._refusal)
         stream.socket.close()
+        self.tally.refused += 1
         self._refused.log(
             logging.WARNING,
             "refused a connection: %d open, the limit (server.max_connections) plus %d reserved",
