@@ -26,10 +26,13 @@ machine's own noise), in the same run. Attacks:
 - ``json-60MiB``: a 60 MiB JSON body to ``/v1/chat/completions`` (an array of
   30 million numbers, the ``model`` at the end);
 - ``slow-1000``: 1,000 connections that send a request head slowly (half of
-  them the whole head of a login with ``Content-Length: 100`` and no body),
-  a byte per connection every second, reconnecting when yard closes one;
+  them the whole head of a login with ``Content-Length: 100`` and no body,
+  which yard's login waits for), a byte per connection every second,
+  reconnecting when yard closes one (up to 200 a second);
 - ``nonreading-8``: 8 clients ask the ``big`` model for 8 MiB answers and
   never read them.
+
+Each window also shows the CPU time yard used in it, as a share of one core.
 
 Everything is bounded (a window per attack, 90 s at most for a recovery) and
 stays on loopback; the temporary directory and every process are removed at
@@ -149,10 +152,12 @@ def _post_forever(port: int, path: str, headers: dict[str, str], body: bytes) ->
 def _slow_connections(port: int, count: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, count + 256)), hard))
+    # Host: a name yard accepts on loopback, so that the login's body is
+    # waited for (with another name, yard's guard answers 403 at once).
     heads = [
-        b"POST /dashboard/login HTTP/1.1\r\nHost: yard\r\n"
+        b"POST /dashboard/login HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\n",
-        b"GET /healthz HTTP/1.1\r\nHost: yard\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n",
     ]
 
     def open_one(i: int) -> socket.socket | None:
@@ -188,6 +193,7 @@ def _slow_connections(port: int, count: int) -> None:
             if reconnects < 200:
                 reconnects += 1
                 socks[i] = open_one(i)
+        print(reconnects, flush=True)  # (the benchmark sums them)
 
 
 def _non_readers(port: int, count: int) -> None:
@@ -302,6 +308,13 @@ def probe(port: int, seconds: float) -> Probes:
     return result
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU time (user and system) the process ``pid`` has used so far, in s."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -390,9 +403,20 @@ class Row:
     name: str
     probes: Probes
     recovery_s: float | None
+    cpu: float
+    """yard's CPU time over the probing window, as a share of one core."""
+    reconnects: int = 0
+    """New connections the attacker opened after its first ones (slow-1000)."""
 
 
-def run_attack(name: str, port: int, seconds: float) -> Row:
+def probe_window(port: int, pid: int, seconds: float) -> tuple[Probes, float]:
+    """:func:`probe`, and the CPU share of yard (process ``pid``) meanwhile."""
+    cpu, start = _cpu_s(pid), time.monotonic()
+    probes = probe(port, seconds)
+    return probes, (_cpu_s(pid) - cpu) / (time.monotonic() - start)
+
+
+def run_attack(name: str, port: int, pid: int, seconds: float) -> Row:
     """Probe yard while ``name`` runs against it; then stop it and time the recovery."""
     proc = subprocess.Popen(
         [PY, "-m", "bench.abuse", "_attack", name, "--port", str(port)],
@@ -405,13 +429,15 @@ def run_attack(name: str, port: int, seconds: float) -> Row:
         line = proc.stdout.readline()
         if line.strip() != "ready":
             raise RuntimeError(f"attack {name} did not start: {line!r}")
-        probes = probe(port, seconds)
+        probes, cpu = probe_window(port, pid, seconds)
     finally:
         proc.kill()
         proc.wait()
+        reconnects = 0
         if proc.stdout is not None:
+            reconnects = sum(int(line) for line in proc.stdout.read().split() if line.isdigit())
             proc.stdout.close()
-    return Row(name, probes, _wait_healthy(port, RECOVERY_S))
+    return Row(name, probes, _wait_healthy(port, RECOVERY_S), cpu, reconnects)
 
 
 def report(rows: list[Row], seconds: float) -> bool:
@@ -424,7 +450,8 @@ def report(rows: list[Row], seconds: float) -> bool:
     )
     print(
         f"{'window':14}{'healthz p50':>12}{'p99':>9}{'max':>9}{'fail':>6}"
-        f"{'proxied p50':>13}{'p99':>9}{'max':>9}{'fail':>6}{'sent':>6}{'recovery':>10}  target"
+        f"{'proxied p50':>13}{'p99':>9}{'max':>9}{'fail':>6}{'sent':>6}{'recovery':>10}"
+        f"{'yard CPU':>9}  target"
     )
     met = True
     for row in rows:
@@ -445,10 +472,12 @@ def report(rows: list[Row], seconds: float) -> bool:
             f"{max(p.healthz, default=float('nan')):>7.0f}ms{p.healthz_failed:>6}"
             f"{_pct(p.proxied, 0.5):>11.1f}ms{_pct(p.proxied, 0.99):>7.1f}ms"
             f"{max(p.proxied, default=float('nan')):>7.0f}ms{p.proxied_failed:>6}"
-            f"{p.sent:>6}{recovery:>10}  {'PASS' if ok else 'MISS'}"
+            f"{p.sent:>6}{recovery:>10}{row.cpu * 100:>8.0f}%  {'PASS' if ok else 'MISS'}"
         )
         if p.statuses:
             print(f"{'':14}failed probes: {p.statuses}")
+        if row.reconnects:
+            print(f"{'':14}the attacker reconnected {row.reconnects} times")
     print(
         f"  {'PASS' if met else 'MISS'}  /healthz and a proxied request within {TARGET_MS:g} ms "
         "p99 during each attack"
@@ -486,19 +515,21 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="yard-abuse-"))
     rows: list[Row] = []
     try:
-        with running_yard(work) as (port, _):
+        with running_yard(work) as (port, yard):
             _warm(port)
             time.sleep(3.0)  # past the first loads' measuring
             # A first window of probes, not counted: in every run so far one
             # stall of about 250 ms came within the first seconds of probing,
             # attack or not (the second baseline, at the end, never had it).
             probe(port, 2.0)
-            rows.append(Row("baseline", probe(port, args.seconds), None))
+            probes, cpu = probe_window(port, yard.pid, args.seconds)
+            rows.append(Row("baseline", probes, None, cpu))
             for name in args.attack or ATTACKS:
-                rows.append(run_attack(name, port, args.seconds))
+                rows.append(run_attack(name, port, yard.pid, args.seconds))
                 time.sleep(1.0)  # let yard settle (closing connections, freeing memory)
             # A second baseline shows how much of a window's tail is the machine.
-            rows.append(Row("baseline-end", probe(port, args.seconds), None))
+            probes, cpu = probe_window(port, yard.pid, args.seconds)
+            rows.append(Row("baseline-end", probes, None, cpu))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     met = report(rows, args.seconds)
