@@ -110,7 +110,9 @@ async def test_a_dead_nodes_queued_jobs_go_back_at_their_old_place(
         # Claimed again by a and b in their old order, ahead of nothing newer.
         assert _claimed_out_of_order(postgres_dsn, ids[1:]) == [], _claims(postgres_dsn)
         runs = collections.Counter(served.read_text().split())
-        assert all(runs[i] == 1 for i in ids), runs
+        # The interrupted one may or may not have finished on c's orphaned backend.
+        assert runs[ids[0]] <= 1, runs
+        assert all(runs[i] == 1 for i in ids[1:]), runs
 
 
 async def _submit_forever(
