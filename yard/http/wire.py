@@ -682,6 +682,8 @@ class ServerConnection(_Reader):
         state = self.their_state
         try:
             if state is SEND_BODY:
+                if not self.they_are_waiting_for_100_continue:
+                    return self._read_body()
                 event = self._read_body()
                 if event is not NEED_DATA:
                     self.they_are_waiting_for_100_continue = False
