@@ -149,11 +149,17 @@ async def test_nothing_listens_once_the_server_has_stopped() -> None:
     app = _Holder()
     app.release.set()
     stop = trio.Event()
+    servers: list[Server] = []
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(
                 functools.partial(
-                    serve, cast(ASGIApp, app), "127.0.0.1", 0, shutdown_trigger=stop.wait
+                    serve,
+                    cast(ASGIApp, app),
+                    "127.0.0.1",
+                    0,
+                    shutdown_trigger=stop.wait,
+                    on_server=servers.append,
                 )
             )
             port = int(binds[0].rsplit(":", 1)[1])
@@ -168,6 +174,8 @@ async def test_nothing_listens_once_the_server_has_stopped() -> None:
             stop.set()
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    # (on_server handed out the server, whose statistics saw them all go.)
+    assert [s.statistics().open_connections for s in servers] == [0]
 
 
 async def _tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:

@@ -382,6 +382,7 @@ async def serve(
     limits: Limits | None = None,
     admin_key: str | None = None,
     listeners: list[trio.SocketListener] | None = None,
+    on_server: Callable[[Server], None] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` until cancelled or ``shutdown_trigger`` returns.
@@ -390,7 +391,9 @@ async def serve(
     ``host`` and ``port`` are not used), so that a caller can claim the port
     before it starts anything else. ``limits``: what a client may hold (the
     defaults of :class:`Limits` if None); ``admin_key``: requests with it may
-    use the reserved connections.
+    use the reserved connections. ``on_server``: called with the
+    :class:`Server` before it starts (to read its :meth:`Server.statistics`,
+    for ``/metrics``).
 
     Runs the app's lifespan startup first (a failure raises ``RuntimeError``),
     then binds and reports the bound addresses (``["http://127.0.0.1:8080"]``;
@@ -401,6 +404,8 @@ async def serve(
     client reads).
     """
     server = Server(app, limits=limits, admin_key=admin_key)
+    if on_server is not None:
+        on_server(server)
     if server.max_connections < server.limits.max_connections:
         log.warning(
             "serving at most %d connections (server.max_connections is %d, but the open-file "
