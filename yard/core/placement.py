@@ -114,7 +114,7 @@ class Room:
     freeing: bytes held by backends that are stopping.
     loading: the backend loading there, if any.
     held: per backend, bytes held on each of its devices.
-    heads: per backend, its best waiting request (None: none waits).
+    heads: per occupying backend, its best waiting request (None: none waits).
     evict_order: occupying backends, the first to go first.
     """
 
@@ -220,9 +220,9 @@ def survey(devices: Iterable[str], backends: Iterable[Backend]) -> Room:
         room.freeing[d] = 0
     occupying: list[Backend] = []
     for b in backends:
-        room.heads[b.name] = b.head()
         if b.state not in OCCUPYING:
             continue
+        room.heads[b.name] = b.head()
         occupying.append(b)
         held: dict[str, int] = {}
         for d in b.devices:

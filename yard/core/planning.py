@@ -167,6 +167,8 @@ class Planner:
         # and the number of its options' figures
         self._devices: dict[str, tuple[object, frozenset[str], frozenset[str], int]] = {}
         self._sigs: dict[_OptionsSig, int] = {}
+        # per backend in the order: its rank there (see _ordered)
+        self._ranks: dict[str, tuple[int, _Key]] = {}
         # this round's blocked plans, told again to the backends after them
         self._told: dict[tuple[_Frontier, Room, int, bool | None], _Told] = {}
         # per backend: what plans may read of it (:func:`_read_sig`) when the
@@ -180,7 +182,8 @@ class Planner:
         full = self._everything or core.room_version != self._version
         old = self._steps
         if full:
-            cands = self._ordered([b for b in core.backends.values() if _is_waiting(b)])
+            self._ranks.clear()
+            cands = self._ordered([b for b in core.backends.values() if _is_waiting(b)], None)
         elif self._order_kept(touched):
             cands = self._order
         else:
@@ -190,7 +193,8 @@ class Planner:
                     core.backends[n]
                     for n in sorted(touched)
                     if n not in self._index and _is_waiting(core.backends[n])
-                ]
+                ],
+                touched,
             )
         self._told.clear()
         if full:
@@ -303,16 +307,21 @@ class Planner:
         if effects_changed:
             self._effects = [k for k, st in enumerate(steps) if st.after is not None]
 
-    def _ordered(self, cands: list[Backend]) -> list[Backend]:
+    def _ordered(self, cands: list[Backend], touched: set[str] | None) -> list[Backend]:
+        """``cands`` best first: those wanted loaded or with no head (by name),
+        then by their head's :func:`~yard.core.queue.order_key`. A backend's
+        rank changes only with its head or its wish to load, so only the
+        ``touched`` ones (None: all) are ranked again."""
         boost = self._core.config.deadline_boost
-
-        def rank(b: Backend) -> tuple[int, tuple[float, float, str]]:
-            head = b.head()
-            if b.want_load or head is None:
-                return (0, (0.0, 0.0, b.name))
-            return (1, order_key(head, boost))
-
-        return sorted(cands, key=rank)
+        ranks = self._ranks
+        for b in cands:
+            if touched is None or b.name in touched or b.name not in ranks:
+                head = b.head()
+                if b.want_load or head is None:
+                    ranks[b.name] = (0, (0.0, 0.0, b.name))
+                else:
+                    ranks[b.name] = (1, order_key(head, boost))
+        return sorted(cands, key=lambda b: ranks[b.name])
 
     def _order_kept(self, touched: set[str]) -> bool:
         """Whether no touched backend joined, left or moved in the order."""
@@ -389,7 +398,7 @@ class Planner:
     ) -> tuple[_Step, Room]:
         """Plan ``b`` afresh after ``frontier`` and carry the plan out."""
         core = self._core
-        head = room.heads[b.name]
+        head = b.head()
         urgent = head.urgent if head is not None else False
         overtakes = head.overtakes if head is not None else 0
         if b.state is BackendState.STOPPING:
