@@ -284,9 +284,9 @@ async def _serve(
             local_store = jobs.store
             assert isinstance(local_store, JobStore)
         else:
-            # A node of a cluster: jobs in the shared queue (PostgreSQL); the
-            # Batch API is not offered (its files live with SQLite jobs), and
-            # announcements stay this node's own, in its SQLite file.
+            # A node of a cluster: jobs, files and batches in the shared
+            # database (PostgreSQL); announcements stay this node's own, in
+            # its SQLite file.
             node, jobs = await stack.enter_async_context(
                 open_node(
                     config=config,
@@ -302,6 +302,9 @@ async def _serve(
             runtime.cluster = node
             await nursery.start(jobs.run)
             await nursery.start(node.run)
+            batches = await stack.enter_async_context(open_batches(jobs, config))
+            runtime.batches = batches
+            await nursery.start(batches.run)
             local_store = await JobStore.open(config.server.data_dir / JOBS_FILE)
             stack.push_async_callback(_shielded_close, local_store.close)
         announcements = announcement_service(engine, local_store, config)

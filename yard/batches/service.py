@@ -42,6 +42,17 @@ A restart (even after SIGKILL) picks every batch that has not ended up where
 it was: validation again if it had not finished, else the job service has
 already put the lines' jobs back, and the driver watches them and feeds the
 rest.
+
+In a cluster (the job service on a :class:`~yard.cluster.jobs.PgJobStore`),
+files, batches and lines live in the shared database
+(:class:`~yard.cluster.batches.PgBatchStore`), so any node reads and cancels
+any batch. A line becomes a job of the shared queue, unclaimed, and whichever
+node can serve it soonest claims it (this node does not enqueue it itself).
+One node drives a batch: the one it was created on, until it stops or is
+declared gone in the node registry; every ``[cluster] heartbeat_s`` each node
+adopts the batches nobody alive drives, drops the drivers of batches another
+node has taken, and sees cancels made on other nodes. A second driver for a
+while is harmless: each line becomes a job once and ends once.
 """
 
 from __future__ import annotations
@@ -67,10 +78,13 @@ from yard.batches.records import (
     FileRecord,
     LineRecord,
 )
-from yard.batches.store import BatchStore, FileLimit
+from yard.batches.store import BatchStore, BatchStoreLike, FileLimit
 from yard.batches.validate import BadRequest, Checked, check_input, check_metadata
 from yard.batches.views import CANCELLED_MESSAGE, EXPIRED_MESSAGE, error_line, job_line
+from yard.cluster.batches import PgBatchStore
+from yard.cluster.jobs import PgJobStore
 from yard.config import AppConfig, Config
+from yard.db import DatabaseError
 from yard.errors import Rejected
 from yard.http.intake import local_app
 from yard.jobs.service import JobFinished, JobNotFound, Jobs
@@ -93,6 +107,7 @@ class _Driver:
     service: dict[str, tuple[float, float, bool, float]] = field(default_factory=dict)
     inflight: Counter[str] = field(default_factory=Counter)
     ended: trio.Event = field(default_factory=trio.Event)
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 
     def line_ended(self, backend: str) -> None:
         self.inflight[backend] -= 1
@@ -113,10 +128,16 @@ class Batches:
         self, *, jobs: Jobs, config: Config, wall: Callable[[], float] = time.time
     ) -> None:
         self.jobs = jobs
-        if not isinstance(jobs.store, JobStore):
-            # Lines become jobs in the same SQLite transaction as their batch.
-            raise TypeError("the Batch API needs the job service on the SQLite job store")
-        self.store = BatchStore(jobs.store)
+        # Lines become jobs in the same transaction as their line's state: the
+        # batch tables live beside the jobs, in SQLite or in the cluster's database.
+        self.store: BatchStoreLike
+        if isinstance(jobs.store, JobStore):
+            self.store = BatchStore(jobs.store)
+        elif isinstance(jobs.store, PgJobStore):
+            self.store = PgBatchStore(jobs.store, aging_rate=config.scheduler.aging_rate)
+        else:
+            raise TypeError("the Batch API needs the job service on a SQLite or PostgreSQL store")
+        self._shared = isinstance(self.store, PgBatchStore)
         self.config = config
         self._wall = wall
         self._nursery: trio.Nursery | None = None
@@ -135,8 +156,9 @@ class Batches:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     try:
-                        for batch in await self.store.unended():
-                            self._drive(batch)
+                        await self._adopt()
+                        if isinstance(self.store, PgBatchStore):
+                            nursery.start_soon(self._look_around, self.store)
                         task_status.started()
                         await trio.sleep_forever()
                     finally:
@@ -144,12 +166,51 @@ class Batches:
         finally:
             self._run_ended.set()
 
+    async def _adopt(self) -> None:
+        """Drive every batch that has not ended and that this node may drive."""
+        for batch in await self.store.unended():
+            if batch.id in self._drivers:
+                continue
+            if isinstance(self.store, PgBatchStore):
+                if not await self.store.adopt(batch.id):
+                    continue
+                log.info("batch %s: driven by node %s", batch.id, self.store.node)
+            self._drive(batch)
+
+    async def _look_around(self, store: PgBatchStore) -> None:
+        """A cluster node, every ``[cluster] heartbeat_s``: adopt the batches
+        whose driver is gone, stop driving those another node took over, and
+        hear of cancels made on another node."""
+        cluster = self.config.cluster
+        every = cluster.heartbeat_s if cluster is not None else 2.0
+        while True:
+            await trio.sleep(every)
+            try:
+                for batch_id, driver in list(self._drivers.items()):
+                    batch = await store.batch(batch_id)
+                    if batch is None or batch.ended:
+                        continue
+                    if not await store.drives(batch_id):
+                        log.info("batch %s: driven by another node now", batch_id)
+                        driver.scope.cancel()
+                    elif batch.status == "cancelling" and not driver.cancelling:
+                        driver.cancelling = True
+                await self._adopt()
+            except DatabaseError as exc:
+                log.warning("batches: the shared database is not answering (%s)", exc)
+
     async def stop(self) -> None:
         """Stop :meth:`run` and return once every driver has stopped (what they
-        did is on disk; the next start goes on from there)."""
+        did is on disk; the next start goes on from there). A cluster node
+        gives its batches up, for another node to drive at once."""
         if self._run_started:
             self._run_scope.cancel()
             await self._run_ended.wait()
+            if isinstance(self.store, PgBatchStore):
+                try:
+                    await self.store.release()
+                except DatabaseError as exc:
+                    log.warning("batches: could not give the batches up as it stopped (%s)", exc)
 
     def _drive(self, batch: BatchRecord) -> None:
         if self._nursery is None or batch.id in self._drivers:
@@ -329,7 +390,8 @@ class Batches:
 
     async def _run_batch(self, batch_id: str, driver: _Driver) -> None:
         try:
-            await self._run_lines(batch_id, driver)
+            with driver.scope:
+                await self._run_lines(batch_id, driver)
         except Exception:
             # A bug or a broken disk: the batch stays as stored, and the next
             # start picks it up again.
@@ -429,6 +491,7 @@ class Batches:
     ) -> LineRecord | None:
         """Make the line a job and queue it; None if it ended instead
         (cancelled or expired before it became one)."""
+        await self._cancelled_elsewhere(batch.id, driver)
         if driver.cancelling:
             await self.store.record(
                 line, outcome="error", output=error_line(line, "batch_cancelled", CANCELLED_MESSAGE)
@@ -460,9 +523,13 @@ class Batches:
             created_at=now,
             path=batch.endpoint,
         )
-        if job is None:  # pragma: no cover - the driver is the only writer
+        if job is None:
+            # Only a second driver (this node declared gone while alive) gets here.
             return None
-        while not driver.cancelling:
+        # A cancel on another node that read the lines before this one became
+        # a job has marked the batch first: it is seen now.
+        await self._cancelled_elsewhere(batch.id, driver)
+        while not driver.cancelling and not self._shared:
             try:
                 self.jobs.enqueue(job)
                 break
@@ -472,6 +539,13 @@ class Batches:
         if driver.cancelling:  # cancelled while it was being handed in
             await self._cancel_if_queued(job_id)
         return replace(line, job_id=job_id)
+
+    async def _cancelled_elsewhere(self, batch_id: str, driver: _Driver) -> None:
+        """In a cluster, whether another node has cancelled the batch."""
+        if self._shared and not driver.cancelling:
+            batch = await self.store.batch(batch_id)
+            if batch is None or batch.status == "cancelling":
+                driver.cancelling = True
 
     async def _service(
         self, backend: str, driver: _Driver, *, fresh: bool = False
@@ -500,6 +574,9 @@ class Batches:
                 output = error_line(line, "job_not_found", "the request's job no longer exists")
                 await self.store.record(line, outcome="error", output=output)
                 return
+            if job.status == "cancelled":
+                # Perhaps by a cancel of the batch on another node.
+                await self._cancelled_elsewhere(line.batch_id, driver)
             result = await self.jobs.store.result(job.id)
             outcome, output = job_line(line, job, result, cancelling=driver.cancelling)
             with trio.CancelScope(shield=True):

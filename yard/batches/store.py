@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
-from typing import cast
+from typing import Protocol, cast
 
 from yard.batches.records import (
     BatchError,
@@ -47,6 +47,102 @@ class FileLimit(Exception):
     def __init__(self, count: int) -> None:
         super().__init__(f"{count} files")
         self.count = count
+
+
+class BatchStoreLike(Protocol):
+    """What the batch service and the API need of a store: :class:`BatchStore`
+    (SQLite, one yard) or :class:`yard.cluster.batches.PgBatchStore` (a
+    cluster's PostgreSQL). The methods are documented on :class:`BatchStore`."""
+
+    async def add_file(
+        self,
+        *,
+        file_id: str,
+        app: str,
+        purpose: str,
+        filename: str,
+        content: bytes,
+        created_at: float,
+        max_files: int | None = None,
+    ) -> FileRecord: ...
+
+    async def file(self, file_id: str) -> FileRecord | None: ...
+
+    async def content(self, file_id: str) -> bytes | None: ...
+
+    async def list_files(
+        self,
+        *,
+        app: str | None,
+        purpose: str | None,
+        limit: int,
+        after_seq: int | None,
+        ascending: bool,
+    ) -> list[FileRecord]: ...
+
+    async def delete_file(self, file_id: str) -> bool: ...
+
+    async def add_batch(
+        self,
+        *,
+        batch_id: str,
+        app: str,
+        endpoint: str,
+        input_file_id: str,
+        completion_window: str,
+        metadata: dict[str, str] | None,
+        priority: float,
+        rerun_safe: bool,
+        created_at: float,
+        expires_at: float,
+    ) -> BatchRecord: ...
+
+    async def batch(self, batch_id: str) -> BatchRecord | None: ...
+
+    async def list_batches(
+        self, *, app: str | None, limit: int, before_seq: int | None
+    ) -> list[BatchRecord]: ...
+
+    async def unended(self) -> list[BatchRecord]: ...
+
+    async def fail(self, batch_id: str, errors: Sequence[BatchError], *, at: float) -> bool: ...
+
+    async def start(self, batch_id: str, lines: Sequence[ParsedLine], *, at: float) -> bool: ...
+
+    async def mark_cancelling(self, batch_id: str, *, at: float) -> bool: ...
+
+    async def mark_finalizing(self, batch_id: str, *, at: float) -> bool: ...
+
+    async def finish(
+        self,
+        batch: BatchRecord,
+        status: BatchStatus,
+        *,
+        at: float,
+        output_file_id: str,
+        error_file_id: str,
+    ) -> bool: ...
+
+    async def lines(self, batch_id: str) -> list[LineRecord]: ...
+
+    async def counts(self, batch_id: str) -> tuple[int, int, int]: ...
+
+    async def submit(
+        self,
+        line: LineRecord,
+        *,
+        job_id: str,
+        app: str,
+        priority: float,
+        start_by: float | None,
+        rerun_safe: bool,
+        created_at: float,
+        path: str,
+    ) -> JobRecord | None: ...
+
+    async def record(self, line: LineRecord, *, outcome: str, output: str) -> bool: ...
+
+    async def service_times(self, backend: str, *, limit: int = 20) -> list[float]: ...
 
 
 class BatchStore:

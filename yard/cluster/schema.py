@@ -11,6 +11,9 @@
 - ``profiles``, ``profile_history``: measured profiles
   (:mod:`yard.cluster.profiles`), keyed so that nodes with the same GPU
   model share them.
+- ``files``, ``file_contents``, ``batches``, ``batch_lines``: the Batch API
+  (:mod:`yard.cluster.batches`), the columns of :data:`yard.batches.schema.MIGRATIONS`
+  plus ``batches.driver``: the node that drives the batch's bookkeeping.
 
 A migration once released is never edited: a change is a new version.
 """
@@ -150,6 +153,70 @@ MIGRATIONS: tuple[PgMigration, ...] = (
             node text NOT NULL
         );
         CREATE INDEX profile_history_by_backend ON profile_history (backend, id);
+        """,
+    ),
+    PgMigration(
+        version=4,
+        name="the Batch API: files, batches and their lines, with the driving node",
+        sql="""
+        CREATE TABLE files (
+            seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            id text NOT NULL UNIQUE,
+            app text NOT NULL,
+            purpose text NOT NULL,                    -- batch, batch_output
+            filename text NOT NULL,
+            bytes bigint NOT NULL,
+            created_at double precision NOT NULL
+        );
+        CREATE INDEX files_by_app ON files (app, seq);
+        CREATE TABLE file_contents (
+            file_id text PRIMARY KEY REFERENCES files (id) ON DELETE CASCADE,
+            body bytea NOT NULL
+        );
+        CREATE TABLE batches (
+            seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            id text NOT NULL UNIQUE,
+            app text NOT NULL,
+            endpoint text NOT NULL,
+            input_file_id text NOT NULL,
+            completion_window text NOT NULL,
+            metadata text,                            -- JSON object, or NULL
+            priority double precision NOT NULL,
+            rerun_safe boolean NOT NULL DEFAULT false,
+            status text NOT NULL,
+            created_at double precision NOT NULL,
+            expires_at double precision NOT NULL,
+            in_progress_at double precision,
+            finalizing_at double precision,
+            completed_at double precision,
+            failed_at double precision,
+            expired_at double precision,
+            cancelling_at double precision,
+            cancelled_at double precision,
+            errors text,                              -- JSON [{code, message, param, line}]
+            output_file_id text,
+            error_file_id text,
+            total integer NOT NULL DEFAULT 0,
+            completed integer NOT NULL DEFAULT 0,
+            failed integer NOT NULL DEFAULT 0,
+            driver text                               -- the node driving it, while unended
+        );
+        CREATE INDEX batches_by_app ON batches (app, seq);
+        CREATE INDEX batches_unended ON batches (seq)
+            WHERE status IN ('validating', 'in_progress', 'finalizing', 'cancelling');
+        CREATE TABLE batch_lines (
+            batch_id text NOT NULL REFERENCES batches (id) ON DELETE CASCADE,
+            idx integer NOT NULL,                     -- submission order (grouped by model)
+            line integer NOT NULL,                    -- 1-based line of the input file
+            custom_id text NOT NULL,
+            model text NOT NULL,
+            backend text NOT NULL,
+            body bytea,                               -- until it becomes a job
+            job_id text,                              -- once it is a job
+            outcome text,                             -- ok | error | expired, once ended
+            output text,                              -- its line of the output or error file
+            PRIMARY KEY (batch_id, idx)
+        );
         """,
     ),
 )

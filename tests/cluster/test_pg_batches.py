@@ -1,0 +1,256 @@
+"""PgBatchStore against a real PostgreSQL: files and batches any node reads,
+lines that become jobs of the shared queue once, one driver per batch."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from yard.batches.records import BatchError, ParsedLine
+from yard.batches.store import BatchStore, BatchStoreLike, FileLimit
+from yard.cluster.batches import PgBatchStore
+from yard.cluster.jobs import PgJobStore, rank_of
+from yard.cluster.pg import PgDatabase
+from yard.cluster.registry import NodeState, Registry
+from yard.cluster.schema import MIGRATIONS
+from yard.jobs.records import StoredResult
+
+Stores = Callable[[str], Awaitable[PgBatchStore]]
+AGING = 0.1
+
+
+def _is_batch_store(store: PgBatchStore, sqlite: BatchStore) -> tuple[BatchStoreLike, ...]:
+    # mypy checks that both stores satisfy the service's protocol.
+    return store, sqlite
+
+
+@pytest.fixture
+async def stores(postgres_dsn: str) -> AsyncIterator[Stores]:
+    """Opens the batch store of a node (its own connections) on one database."""
+    opened: list[PgDatabase] = []
+
+    async def open_store(node: str) -> PgBatchStore:
+        db = await PgDatabase.open(postgres_dsn, MIGRATIONS, application_name=node)
+        opened.append(db)
+        return PgBatchStore(PgJobStore(db, node=node, aging_rate=AGING), aging_rate=AGING)
+
+    try:
+        yield open_store
+    finally:
+        for db in opened:
+            await db.close()
+
+
+async def _up(store: PgBatchStore, *names: str) -> Registry:
+    registry = Registry(store.jobs.database)
+    for name in names:
+        await registry.publish(
+            NodeState(name=name, url=f"http://{name}", heartbeat_at=1.0, started_at=1.0)
+        )
+    return registry
+
+
+async def _batch(store: PgBatchStore, batch_id: str = "batch_1", lines: int = 2) -> None:
+    await store.add_file(
+        file_id="file-in",
+        app="app",
+        purpose="batch",
+        filename="in.jsonl",
+        content=b"x",
+        created_at=10.0,
+    )
+    await store.add_batch(
+        batch_id=batch_id,
+        app="app",
+        endpoint="/v1/chat/completions",
+        input_file_id="file-in",
+        completion_window="24h",
+        metadata={"k": "v"},
+        priority=5.0,
+        rerun_safe=False,
+        created_at=10.0,
+        expires_at=10.0 + 86400,
+    )
+    parsed = [
+        ParsedLine(
+            line=i + 1,
+            custom_id=f"c{i}",
+            model="m",
+            backend="chat",
+            url="/v1/chat/completions",
+            body=b'{"model": "m", "n": %d}' % i,
+        )
+        for i in range(lines)
+    ]
+    assert await store.start(batch_id, parsed, at=11.0)
+
+
+async def test_a_file_uploaded_on_one_node_is_read_on_another(stores: Stores) -> None:
+    a, b = await stores("a"), await stores("b")
+    record = await a.add_file(
+        file_id="file-1",
+        app="app",
+        purpose="batch",
+        filename="in.jsonl",
+        content=b"\x00line\n",
+        created_at=5.0,
+        max_files=1,
+    )
+    assert record.bytes == 6 and record.filename == "in.jsonl"
+    assert await b.file("file-1") == record
+    assert await b.content("file-1") == b"\x00line\n"
+    listed = await b.list_files(app="app", purpose=None, limit=10, after_seq=None, ascending=True)
+    assert listed == [record]
+    with pytest.raises(FileLimit):
+        await b.add_file(
+            file_id="file-2",
+            app="app",
+            purpose="batch",
+            filename="x",
+            content=b"",
+            created_at=6.0,
+            max_files=1,
+        )
+    assert await b.delete_file("file-1")
+    assert await a.file("file-1") is None and await a.content("file-1") is None
+    assert not await a.delete_file("file-1")
+
+
+async def test_a_line_becomes_one_claimable_job_and_its_outcome_is_written_once(
+    stores: Stores,
+) -> None:
+    a, b = await stores("a"), await stores("b")
+    await _batch(a)
+    batch = await b.batch("batch_1")
+    assert batch is not None and batch.status == "in_progress" and batch.total == 2
+    assert batch.metadata == {"k": "v"}
+    first, second = await a.lines("batch_1")
+    job = await a.submit(
+        first,
+        job_id="job_1_0",
+        app="app",
+        priority=4.0,
+        start_by=500.0,
+        rerun_safe=False,
+        created_at=20.0,
+        path="/v1/chat/completions",
+    )
+    assert job is not None and job.status == "queued" and job.start_by == 500.0
+    # Once only, whichever node (a second driver) tries again.
+    again = await b.submit(
+        first,
+        job_id="job_1_0x",
+        app="app",
+        priority=4.0,
+        start_by=500.0,
+        rerun_safe=False,
+        created_at=21.0,
+        path="/v1/chat/completions",
+    )
+    assert again is None
+    # Node b claims it from the shared queue, at its place in the one order.
+    claimed = await b.jobs.claim("b", ["chat"])
+    assert claimed is not None and claimed.id == "job_1_0"
+    rank = await a.jobs.database.fetchone("SELECT rank, origin FROM jobs WHERE id = 'job_1_0'")
+    assert rank == (rank_of(4.0, 20.0, AGING), "a")
+    request = await b.jobs.request("job_1_0")
+    assert request is not None and request.body == b'{"model": "m", "n": 0}'
+    assert request.path == "/v1/chat/completions"
+    assert await b.jobs.mark_running("job_1_0", at=22.0, queued_s=2.0)
+    result = StoredResult(status=200, headers=((b"content-type", b"application/json"),), body=b"{}")
+    assert await b.jobs.finish("job_1_0", "succeeded", at=23.0, result=result)
+    assert await b.service_times("chat") == [1.0]
+    (first,) = [line for line in await a.lines("batch_1") if line.idx == 0]
+    assert first.job_id == "job_1_0"
+    assert await a.record(first, outcome="ok", output='{"custom_id": "c0"}')
+    assert not await b.record(first, outcome="error", output="late")
+    assert await a.record(second, outcome="error", output='{"custom_id": "c1"}')
+    assert await b.counts("batch_1") == (1, 1, 0)
+    assert await a.mark_finalizing("batch_1", at=30.0)
+    batch = await b.batch("batch_1")
+    assert batch is not None
+    assert await a.finish(
+        batch, "completed", at=31.0, output_file_id="file-o", error_file_id="file-e"
+    )
+    assert not await b.finish(batch, "completed", at=32.0, output_file_id="f2", error_file_id="f3")
+    done = await b.batch("batch_1")
+    assert done is not None and done.status == "completed"
+    assert (done.completed, done.failed, done.output_file_id) == (1, 1, "file-o")
+    assert await b.content("file-o") == b'{"custom_id": "c0"}\n'
+    assert await b.content("file-e") == b'{"custom_id": "c1"}\n'
+    assert await a.lines("batch_1") == []
+
+
+async def test_one_driver_until_it_is_gone_then_another_adopts(stores: Stores) -> None:
+    a, b = await stores("a"), await stores("b")
+    registry = await _up(a, "a", "b")
+    await _batch(a)
+    # Created on a: a drives it; b may not while a is up.
+    assert await a.drives("batch_1")
+    assert [x.id for x in await a.unended()] == ["batch_1"]
+    assert await b.unended() == []
+    assert not await b.adopt("batch_1")
+    assert await a.adopt("batch_1")
+    # a is declared gone: b takes it over, and a sees it no longer drives it.
+    assert await registry.mark_gone("a")
+    assert [x.id for x in await b.unended()] == ["batch_1"]
+    assert await b.adopt("batch_1")
+    assert not await a.drives("batch_1") and await b.drives("batch_1")
+    assert not await a.adopt("batch_1")
+    # A graceful stop gives it up for anyone.
+    assert await b.release() == 1
+    assert await a.adopt("batch_1")
+
+
+async def test_a_batch_is_cancelled_from_another_node_and_ends_once(stores: Stores) -> None:
+    a, b = await stores("a"), await stores("b")
+    await _up(a, "a", "b")
+    await _batch(a, lines=1)
+    assert await b.mark_cancelling("batch_1", at=12.0)
+    assert not await a.mark_cancelling("batch_1", at=13.0)
+    batch = await a.batch("batch_1")
+    assert batch is not None and batch.status == "cancelling"
+    assert not await a.mark_finalizing("batch_1", at=14.0)
+    assert await a.finish(batch, "cancelled", at=15.0, output_file_id="o", error_file_id="e")
+    ended = await b.batch("batch_1")
+    assert ended is not None and ended.status == "cancelled" and ended.cancelled_at == 15.0
+    # An ended batch has no driver and cannot be adopted.
+    assert not await b.adopt("batch_1") and await b.unended() == []
+
+
+async def test_failed_validation_and_lists(stores: Stores) -> None:
+    a, b = await stores("a"), await stores("b")
+    await a.add_batch(
+        batch_id="batch_x",
+        app="app",
+        endpoint="/v1/chat/completions",
+        input_file_id="gone",
+        completion_window="24h",
+        metadata=None,
+        priority=0.0,
+        rerun_safe=True,
+        created_at=1.0,
+        expires_at=2.0,
+    )
+    await b.add_batch(
+        batch_id="batch_y",
+        app="other",
+        endpoint="/v1/embeddings",
+        input_file_id="gone",
+        completion_window="1h",
+        metadata=None,
+        priority=0.0,
+        rerun_safe=False,
+        created_at=1.5,
+        expires_at=2.0,
+    )
+    why = [BatchError(code="invalid_json", message="bad", line=3)]
+    assert await b.fail("batch_x", why, at=3.0)
+    assert not await a.fail("batch_x", why, at=4.0)
+    failed = await a.batch("batch_x")
+    assert failed is not None and failed.status == "failed" and failed.errors == tuple(why)
+    assert failed.rerun_safe
+    listed = await a.list_batches(app=None, limit=10, before_seq=None)
+    assert [x.id for x in listed] == ["batch_y", "batch_x"]
+    assert [x.id for x in await a.list_batches(app="app", limit=10, before_seq=None)] == ["batch_x"]
