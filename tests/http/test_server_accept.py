@@ -238,3 +238,43 @@ async def test_statistics_count_what_each_limit_ended(
     assert (stats.evicted, stats.refused) == (1, 0)
     assert (stats.head_timeouts, stats.idle_closed, stats.body_timeouts) == (1, 1, 1)
     assert stats.send_timeouts == 0
+
+
+async def test_the_app_never_sees_a_request_whose_small_body_never_comes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    seen: list[str] = []
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        seen.append(scope["path"])
+        await _answer_then_body(scope, receive, send)
+
+    server = Server(cast(ASGIApp, app))
+    async with trio.open_nursery() as nursery:
+        server.nursery = nursery
+        for request in (
+            b"POST /read HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nab",
+            b"POST /whole HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nab",
+        ):
+            server_end, client = await _tcp_pair()
+            nursery.start_soon(server.handle, server_end)
+            start = trio.current_time()
+            await client.send_all(request)
+            answer = b""
+            while piece := await client.receive_some(65536):
+                answer += piece
+                if b"no" in answer.partition(b"\r\n\r\n")[2]:
+                    break  # (the app's answer; a 408 closes)
+            waited = trio.current_time() - start
+            client.socket.close()
+            if request.startswith(b"POST /read"):
+                # Answered by the server at the body timeout; the app never ran.
+                assert answer.startswith(b"HTTP/1.1 408 ")
+                assert waited == Limits().body_timeout_s
+                assert seen == []
+            else:
+                assert answer.startswith(b"HTTP/1.1 403 ")
+                assert waited == 0
+                assert seen == ["/whole"]
+        nursery.cancel_scope.cancel()
+    assert server.statistics().body_timeouts == 1

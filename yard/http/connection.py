@@ -48,6 +48,9 @@ _MAX_HEAD = 64 * 1024
 _DRAIN_LIMIT = 16 * 2**20
 _DRAIN_S = 1.0
 _PIPELINE_LIMIT = 1 * 2**20
+_READ_BEFORE_APP = 64 * 1024
+"""A body with a Content-Length up to this is read whole before the app is
+called (see :meth:`Connection._wait_small_body`)."""
 _CLOSE = (b"connection", b"close")
 
 
@@ -334,6 +337,37 @@ class Connection:
             finally:
                 self._waiting.pop(self, None)
 
+    async def _wait_small_body(self, request: wire.Request) -> bool:
+        """Wait until a small body (a Content-Length up to 64 KiB) is all
+        here before the app sees its request: a head whose body never comes
+        (a slow or abusive client's) then costs the app nothing, and its wait
+        is one the server may end to make room at its cap. Usually the body
+        came with the head and nothing waits. Not for ``Expect:
+        100-continue`` (its client waits for the app's go-ahead), chunked or
+        larger bodies, nor on the reserve. False when the connection ends
+        (408 sent, or the client left)."""
+        conn = self.wire
+        if self.restricted or conn.they_are_waiting_for_100_continue:
+            return True
+        length = _small_content_length(request.headers)
+        if length is None or conn.buffered >= length:
+            return True
+        self._waiting[self] = None
+        try:
+            while conn.buffered < length and not self.gone:
+                if not await self._receive(trio.current_time() + self.body_timeout_s):
+                    self.server.tally.body_timeouts += 1
+                    await self.error(
+                        408,
+                        "request_timeout",
+                        f"the request body made no progress for {self.body_timeout_s:g}"
+                        " s (server.body_timeout_s); send the body without pauses",
+                    )
+                    return False
+        finally:
+            self._waiting.pop(self, None)
+        return not self.gone
+
     async def _drain_request(self) -> bool:
         """Read what the app left of the request body, so the connection can
         be reused (or give up and close it when there is too much)."""
@@ -456,6 +490,8 @@ class Connection:
             if self.restricted and not server.may_use_reserve(event):
                 await self._refuse()
                 return
+            if not await self._wait_small_body(event):
+                return
             try:
                 keep = await self._request(event)
             finally:
@@ -510,6 +546,21 @@ class Connection:
         elif exchange.held is not None:
             await self.write(exchange.held)
         return True
+
+
+def _small_content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The declared body length if there is one and it is at most
+    :data:`_READ_BEFORE_APP` (the parser has checked the framing already)."""
+    length = None
+    for name, value in headers:
+        if name == b"content-length":
+            length = value
+        elif name == b"transfer-encoding":
+            return None
+    if length is None or len(length) > 5 or not length.isdigit():
+        return None
+    size = int(length)
+    return size if size <= _READ_BEFORE_APP else None
 
 
 def bearer_matches(headers: list[tuple[bytes, bytes]], key: bytes) -> bool:
