@@ -6,9 +6,11 @@ Layout:
   that a line and the job it becomes are written in one transaction);
 - ``records``: a file, a batch and a batch line as stored; ``validate``: the
   input file checked line by line, with OpenAI's error codes (pure);
-- ``store``: the SQLite side; ``service``: :class:`~yard.batches.service.Batches`,
-  which validates a batch, turns its lines into jobs, watches them end and
-  writes the output and error files; ``views``: the JSON shapes;
+- ``store``: the SQLite side (a cluster's is
+  :class:`yard.cluster.batches.PgBatchStore`, in PostgreSQL); ``service``:
+  :class:`~yard.batches.service.Batches`, which validates a batch, turns its
+  lines into jobs, watches them end and writes the output and error files;
+  ``views``: the JSON shapes;
 - ``api``: the Quart blueprints and the router that sends ``/v1/files`` and
   ``/v1/batches`` to them.
 

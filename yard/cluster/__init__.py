@@ -4,18 +4,21 @@ The rooms of this package:
 
 - :mod:`yard.cluster.pg`: PostgreSQL from Trio (worker threads, a few
   connections) and versioned migrations under an advisory lock.
-- :mod:`yard.cluster.schema`: the shared tables (jobs, nodes, profiles).
+- :mod:`yard.cluster.schema`: the shared tables (jobs, nodes, profiles, batches).
 - :mod:`yard.cluster.jobs`: :class:`PgJobStore`, the job store of a cluster,
   with one priority order (``rank``) and claiming (``FOR UPDATE SKIP LOCKED``).
 - :mod:`yard.cluster.registry`: what each node serves, has loaded and has free.
 - :mod:`yard.cluster.listen`: ``LISTEN``/``NOTIFY`` wake-ups, without polling.
 - :mod:`yard.cluster.profiles`: profiles shared by every node with the same GPU.
+- :mod:`yard.cluster.batches`: :class:`PgBatchStore`, the Batch API's files,
+  batches and lines, with one driving node per batch.
 - :mod:`yard.cluster.node`, :mod:`yard.cluster.forward`: the node itself
   (claiming loop, heartbeats, forwarding synchronous requests).
 """
 
 from __future__ import annotations
 
+from yard.cluster.batches import PgBatchStore
 from yard.cluster.jobs import PgJobStore, ReapSummary, rank_of
 from yard.cluster.listen import Listener, ListenerStatistics
 from yard.cluster.pg import DatabaseLost, PgDatabase, PgLimits, PgMigration, PgStatistics
@@ -32,6 +35,7 @@ __all__ = [
     "Listener",
     "ListenerStatistics",
     "NodeState",
+    "PgBatchStore",
     "PgDatabase",
     "PgJobStore",
     "PgLimits",
