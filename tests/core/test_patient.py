@@ -63,15 +63,13 @@ def test_infinite_patience_turns_it_off() -> None:
     assert h.dispatched() == ["r0", "line"]
 
 
-def test_a_long_queue_ahead_brings_the_comfortable_start_forward() -> None:
-    # 400 requests of 10 s on one slot: 4,000 s of work, twice that before the
-    # start-by is 8,000 s, more than the hour of patience.
-    h = busy_chat(patient_aging_s=3600.0)
-    for n in range(400):
-        h.arrive(f"q{n}", "chat", priority=20, at=1)
-    h.arrive("line", "chat", priority=20, at=2, start_by=10_000.0)
-    flags = [d.reason for d in h.decisions(Flag) if d.request_id == "line"]
-    assert flags and "in 1998 s (8000 s before its start-by)" in flags[0]
+def test_lines_due_at_the_same_time_keep_their_order() -> None:
+    h = busy_chat()
+    for n in range(3):
+        h.arrive(f"l{n}", "chat", priority=20, at=1 + n, start_by=3 * 3600.0)
+    for n, rid in enumerate(["r0", "l0", "l1"]):
+        h.finish(rid, at=10 + n)
+    assert h.dispatched() == ["r0", "l0", "l1", "l2"]
 
 
 def test_patient_work_leaves_free_slots_to_the_work_that_keeps_coming() -> None:

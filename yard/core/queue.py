@@ -9,9 +9,8 @@ Ordering rules (DESIGN.md "Priority with aging", "Start-by deadlines"):
   aging_from`` at arrival (effective = rank + aging_rate * now) and heaps can
   hold the order.
 - Patient work: a request whose start-by is further away than its patience
-  (``patient_aging_s``, or twice the work queued on its backend if that is
-  longer) ages only from its *latest comfortable start*, that long before its
-  start-by. Until then fresher work of higher priority goes first: a batch line
+  (``patient_aging_s``) ages only from its *latest comfortable start*, that
+  long before its start-by. Until then fresher work of higher priority goes first: a batch line
   due in three hours does not outrank a chat request that came a minute after
   it. Its start-by still holds (urgency, ``deadline_missed``), and its wait
   bound counts from its latest comfortable start (``docs/wait-bound.md``).
@@ -84,29 +83,18 @@ class Req:
         return self.score(boost) + rate * now
 
 
-PATIENCE_FACTOR = 2.0
-"""A patient request's latest comfortable start leaves at least this many times
-the work queued on its backend before its start-by: the backend may also have to
-wait for memory that other backends hold."""
-
-
-def aging_start(
-    arrived: float, start_by: float | None, patient_s: float, backlog_s: float
-) -> float:
+def aging_start(arrived: float, start_by: float | None, patient_s: float) -> float:
     """When a request arriving (or released from its hold) at ``arrived`` starts
-    to age: at once, or, for patient work, at its latest comfortable start.
+    to age: at once, or, for patient work, at its latest comfortable start
+    ``start_by - patient_s`` (``SchedulerConfig.patient_aging_s``).
 
-    start_by: its start-by (None: it ages from ``arrived``).
-    patient_s: ``SchedulerConfig.patient_aging_s``.
-    backlog_s: the work queued on its backend ahead of it, in seconds of its
-        slots (queued requests x mean service time / slots).
-
-    Returns ``max(arrived, start_by - max(patient_s, PATIENCE_FACTOR *
-    backlog_s))``.
+    The same lead for every request keeps the order of requests with the same
+    start-by (a batch's lines of one model) their arrival order, so a batch is
+    still served model by model, each loaded once.
     """
     if start_by is None:
         return arrived
-    return max(arrived, start_by - max(patient_s, PATIENCE_FACTOR * backlog_s))
+    return max(arrived, start_by - patient_s)
 
 
 OTHERS_RECENT_S = 60.0

@@ -75,8 +75,7 @@ def enter(core: Core, ev: RequestArrived, now: float, out: list[Decision]) -> No
     prio = min(max(ev.priority, c.min_priority), c.max_priority)
     aging_from = arrived
     if ev.start_by is not None:
-        backlog = b.queue.size * core.service_est(b) / b.spec.slots
-        aging_from = aging_start(arrived, ev.start_by, c.patient_aging_s, backlog)
+        aging_from = aging_start(arrived, ev.start_by, c.patient_aging_s)
         if aging_from > arrived:
             why = reasons.patient(rid, aging_from - now, ev.start_by - aging_from, b.spec.slots)
             out.append(Flag(request_id=rid, backend=b.name, reason=why))

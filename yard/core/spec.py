@@ -154,9 +154,8 @@ class SchedulerConfig:
         the backend's exit report before it fails as ``backend_failed``.
     lead_margin_s: a backend is loaded this long more than its measured load
         time before announced or held work's window opens.
-    patient_aging_s: a request whose start-by is further away than this (or
-        than twice the work queued on its backend, if that is longer) ages only
-        from that long before its start-by: work that says it can wait gives
+    patient_aging_s: a request whose start-by is further away than this ages
+        only from this long before its start-by: work that says it can wait gives
         way to fresher work of higher priority until then, and still starts by
         its start-by (:func:`yard.core.queue.aging_start`).
     max_announcements: most announcements an app may have open at once
