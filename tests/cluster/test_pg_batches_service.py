@@ -173,3 +173,19 @@ async def test_a_batch_cancelled_on_another_node_ends_its_waiting_lines_as_batch
     errors = await a.store.content(ended.error_file_id or "")
     assert errors is not None and errors.count(b"batch_cancelled") == 2
     assert b'"code": "cancelled"' not in errors
+
+
+async def test_a_node_that_stops_gives_its_batch_to_another_at_once(nodes: Start) -> None:
+    a, b = await nodes("a"), await nodes("b")
+    batch = await _create(a, 2)
+    (first,) = await _jobs_of(a, batch.id, 1)
+    # a stops (still up in the registry, as until its node leaves): b adopts
+    # the batch at its next look around, without waiting for a to be gone.
+    await a.stop()
+    assert not a._drivers
+    await _handed_over(batch.id, a, b)
+    await _serve(b, first)
+    (second,) = (await _jobs_of(b, batch.id, 2))[1:]
+    await _serve(b, second)
+    ended = await _until(b, batch.id, "completed")
+    assert (ended.total, ended.completed, ended.failed) == (2, 2, 0)
