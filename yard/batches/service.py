@@ -541,7 +541,8 @@ class Batches:
         return replace(line, job_id=job_id)
 
     async def _cancelled_elsewhere(self, batch_id: str, driver: _Driver) -> None:
-        """In a cluster, whether another node has cancelled the batch."""
+        """In a cluster: mark the driver cancelling if the batch has been
+        cancelled (perhaps on another node)."""
         if self._shared and not driver.cancelling:
             batch = await self.store.batch(batch_id)
             if batch is None or batch.status == "cancelling":
