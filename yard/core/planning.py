@@ -109,6 +109,10 @@ class _Step:
 _Key = tuple[float, float, str]
 _OptionsSig = tuple[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], ...]
 
+_FEW_READERS = 4
+"""Up to this many plans that read a touched backend are checked again
+directly (:func:`_still_reads`) rather than through its signature."""
+
 _CLOCK_MARGIN_S = 1e-3
 """Batching is planned again this long before the clock could end it (the
 comparison in :func:`~yard.core.estimates.overtake_denied` rounds differently)."""
@@ -362,7 +366,8 @@ class Planner:
         backends = self._core.backends
         for name in touched:
             readers = self._readers.get(name)
-            if readers and settled:
+            # With few readers reading again costs less than the signature.
+            if readers and settled and len(readers) > _FEW_READERS:
                 o = backends[name]
                 sig = _read_sig(o, boost)
                 old = seen.get(name)
@@ -445,7 +450,7 @@ class Planner:
                 )
                 why = {o.name: why_not for o, why_not in reads.refusals}
                 long = [order for order in reads.orders if len(order) > 1]
-                ordered = frozenset(o.name for order in long for o in order)
+                ordered = frozenset(o.name for order in long for o in order) if long else _NOTHING
                 told = _Told(plan, reads, reads.backends(), why, ordered, head_key)
             if plan is not None and plan.retell is not None and None not in told.why.values():
                 told.option = next(i for i, (g, _) in enumerate(options) if g == plan.gpus)
