@@ -83,6 +83,7 @@ class FakeStore:
 
     claims: list[tuple[str, ...]] = field(default_factory=list)
     reaped: list[str] = field(default_factory=list)
+    gone: set[str] = field(default_factory=set)  # the registry's
 
     async def claim(
         self, node: str, backends: Sequence[str], *, prefer: Sequence[str] = ()
@@ -94,6 +95,14 @@ class FakeStore:
     async def reap(self, node: str, *, now: float) -> ReapSummary:
         self.reaped.append(node)
         return ReapSummary()
+
+    async def reap_gone(
+        self, node: str, *, now: float, heartbeat_before: float | None
+    ) -> ReapSummary | None:
+        if node in self.gone:
+            return None
+        self.gone.add(node)
+        return await self.reap(node, now=now)
 
 
 @dataclass
@@ -203,8 +212,8 @@ async def running_node(
         dead_after_s=DEAD_AFTER_S,
     )
     engine = FakeEngine(state=state)
-    store = FakeStore()
     registry = FakeRegistry(others=list(others))
+    store = FakeStore(gone=registry.gone)
     listener = FakeListener()
     node = Node(
         config=config,

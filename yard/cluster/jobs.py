@@ -27,6 +27,8 @@ mirrors method for method, so :class:`yard.jobs.service.Jobs` runs on either):
   ``failed`` with code ``interrupted``, unless rerun-safe with the rerun
   unused, in which case they go back once. Several reapers at once are safe:
   row locks and the conditions let exactly one move each job.
+  :meth:`PgJobStore.reap_gone` declares the node gone in the same
+  transaction, so no node sees it gone while it still holds jobs.
 - **Ends are announced.** Every end (:meth:`PgJobStore.finish`, a reap's
   interruptions) sends ``NOTIFY yard_job_ended, job_id`` in its transaction:
   the node running a job cancelled elsewhere, and clients waiting on another
@@ -422,46 +424,31 @@ class PgJobStore:
         other nodes for the backends of the jobs it put back. Safe to call
         from several nodes at once: each job is moved by exactly one."""
 
-        def _reap(conn: psycopg.Connection[Row]) -> ReapSummary:
-            released = conn.execute(
-                "UPDATE jobs SET claimed_by = NULL, claimed_at = NULL "
-                "WHERE claimed_by = %s AND status = 'queued' RETURNING id, backend",
-                (node,),
-            ).fetchall()
-            rerun = conn.execute(
-                "UPDATE jobs SET status = 'queued', rerun_used = true, started_at = NULL, "
-                "claimed_by = NULL, claimed_at = NULL "
-                "WHERE claimed_by = %s AND status = 'running' AND rerun_safe AND NOT rerun_used "
-                "RETURNING id, backend",
-                (node,),
-            ).fetchall()
-            interrupted = [
-                str(row[0])
-                for row in conn.execute(
-                    "UPDATE jobs SET status = 'failed', finished_at = %s, error_code = %s, "
-                    "error_message = %s, error_status = %s "
-                    "WHERE claimed_by = %s AND status = 'running' RETURNING id",
-                    (
-                        now,
-                        INTERRUPTED.code,
-                        INTERRUPTED.message,
-                        INTERRUPTED.status,
-                        node,
-                    ),
-                )
-            ]
-            conn.execute("DELETE FROM job_requests WHERE job_id = ANY(%s)", (interrupted,))
-            for job_id in interrupted:
-                conn.execute("SELECT pg_notify(%s, %s)", (ENDED_CHANNEL, job_id))
-            for backend in sorted({str(row[1]) for row in (*released, *rerun)}):
-                conn.execute("SELECT pg_notify(%s, %s)", (JOBS_CHANNEL, backend))
-            return ReapSummary(
-                released=tuple(str(row[0]) for row in released),
-                rerun=tuple(str(row[0]) for row in rerun),
-                interrupted=tuple(interrupted),
-            )
+        return await self._db.transaction(lambda conn: _reap(conn, node, now))
 
-        return await self._db.transaction(_reap)
+    async def reap_gone(
+        self, node: str, *, now: float, heartbeat_before: float | None
+    ) -> ReapSummary | None:
+        """Declare ``node`` gone in the registry and :meth:`reap` it, in one
+        transaction; None if it was not up (another node declared it gone
+        first and reaps it) or it published a heartbeat at or after
+        ``heartbeat_before`` (it is alive).
+
+        One transaction, because the other nodes leave a node's loaded
+        backends alone only while it is up (its claimed jobs come back at
+        their old place): if it read gone while its jobs were still claimed,
+        they would claim the newer unclaimed jobs of those backends first.
+        """
+
+        def _reap_gone(conn: psycopg.Connection[Row]) -> ReapSummary | None:
+            declared = conn.execute(
+                "UPDATE nodes SET state = 'gone' WHERE name = %s AND state = 'up' "
+                "AND (%s::double precision IS NULL OR heartbeat_at < %s)",
+                (node, heartbeat_before, heartbeat_before),
+            )
+            return _reap(conn, node, now) if declared.rowcount == 1 else None
+
+        return await self._db.transaction(_reap_gone)
 
     async def waiting(self, backends: Sequence[str] | None = None) -> dict[str, int]:
         """How many unclaimed queued jobs each backend has (of ``backends``,
@@ -563,6 +550,47 @@ class PgJobStore:
         rows = await self._db.fetchall("SELECT status, count(*) FROM jobs GROUP BY status")
         found = {str(status): int(n) for status, n in rows}
         return {status: found.get(status, 0) for status in STATUSES}
+
+
+def _reap(conn: psycopg.Connection[Row], node: str, now: float) -> ReapSummary:
+    """The statements of :meth:`PgJobStore.reap`, in the caller's transaction."""
+    released = conn.execute(
+        "UPDATE jobs SET claimed_by = NULL, claimed_at = NULL "
+        "WHERE claimed_by = %s AND status = 'queued' RETURNING id, backend",
+        (node,),
+    ).fetchall()
+    rerun = conn.execute(
+        "UPDATE jobs SET status = 'queued', rerun_used = true, started_at = NULL, "
+        "claimed_by = NULL, claimed_at = NULL "
+        "WHERE claimed_by = %s AND status = 'running' AND rerun_safe AND NOT rerun_used "
+        "RETURNING id, backend",
+        (node,),
+    ).fetchall()
+    interrupted = [
+        str(row[0])
+        for row in conn.execute(
+            "UPDATE jobs SET status = 'failed', finished_at = %s, error_code = %s, "
+            "error_message = %s, error_status = %s "
+            "WHERE claimed_by = %s AND status = 'running' RETURNING id",
+            (
+                now,
+                INTERRUPTED.code,
+                INTERRUPTED.message,
+                INTERRUPTED.status,
+                node,
+            ),
+        )
+    ]
+    conn.execute("DELETE FROM job_requests WHERE job_id = ANY(%s)", (interrupted,))
+    for job_id in interrupted:
+        conn.execute("SELECT pg_notify(%s, %s)", (ENDED_CHANNEL, job_id))
+    for backend in sorted({str(row[1]) for row in (*released, *rerun)}):
+        conn.execute("SELECT pg_notify(%s, %s)", (JOBS_CHANNEL, backend))
+    return ReapSummary(
+        released=tuple(str(row[0]) for row in released),
+        rerun=tuple(str(row[0]) for row in rerun),
+        interrupted=tuple(interrupted),
+    )
 
 
 def _usage(conn: psycopg.Connection[Row], app: str) -> Usage:

@@ -269,8 +269,10 @@ class Node:
                 if name == self.name:
                     continue
                 stale_before = now - self.cluster.dead_after_s
-                if await self.registry.mark_gone(name, heartbeat_before=stale_before):
-                    summary = await self.store.reap(name, now=now)
+                # Declared gone and reaped at once: no node sees it gone while
+                # it still holds jobs (they would claim newer ones first).
+                summary = await self.store.reap_gone(name, now=now, heartbeat_before=stale_before)
+                if summary is not None:
                     self._reaped += 1
                     log.warning(
                         "node %s stopped sending heartbeats (none for %g s): taken as gone; "
