@@ -35,7 +35,7 @@ from yard.core.spec import SchedulerConfig
 from yard.jobs.records import JobRecord, StoredRequest
 
 HEARTBEAT_S = 0.1
-DEAD_AFTER_S = 1.0
+DEAD_AFTER_S = 10.0  # only c's heartbeat goes stale, and only when the test says
 REQUEST = StoredRequest(
     method="POST", path="/v1/chat/completions", query="", headers=(), body=b"{}"
 )
@@ -168,6 +168,7 @@ async def test_a_dead_node_is_never_seen_gone_while_it_still_holds_its_jobs(
             holder.execute("BEGIN")
             holder.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (ids[0],))
             with trio.fail_after(30):
+                await _publish_c(registry, time.time())
                 async with (
                     running_node(postgres_dsn, "a") as a,
                     running_node(postgres_dsn, "b") as b,
@@ -176,7 +177,7 @@ async def test_a_dead_node_is_never_seen_gone_while_it_still_holds_its_jobs(
                     await trio.sleep(3 * HEARTBEAT_S)
                     assert a.enqueued == b.enqueued == []
                     # c dies: its last heartbeat a minute old.
-                    await _publish_c(registry, now - 60.0)
+                    await _publish_c(registry, time.time() - 60.0)
                     await _until(lambda: _lock_waits(observer) > 0)
                     # The reap waits: every node still sees c up, holding its
                     # jobs, and a and b claim nothing of llm meanwhile.
