@@ -535,7 +535,12 @@ class Gateway:
                 raise too_large(self._max_body)
             parts.append(chunk)
             if not message.get("more_body", False):
-                return b"".join(parts)
+                if size <= INLINE_LIMIT:
+                    return b"".join(parts)
+                # Joining tens of MiB takes a good part of a second on a busy
+                # machine; bytes.join lets go of the GIL for big joins, so in a
+                # worker thread the loop keeps serving meanwhile.
+                return await trio.to_thread.run_sync(b"".join, parts)
 
     # -- GET /v1/models ---------------------------------------------------------
 
