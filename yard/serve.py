@@ -68,7 +68,7 @@ from yard.db import DatabaseError
 from yard.engine import Engine, LoggedDecision
 from yard.http.app import create_app, serve_app
 from yard.http.runtime import MeterInfo, Runtime
-from yard.http.server import open_listeners
+from yard.http.server import Server, open_listeners
 from yard.jobs import JOBS_FILE, JobStore, open_jobs
 from yard.memory import default_meter
 from yard.memory.profiles import SqliteProfileStore, open_profile_store
@@ -484,6 +484,10 @@ async def _serve_http(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     server = runtime.config.server
+
+    def keep_statistics(http: Server) -> None:
+        runtime.http_statistics = http.statistics
+
     try:
         await serve_app(
             create_app(runtime),
@@ -493,6 +497,7 @@ async def _serve_http(
             graceful_s=server.stop_grace_s,
             listeners=listeners,
             server_config=server,
+            on_server=keep_statistics,
             task_status=task_status,
         )
     finally:

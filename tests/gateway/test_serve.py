@@ -265,6 +265,23 @@ async def test_metrics_count_each_proxied_request_by_model_and_outcome(tmp_path:
             assert _requests_total(after, *ok) == _requests_total(before, *ok) + 2
 
 
+async def test_metrics_show_the_http_servers_connections(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with (
+            running_yard(tmp_path, _llm(tmp_path)) as runtime,
+            httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client,
+        ):
+            metrics = (await client.get("/metrics")).text
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("yard_http_")
+    }
+    assert values['yard_http_connections{state="open"}'] >= 1  # this scrape's own
+    assert values["yard_http_max_connections"] > 0
+    assert values['yard_http_connections_closed_total{reason="evicted"}'] == 0
+
+
 async def test_forgetting_a_profile_through_the_admin_api_drops_the_stored_one(
     tmp_path: Path,
 ) -> None:

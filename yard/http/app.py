@@ -83,6 +83,7 @@ async def serve_app(
     graceful_s: float = 10.0,
     listeners: list[trio.SocketListener] | None = None,
     server_config: ServerConfig | None = None,
+    on_server: Callable[[server.Server], None] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` (or on ``listeners`` already bound with
@@ -94,7 +95,9 @@ async def serve_app(
     free one) through ``task_status`` once the socket listens. When
     ``shutdown_trigger`` returns, stops accepting and gives in-flight requests
     ``graceful_s`` seconds before they are cancelled. No response timeout
-    applies: a stream lasts as long as its backend sends.
+    applies: a stream lasts as long as its backend sends. ``on_server`` is
+    handed the :class:`~yard.http.server.Server` before it accepts (its
+    ``statistics()`` feed ``/metrics``).
     """
     await server.serve(
         app,
@@ -105,5 +108,6 @@ async def serve_app(
         limits=server.Limits.from_config(server_config) if server_config else None,
         admin_key=server_config.admin_key if server_config else None,
         listeners=listeners,
+        on_server=on_server,
         task_status=task_status,
     )

@@ -12,6 +12,7 @@ synchronous one, then handed over as a :class:`~yard.upstream.ProxyRequest`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from yard.cluster.node import Node
     from yard.config import Config
     from yard.engine import Engine
+    from yard.http.server import ServerStatistics
     from yard.ports import ProfileStore
     from yard.supervisor import Supervisor
     from yard.upstream import ProxyRequest, UpstreamPool
@@ -102,6 +104,8 @@ class Runtime:
         request (left here by ``yard.observe.register``), if any.
     cluster: this node of a cluster (``[cluster]``; :mod:`yard.cluster.node`),
         or None for a yard on its own.
+    http_statistics: what the HTTP server's connection limits have done
+        (``Server.statistics``), once it serves; ``/metrics`` shows it.
     """
 
     config: Config
@@ -119,6 +123,7 @@ class Runtime:
     meter: MeterInfo | None = None
     observe_request: RequestHook | None = None
     cluster: Node | None = None
+    http_statistics: Callable[[], ServerStatistics] | None = None
 
 
 def _default_pool() -> UpstreamPool:

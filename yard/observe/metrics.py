@@ -39,6 +39,8 @@ The series:
 - the meter: ``yard_meter_info{mode,detail}`` (always 1): which memory meter
   yard uses (``nvml``, ``drm``, ``nvml+drm``, ``apple``, ``host-only``) and
   its sentence (which GPUs, or why none).
+- the HTTP server's limits: ``yard_http_connections{state}``,
+  ``yard_http_max_connections``, ``yard_http_connections_closed_total{reason}``.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
 
     from yard.core.views import Snapshot
     from yard.engine import EngineStatistics, LoggedDecision
+    from yard.http.server import ServerStatistics
 
 BACKEND_STATES = ("stopped", "starting", "ready", "busy", "draining", "stopping", "failed")
 
@@ -421,17 +424,68 @@ class MeterCollector(Collector):
         yield info
 
 
+class HttpCollector(Collector):
+    """What the HTTP server's connection limits did (issue 10), read at scrape
+    time from ``statistics()`` (None until the server serves):
+    ``yard_http_connections{state}`` (open, waiting on their client),
+    ``yard_http_max_connections`` (the cap in force) and
+    ``yard_http_connections_closed_total{reason}`` (evicted at the cap, refused
+    503, head/body/send timeouts, idle keep-alive closes)."""
+
+    def __init__(self, statistics: Callable[[], ServerStatistics | None]) -> None:
+        self._statistics = statistics
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._statistics()
+        if stats is None:
+            return
+        now = GaugeMetricFamily(
+            "yard_http_connections",
+            "Client connections now: open (served in full or from the reserve) and waiting "
+            "(on their client for a head or body: the ones the cap may close).",
+            labels=["state"],
+        )
+        now.add_metric(["open"], stats.open_connections)
+        now.add_metric(["waiting"], stats.waiting_connections)
+        yield now
+        yield GaugeMetricFamily(
+            "yard_http_max_connections",
+            "The connection cap in force ([server] max_connections, lowered to fit the "
+            "open-file limit).",
+            value=stats.max_connections,
+        )
+        closed = CounterMetricFamily(
+            "yard_http_connections_closed",
+            "Connections the limits ended since the start, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in (
+            ("evicted", stats.evicted),
+            ("refused", stats.refused),
+            ("head_timeout", stats.head_timeouts),
+            ("idle", stats.idle_closed),
+            ("body_timeout", stats.body_timeouts),
+            ("send_timeout", stats.send_timeouts),
+        ):
+            closed.add_metric([reason], count)
+        yield closed
+
+
 def new_registry(
     engine: EngineSource,
     *,
     profile_margin: float,
     meter: Callable[[], Mapping[str, str] | None] | None = None,
+    http: Callable[[], ServerStatistics | None] | None = None,
 ) -> tuple[CollectorRegistry, DecisionMetrics]:
     """A registry with everything ``/metrics`` shows for one engine;
-    ``meter`` tells which memory meter yard uses (:class:`MeterCollector`)."""
+    ``meter`` tells which memory meter yard uses (:class:`MeterCollector`),
+    ``http`` what the HTTP server's limits did (:class:`HttpCollector`)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(engine, profile_margin=profile_margin))
     if meter is not None:
         registry.register(MeterCollector(meter))
+    if http is not None:
+        registry.register(HttpCollector(http))
     registry.register(_PROCESS_REGISTRY)
     return registry, DecisionMetrics(registry)

@@ -19,6 +19,7 @@ from yard.observe.timeline_svg import render_svg
 
 if TYPE_CHECKING:
     from yard.http.runtime import MeterInfo, Runtime
+    from yard.http.server import ServerStatistics
 
 
 class ProfileForgetter(Protocol):
@@ -56,6 +57,8 @@ class Observer:
         yard on its own; ``/metrics`` labels yard's series with it.
     cluster: the cluster as this node sees it (``Node.health``: the database
         and every node), or None; the status document's ``cluster``.
+    http: what the HTTP server's connection limits did
+        (``Server.statistics``; None before it serves), for ``/metrics``.
     """
 
     KEY: ClassVar[str] = "yard.observe"
@@ -78,6 +81,7 @@ class Observer:
     history: timeline.History = field(default_factory=timeline.History)
     node: str | None = None
     cluster: Callable[[], Json] | None = None
+    http: Callable[[], ServerStatistics | None] | None = None
     registry: CollectorRegistry = field(init=False)
     decision_metrics: DecisionMetrics = field(init=False)
     sessions: auth.Sessions = field(init=False)
@@ -89,7 +93,7 @@ class Observer:
         if callable(watch):
             watch(self.history.see)
         self.registry, self.decision_metrics = new_registry(
-            self.engine, profile_margin=self.profile_margin, meter=self.meter
+            self.engine, profile_margin=self.profile_margin, meter=self.meter, http=self.http
         )
         if self.node is not None:
             self.registry.register(NodeCollector(self.node, self.cluster))
@@ -128,6 +132,7 @@ class Observer:
             failure_max_delay_s=config.server.admin_failure_max_delay_s,
             node=None if runtime.cluster is None else runtime.cluster.name,
             cluster=None if runtime.cluster is None else runtime.cluster.health,
+            http=lambda: None if runtime.http_statistics is None else runtime.http_statistics(),
         )
 
     def stopping(self) -> bool:
