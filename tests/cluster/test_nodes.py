@@ -232,20 +232,41 @@ async def wait_ended(client: httpx.AsyncClient, job_ids: Sequence[str]) -> list[
     return ended
 
 
+async def _wait_running(client: httpx.AsyncClient, job_id: str) -> None:
+    """Until the job runs; the caller bounds the wait."""
+    while True:
+        if (await client.get(f"/v1/jobs/{job_id}")).json()["status"] == "running":
+            return
+        await trio.sleep(0.05)
+
+
 @pytest.mark.slow
 async def test_one_priority_order_holds_across_nodes(postgres_dsn: str, tmp_path: Path) -> None:
     served = tmp_path / "served.txt"
-    llm = backend_table("llm", ["tiny"], service_time=0.6, counter_file=str(served))
+    llm = backend_table("llm", ["tiny"], service_time=1.0, counter_file=str(served))
     async with running_cluster(postgres_dsn, tmp_path, {"c": llm, "a": llm, "b": llm}) as cluster:
         a, b = cluster.clients["a"], cluster.clients["b"]
         with trio.fail_after(60):
             # c loads the model; a and b then leave its jobs to c (one instance).
             await cluster.load("c", "llm")
             # Nine jobs handed to a and b in turn, priorities shuffled: the
-            # first is claimed at once, the rest wait in the shared queue.
+            # first runs on c, then the rest are handed in at once and wait
+            # in the shared queue while it runs (c has no room to claim
+            # them, and however slowly each arrives, the order is then the
+            # priorities'; their ages differ by far less than 10 points).
             priorities = [50, 20, 80, 10, 70, 30, 60, 40, 90]
-            ids = [await submit((a, b)[i % 2], priority) for i, priority in enumerate(priorities)]
+            ids = [await submit(a, priorities[0]), *[""] * (len(priorities) - 1)]
+            await _wait_running(a, ids[0])
+
+            async def hand_in(i: int) -> None:
+                ids[i] = await submit((a, b)[i % 2], priorities[i])
+
+            async with trio.open_nursery() as nursery:
+                for i in range(1, len(priorities)):
+                    nursery.start_soon(hand_in, i)
+            still_running = (await a.get(f"/v1/jobs/{ids[0]}")).json()["status"] == "running"
             jobs = await wait_ended(a, ids)
+        assert still_running, "the first job ended before the rest were handed in"
         assert [job["status"] for job in jobs] == ["succeeded"] * len(ids)
         order = [line for line in served.read_text().split() if line in ids]
         by_priority = dict(zip(ids, priorities, strict=True))
