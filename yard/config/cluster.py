@@ -164,5 +164,3 @@ def _url(value: str) -> str | None:
     if parts.path not in ("", "/") or parts.query:
         return f"must be the node's base URL without a path, got {value!r}"
     return None
-
-
