@@ -19,6 +19,7 @@ from yard.core import (
     StartBackend,
     StopBackend,
     Tick,
+    views,
 )
 from yard.core.lifecycle import TRANSITIONS, Move, can_move, move
 
@@ -154,6 +155,22 @@ def test_snapshot_shows_devices_backends_and_the_queue_in_order() -> None:
     assert (chat.state, chat.inflight, chat.queued) == ("ready", 1, 2)
     view = h.s.explain("low", 3)
     assert view is not None and view.reason.startswith("behind 1 request(s)")
+
+
+def test_a_snapshot_without_the_queue_does_not_sort_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Harness([BackendSpec(name="chat", gpus=("gpu0",))], profiles={"chat": (10, 1, 5)})
+    h.load("chat", "r0")
+    for i in range(3):
+        h.arrive(f"q{i}", "chat", priority=i, at=1 + i)
+
+    def no_sorting(*args: object) -> object:
+        raise AssertionError("snapshot(limit=0) sorted the queue")
+
+    monkeypatch.setattr(views, "dispatch_order", no_sorting)
+    snap = h.s.snapshot(5, limit=0)
+    assert snap.queue == () and snap.queue_length == 3
+    [chat] = snap.backends
+    assert chat.queued == 3
 
 
 def test_the_lifecycle_table_names_state_and_event_on_an_illegal_move() -> None:

@@ -481,13 +481,18 @@ class Scheduler:
         return self._view(req, overall[req.id], within[req.id], now, {})
 
     def snapshot(self, now: float, limit: int = 200) -> Snapshot:
-        """Everything at once, for the dashboard and status (O(queue length))."""
+        """Everything at once, for the dashboard and status (O(queue length));
+        ``limit=0`` leaves the queue out and does not sort it (a cluster node's
+        heartbeat, which needs devices and backends only)."""
         core = self._core
-        ordered, _, within = self._positions()
-        costs: dict[str, float] = {}
-        queue = [
-            self._view(req, i, within[req.id], now, costs) for i, req in enumerate(ordered[:limit])
-        ]
+        queue: list[QueuedView] = []
+        if limit > 0:
+            ordered, _, within = self._positions()
+            costs: dict[str, float] = {}
+            queue = [
+                self._view(req, i, within[req.id], now, costs)
+                for i, req in enumerate(ordered[:limit])
+            ]
         for rid in core.windows.held:  # after the queue: none of them may start yet
             if len(queue) >= limit:
                 break
