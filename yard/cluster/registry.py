@@ -8,9 +8,11 @@ Rules this module keeps:
   clock of the node that asks: heartbeats are wall-clock epochs, so the
   nodes' clocks must agree to well within ``after_s`` (NTP does).
 - Declaring a node gone is a conditional update: of several nodes that find
-  it stale at once, exactly one flips it (:meth:`Registry.mark_gone` returns
-  True for that one), and that one reaps its jobs. A node that publishes
-  again is up again.
+  it stale at once, exactly one flips it. A dead node is declared gone and
+  reaped in one transaction (:meth:`yard.cluster.jobs.PgJobStore.reap_gone`),
+  so no node ever sees it gone while it still holds jobs;
+  :meth:`Registry.mark_gone` is for a node leaving on its own (after it gave
+  its jobs back). A node that publishes again is up again.
 """
 
 from __future__ import annotations
@@ -152,7 +154,9 @@ class Registry:
 
     async def mark_gone(self, name: str, *, heartbeat_before: float | None = None) -> bool:
         """Declare ``name`` gone. True only for the one caller that changed it
-        from up (that caller reaps its jobs: :meth:`PgJobStore.reap`).
+        from up. Only for a node leaving on its own, whose jobs are already
+        back: a dead node is declared gone and reaped at once with
+        :meth:`yard.cluster.jobs.PgJobStore.reap_gone`.
 
         heartbeat_before: only if its heartbeat is still older than this
         (it did not publish in between the check and now).
