@@ -48,6 +48,10 @@ def test_every_cluster_key_is_read(tmp_path: Path) -> None:
         heartbeat_s = 1
         dead_after_s = 4
         claim_ahead = 2
+        connect_timeout_s = 3
+        idle_in_transaction_s = 20
+        lock_timeout_s = 4.5
+        statement_timeout_s = 90
         """,
     )
     assert cluster == ClusterConfig(
@@ -58,6 +62,10 @@ def test_every_cluster_key_is_read(tmp_path: Path) -> None:
         heartbeat_s=1.0,
         dead_after_s=4.0,
         claim_ahead=2,
+        connect_timeout_s=3.0,
+        idle_in_transaction_s=20.0,
+        lock_timeout_s=4.5,
+        statement_timeout_s=90.0,
     )
 
 
@@ -122,6 +130,16 @@ def test_a_cluster_without_a_database_is_refused(tmp_path: Path) -> None:
             "less than two heartbeats",
         ),
         ("database = 'postgresql:///y'\nclaim_ahead = -1", "cluster.claim_ahead", "negative"),
+        (
+            "database = 'postgresql:///y'\nlock_timeout_s = inf",
+            "cluster.lock_timeout_s",
+            "must be a finite number",
+        ),
+        (
+            "database = 'postgresql:///y'\nstatement_timeout_s = 0",
+            "cluster.statement_timeout_s",
+            "greater than 0",
+        ),
         ("database = 'postgresql:///y'\nsecret = ''", "cluster.secret", "must not be empty"),
         (
             "database = 'postgresql:///y'\nsecret = 'a'\nsecret_env = 'B'",

@@ -51,7 +51,7 @@ import trio
 from yard.cluster.forward import Forwarder
 from yard.cluster.jobs import PgJobStore
 from yard.cluster.listen import Listener
-from yard.cluster.pg import PgDatabase
+from yard.cluster.pg import PgDatabase, PgLimits
 from yard.cluster.policy import Peer, hungry, local_backends
 from yard.cluster.registry import NodeState, Registry
 from yard.cluster.schema import ENDED_CHANNEL, JOBS_CHANNEL, MIGRATIONS, NODES_CHANNEL
@@ -489,7 +489,15 @@ async def open_database(cluster: ClusterConfig) -> PgDatabase:
     node comes first). Raises :class:`yard.db.DatabaseError` when it cannot
     be reached: a node that never reached it has nothing to serve from it."""
     return await PgDatabase.open(
-        cluster.database, MIGRATIONS, application_name=f"yard {cluster.node}"
+        cluster.database,
+        MIGRATIONS,
+        application_name=f"yard {cluster.node}",
+        limits=PgLimits(
+            connect_timeout_s=cluster.connect_timeout_s,
+            idle_in_transaction_s=cluster.idle_in_transaction_s,
+            lock_timeout_s=cluster.lock_timeout_s,
+            statement_timeout_s=cluster.statement_timeout_s,
+        ),
     )
 
 

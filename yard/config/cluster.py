@@ -29,6 +29,10 @@ CLUSTER_KEYS = (
     "heartbeat_s",
     "dead_after_s",
     "claim_ahead",
+    "connect_timeout_s",
+    "idle_in_transaction_s",
+    "lock_timeout_s",
+    "statement_timeout_s",
 )
 
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -57,6 +61,13 @@ class ClusterConfig:
         queue beyond its free slots (0: none, so that no node holds a job
         another could start sooner; more hide the claim's round trip between
         one job's end and the next one's start).
+    connect_timeout_s: longest wait to reach the database server.
+    idle_in_transaction_s: the server ends a session of this node that sits
+        in a transaction this long (a node whose host vanished must not keep
+        its row locks until the server's keepalives give up).
+    lock_timeout_s: a database call that waits longer for a lock fails
+        instead of stalling the node.
+    statement_timeout_s: the longest one database statement may run.
     """
 
     database: str
@@ -66,6 +77,10 @@ class ClusterConfig:
     heartbeat_s: float = 2.0
     dead_after_s: float = 10.0
     claim_ahead: int = 0
+    connect_timeout_s: float = 5.0
+    idle_in_transaction_s: float = 15.0
+    lock_timeout_s: float = 10.0
+    statement_timeout_s: float = 60.0
 
     def node_url(self, server: ServerConfig) -> str:
         """Where the other nodes reach this one: ``url``, or else
@@ -131,6 +146,15 @@ def _cluster(r: _Reader, raw: object) -> ClusterConfig | None:
     elif "dead_after_s" not in data:
         dead_after = max(dead_after, 2 * heartbeat)
     claim_ahead = r.get(data, "cluster", "claim_ahead", int, 0, _non_negative)
+    timeouts = {
+        key: r.get(data, "cluster", key, float, default, _positive)
+        for key, default in (
+            ("connect_timeout_s", 5.0),
+            ("idle_in_transaction_s", 15.0),
+            ("lock_timeout_s", 10.0),
+            ("statement_timeout_s", 60.0),
+        )
+    }
     return ClusterConfig(
         database=database or "",
         node=node,
@@ -139,6 +163,10 @@ def _cluster(r: _Reader, raw: object) -> ClusterConfig | None:
         heartbeat_s=heartbeat,
         dead_after_s=dead_after,
         claim_ahead=claim_ahead,
+        connect_timeout_s=timeouts["connect_timeout_s"],
+        idle_in_transaction_s=timeouts["idle_in_transaction_s"],
+        lock_timeout_s=timeouts["lock_timeout_s"],
+        statement_timeout_s=timeouts["statement_timeout_s"],
     )
 
 
