@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 
+from tests.http.virtual import tcp_pair
 from yard.http.server import ASGIApp, Limits, Server, open_listeners, serve
 
 Scope = dict[str, Any]
@@ -178,18 +179,6 @@ async def test_nothing_listens_once_the_server_has_stopped() -> None:
     assert [s.statistics().open_connections for s in servers] == [0]
 
 
-async def _tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
-    """A connected loopback TCP pair: (the server's end, the client's end)."""
-    listener = trio.socket.socket()
-    with listener:
-        await listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        client = trio.socket.socket()
-        await client.connect(listener.getsockname())
-        server_end, _ = await listener.accept()
-    return trio.SocketStream(server_end), trio.SocketStream(client)
-
-
 async def _answer_then_body(scope: Scope, receive: Any, send: Any) -> None:
     """Reads the body (``/read``), or answers 403 without reading it."""
     if scope["path"] == "/read":
@@ -215,7 +204,7 @@ async def test_statistics_count_what_each_limit_ended(
         async with trio.open_nursery() as nursery:
             server.nursery = nursery
             for request in requests[:3]:
-                server_end, client = await _tcp_pair()
+                server_end, client = await tcp_pair()
                 clients.append(client)
                 nursery.start_soon(server.handle, server_end)
                 await client.send_all(request)
@@ -256,7 +245,7 @@ async def test_the_app_never_sees_a_request_whose_small_body_never_comes(
             b"POST /read HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nab",
             b"POST /whole HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nab",
         ):
-            server_end, client = await _tcp_pair()
+            server_end, client = await tcp_pair()
             nursery.start_soon(server.handle, server_end)
             start = trio.current_time()
             await client.send_all(request)
