@@ -34,7 +34,13 @@ from psycopg.types.json import Jsonb
 
 from yard.cluster.pg import PgDatabase, Row
 from yard.core.spec import Profile
-from yard.memory.profiles import ConfigLike, FootprintKey, StoredProfile, footprint_key
+from yard.memory.profiles import (
+    ConfigLike,
+    FootprintKey,
+    ProfileLookups,
+    StoredProfile,
+    footprint_key,
+)
 
 __all__ = ["PgProfileStore", "cluster_key"]
 
@@ -107,7 +113,7 @@ def _row(row: Row) -> StoredProfile:
     )
 
 
-class PgProfileStore:
+class PgProfileStore(ProfileLookups):
     """The profile store of a cluster node: the interface of
     :class:`yard.memory.profiles.SqliteProfileStore` (and so of
     :class:`yard.ports.ProfileStore`), on the shared database.
@@ -161,22 +167,6 @@ class PgProfileStore:
             f"SELECT {_COLUMNS} FROM profiles WHERE key = %s", (key.digest,)
         )
         return None if row is None else _row(row)
-
-    async def get(self, backend: str) -> Profile | None:
-        record = await self.record(backend)
-        return None if record is None else record.profile
-
-    async def put(self, backend: str, profile: Profile) -> None:
-        """Store what the engine measured (first load) or raised (live use
-        above the profile). A steady state measured before is kept."""
-        previous = await self.record(backend)
-        await self.store(
-            backend,
-            profile,
-            steady_gpu_bytes=None if previous is None else previous.steady_gpu_bytes,
-            steady_host_bytes=None if previous is None else previous.steady_host_bytes,
-            source="measured" if previous is None else "raised",
-        )
 
     async def store(
         self,

@@ -28,6 +28,7 @@ import shutil
 import sqlite3
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -302,7 +303,44 @@ class ProfileStoreLike(Protocol):
     async def aclose(self) -> None: ...
 
 
-class SqliteProfileStore:
+class ProfileLookups(ABC):
+    """What every profile store does the same way on top of its own
+    :meth:`record` and :meth:`store` (SQLite here, PostgreSQL in a cluster)."""
+
+    @abstractmethod
+    async def record(self, backend: str) -> StoredProfile | None:
+        """The stored profile for the current footprint, with its details."""
+
+    @abstractmethod
+    async def store(
+        self,
+        backend: str,
+        profile: Profile,
+        *,
+        steady_gpu_bytes: int | None = None,
+        steady_host_bytes: int | None = None,
+        source: str = "probe",
+    ) -> StoredProfile:
+        """Store (replace) the profile for the current footprint."""
+
+    async def get(self, backend: str) -> Profile | None:
+        record = await self.record(backend)
+        return None if record is None else record.profile
+
+    async def put(self, backend: str, profile: Profile) -> None:
+        """Store what the engine measured (first load) or raised (live use
+        above the profile). A steady state measured before is kept."""
+        previous = await self.record(backend)
+        await self.store(
+            backend,
+            profile,
+            steady_gpu_bytes=None if previous is None else previous.steady_gpu_bytes,
+            steady_host_bytes=None if previous is None else previous.steady_host_bytes,
+            source="measured" if previous is None else "raised",
+        )
+
+
+class SqliteProfileStore(ProfileLookups):
     """The profile store behind :class:`yard.ports.ProfileStore`.
 
     ``db`` must have been opened with :data:`PROFILE_MIGRATIONS` (or use
@@ -350,22 +388,6 @@ class SqliteProfileStore:
             f"SELECT {_COLUMNS} FROM profiles WHERE key = ?", (key.digest,)
         )
         return None if row is None else _row(row)
-
-    async def get(self, backend: str) -> Profile | None:
-        record = await self.record(backend)
-        return None if record is None else record.profile
-
-    async def put(self, backend: str, profile: Profile) -> None:
-        """Store what the engine measured (first load) or raised (live use
-        above the profile). A steady state measured before is kept."""
-        previous = await self.record(backend)
-        await self.store(
-            backend,
-            profile,
-            steady_gpu_bytes=None if previous is None else previous.steady_gpu_bytes,
-            steady_host_bytes=None if previous is None else previous.steady_host_bytes,
-            source="measured" if previous is None else "raised",
-        )
 
     async def store(
         self,
