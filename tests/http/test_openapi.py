@@ -131,6 +131,20 @@ def test_the_batch_routes_that_refuse_the_admin_key_say_so_beside_the_key_errors
         assert "A key yard does not know" in forbidden
 
 
+def test_a_routes_own_400_and_403_keep_the_edges_causes_beside_them() -> None:
+    # A route that answers 400 or 403 itself can still get the edge's 400
+    # (malformed HTTP) and 403 (Host, cross-origin) before it runs.
+    mixed = 0
+    for item in DOC["paths"].values():
+        for name, operation in item.items():
+            if name == "parameters":
+                continue
+            for status, code in (("400", "malformed_request"), ("403", "host_not_allowed")):
+                assert code in operation["responses"][status]["description"]
+            mixed += "A key yard does not know" in operation["responses"]["403"]["description"]
+    assert mixed > 0
+
+
 # -- a running yard's answers validate against the document ---------------------
 
 

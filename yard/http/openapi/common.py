@@ -178,11 +178,23 @@ EDGE: Schema = {
 
 
 def with_edge(paths: Schema) -> Schema:
-    """``paths`` with :data:`EDGE` added to every operation's answers (in place)."""
+    """``paths`` with :data:`EDGE` added to every operation's answers (in place).
+
+    Where a route answers a status of its own that the edge can also answer
+    (a 400, a 403), both causes are described: the route's first, then the
+    edge's, so that neither hides the other.
+    """
     for item in paths.values():
         for name, operation in item.items():
-            if name != "parameters":
-                operation["responses"] = {**EDGE, **operation["responses"]}
+            if name == "parameters":
+                continue
+            responses = {**EDGE, **operation["responses"]}
+            for status, edge in EDGE.items():
+                own = operation["responses"].get(status)
+                if own is not None and own is not edge:
+                    text = f"{own['description']} Before the route: {edge['description']}"
+                    responses[status] = {**own, "description": text}
+            operation["responses"] = responses
     return paths
 
 
