@@ -105,6 +105,28 @@ async def test_logout_revokes_the_session_on_the_server(engine: FakeEngine) -> N
     assert engine.sent == []
 
 
+async def test_a_login_from_an_https_page_gets_a_secure_cookie_behind_a_tls_proxy(
+    engine: FakeEngine,
+) -> None:
+    # yard itself speaks plain HTTP; behind a TLS proxy the browser's Origin
+    # says the page is https, so the cookie must never travel in clear text.
+    app = make_app(engine, Clock())
+    behind = await app.test_client().post(
+        "/dashboard/login",
+        form={"key": ADMIN_KEY},
+        headers={"Origin": "https://yard.example.lan"},
+        scope_base=REMOTE,
+    )
+    assert "Secure" in behind.headers["Set-Cookie"]
+    plain = await app.test_client().post(
+        "/dashboard/login",
+        form={"key": ADMIN_KEY},
+        headers={"Origin": "http://127.0.0.1:8080"},
+        scope_base=REMOTE,
+    )
+    assert "Secure" not in plain.headers["Set-Cookie"]
+
+
 async def test_failed_logins_are_slowed_down_per_client(engine: FakeEngine) -> None:
     clock = Clock()
     app = make_app(engine, clock, failures_before_delay=5, failure_max_delay_s=300.0)

@@ -231,7 +231,10 @@ async def login() -> Response:
         max_age=max(1, int(observer.session_ttl_s)),
         httponly=True,
         samesite="Strict",
-        secure=request.scheme == "https",
+        # Behind a TLS proxy yard sees http, but the browser's Origin says
+        # the page is https: the cookie then never travels in clear text.
+        secure=request.scheme == "https"
+        or request.headers.get("Origin", "").startswith("https://"),
         path="/",
     )
     return response
