@@ -73,6 +73,9 @@ class BackendSpec:
     pinned: always loaded; never evicted to make room.
     context: the context sizes it may be started with (min, max), or None;
         each start gets the largest that fits (:mod:`yard.core.resources`).
+    parallel: the slot counts it may be started with (min, max), or None; a
+        running instance serves as many requests at once as it got (then
+        ``slots`` is only the estimate for an instance not started yet).
     """
 
     name: str
@@ -82,12 +85,15 @@ class BackendSpec:
     idle_ttl_s: float | None = None
     pinned: bool = False
     context: tuple[int, int] | None = None
+    parallel: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("a backend needs a name")
         if self.context is not None and not 1 <= self.context[0] <= self.context[1]:
             raise ValueError(f"backend {self.name}: context needs 1 <= min <= max")
+        if self.parallel is not None and not 1 <= self.parallel[0] <= self.parallel[1]:
+            raise ValueError(f"backend {self.name}: parallel needs 1 <= min <= max")
         if self.slots < 1:
             raise ValueError(f"backend {self.name}: slots must be at least 1")
         if self.gpus and not 1 <= self.gpu_count <= len(self.gpus):
@@ -114,6 +120,10 @@ class Profile:
         declares no context range).
     gpu_per_token, host_per_token: bytes each token of context adds, learned
         from two points (None: not learned yet); see :mod:`yard.core.resources`.
+    parallel: the slot count the figures were measured at (None: the backend
+        declares no parallel range).
+    gpu_per_slot, host_per_slot: bytes each slot adds, learned from two points
+        at one context (None: not learned yet).
     """
 
     gpu_bytes: int
@@ -122,6 +132,9 @@ class Profile:
     context: int | None = None
     gpu_per_token: float | None = None
     host_per_token: float | None = None
+    parallel: int | None = None
+    gpu_per_slot: float | None = None
+    host_per_slot: float | None = None
 
     def __post_init__(self) -> None:
         if self.gpu_bytes < 0 or self.host_bytes < 0 or self.load_s < 0:
