@@ -76,6 +76,13 @@ class BackendSpec:
     parallel: the slot counts it may be started with (min, max), or None; a
         running instance serves as many requests at once as it got (then
         ``slots`` is only the estimate for an instance not started yet).
+    instances: how many processes of this server the core may run at once
+        (LiteLLM's deployments behind one model name), each a backend of its own:
+        the first has the configured name, the others are named by
+        :func:`instance_name` (``news-llm@2``) and set ``instance_of``. Every
+        instance carries the same count. Requests for the first are routed among
+        them (:mod:`yard.core.instances`); they share one profile.
+    instance_of: the first instance's name, on the others (None on the first).
     """
 
     name: str
@@ -86,10 +93,21 @@ class BackendSpec:
     pinned: bool = False
     context: tuple[int, int] | None = None
     parallel: tuple[int, int] | None = None
+    instances: int = 1
+    instance_of: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("a backend needs a name")
+        if not 1 <= self.instances <= MAX_INSTANCES:
+            raise ValueError(f"backend {self.name}: instances must be 1 to {MAX_INSTANCES}")
+        if self.instance_of is not None and not (
+            2 <= (instance_number(self.name, self.instance_of) or 0) <= self.instances
+        ):
+            raise ValueError(
+                f"backend {self.name}: instance N of {self.instance_of} is named "
+                f"{self.instance_of}{INSTANCE_SEPARATOR}N, 2 <= N <= instances ({self.instances})"
+            )
         if self.context is not None and not 1 <= self.context[0] <= self.context[1]:
             raise ValueError(f"backend {self.name}: context needs 1 <= min <= max")
         if self.parallel is not None and not 1 <= self.parallel[0] <= self.parallel[1]:
@@ -107,6 +125,33 @@ class BackendSpec:
     @property
     def uses_gpu(self) -> bool:
         return bool(self.gpus)
+
+
+MAX_INSTANCES = 8
+"""The most instances one backend may declare."""
+
+INSTANCE_SEPARATOR = "@"
+"""Between a backend's name and an instance number (``news-llm@2``, as systemd
+names the instances of a unit); never part of a configured name, so an
+instance's name cannot clash with another backend's."""
+
+
+def instance_name(first: str, number: int) -> str:
+    """The name of instance ``number`` (1-based) of backend ``first``: ``first``
+    itself for 1, ``first@N`` after."""
+    return first if number == 1 else f"{first}{INSTANCE_SEPARATOR}{number}"
+
+
+def instance_number(name: str, first: str) -> int | None:
+    """N if ``name`` is ``first@N`` (N >= 2, no leading zeros); 1 if it is
+    ``first``; else None."""
+    if name == first:
+        return 1
+    prefix = first + INSTANCE_SEPARATOR
+    digits = name[len(prefix) :]
+    if not name.startswith(prefix) or not digits.isdigit() or digits != str(int(digits)):
+        return None
+    return int(digits) if int(digits) >= 2 else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
