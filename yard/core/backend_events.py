@@ -152,10 +152,13 @@ def profile(core: Core, ev: ProfileMeasured, out: list[Decision]) -> None:
             context=ev.context,
             gpu_per_token=ev.gpu_per_token,
             host_per_token=ev.host_per_token,
+            parallel=ev.parallel,
+            gpu_per_slot=ev.gpu_per_slot,
+            host_per_slot=ev.host_per_slot,
         ),
     )
     if b.state in OCCUPYING and b.devices:
-        b.reserved = dict(core.need(b, b.gpus))
+        b.reserved = core.need_running(b)
         b.measuring = False
     reject_if_unfit(core, b, out)
 
@@ -179,8 +182,8 @@ def memory(core: Core, ev: MemoryMeasured, now: float, out: list[Decision]) -> N
         b.live[ev.device] = nbytes
         changed = changed or b.held(ev.device) != before
         if b.profile is not None and not b.measuring:
-            # At the context it runs with (a backend with a context range).
-            figures = resources.at(b.profile, b.context)
+            # At the context and slot count it runs with (optional resources).
+            figures = resources.at(b.profile, b.context, b.parallel)
             limit = figures.gpu_bytes if ev.device != HOST else figures.host_bytes
             if nbytes > limit:
                 above.append((b, nbytes, limit))
@@ -216,7 +219,7 @@ def raise_to_live(
     load time the scheduler uses for it (now counted as measured)."""
     assert b.profile is not None
     old = b.profile
-    at = resources.at(old, b.context)
+    at = resources.at(old, b.context, b.parallel)
     load = core.load_s(b)
     if device == HOST:
         point = replace(at, host_bytes=nbytes, load_s=load)
@@ -225,7 +228,7 @@ def raise_to_live(
     b.profile_has_load = True
     core.forget_fit(b)
     b.profile = resources.learn(old, point)
-    b.reserved = dict(core.need(b, b.gpus))
+    b.reserved = core.need_running(b)
     b.measuring = False
     core.room_version += 1
     reject_if_unfit(core, b, out)

@@ -26,12 +26,15 @@ class StartBackend(Decision):
 
     measure: this is a first load, alone on its devices: the engine samples
         memory through start-up and warm-up and reports a ``ProfileMeasured``.
+    context, parallel: the context size and slot count chosen within the
+        backend's ranges (None: it has no such range).
     """
 
     backend: str
     gpus: tuple[str, ...] = ()
     measure: bool = False
     context: int | None = None
+    parallel: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -189,6 +189,9 @@ class ProfileMeasured(Event):
     context: int | None = None
     gpu_per_token: float | None = None
     host_per_token: float | None = None
+    parallel: int | None = None
+    gpu_per_slot: float | None = None
+    host_per_slot: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -64,7 +64,7 @@ def raised_profile(
     """
     if b.profile is None:
         return None
-    old = resources.at(b.profile, b.context)  # raised where it ran out
+    old = resources.at(b.profile, b.context, b.parallel)  # raised where it ran out
     live_gpu = max((b.live.get(g, 0) for g in b.gpus), default=0)
     live_host = b.live.get(HOST, 0)
     crowded = 0

@@ -91,6 +91,7 @@ class Plan:
     free_wait_s: float = 0.0
     room: str = ""
     context: int | None = None
+    parallel: int | None = None
     retell: Callable[[str], str] | None = None
     """For a blocked plan, or one that waits for another load: its reason told
     of another backend by name (one with the same options that, after the same
@@ -490,11 +491,15 @@ def plan_on(
     slack = min(-deficit[d] for d in devs)
     if not chosen:
         if not still_stopping and all(need[d] <= free_now[d] for d in devs):
-            context, need, why = _context(b, gpus, need, free_now, config)
+            choice = resources.choose(b.spec, b.profile, gpus, config.profile_margin, free_now)
+            if choice is not None:
+                need = choice.need
             figures = [(d, need[d], free_now[d]) for d in devs]
-            text = reasons.placed(where, figures, b.profile is not None) + why
+            text = reasons.placed(where, figures, b.profile is not None)
             plan = Plan(b, gpus, Outcome.START, text, need=need, slack=slack)
-            plan.context = context
+            if choice is not None:
+                plan.reason += "; " + choice.why
+                plan.context, plan.parallel = choice.context, choice.parallel
             return plan
         stopping = [
             o.name
@@ -507,27 +512,6 @@ def plan_on(
     reads.evicts = True
     reads.victims.update(o.name for o in chosen)
     return _evict(b, head, gpus, need, chosen, slack, free_now, devices, config, now, reads)
-
-
-def _context(
-    b: Backend,
-    gpus: tuple[str, ...],
-    need: Mapping[str, int],
-    free_now: Mapping[str, int],
-    config: SchedulerConfig,
-) -> tuple[int | None, Mapping[str, int], str]:
-    """The context ``b`` starts with (None: it has no range), its need, and
-    why (see :mod:`yard.core.resources`)."""
-    span = b.spec.context
-    if span is None:
-        return None, need, ""
-    grown = resources.grow(span, b.profile, gpus, config.profile_margin, free_now)
-    if grown is None:
-        context = resources.context_of(span, b.profile, gpus)
-        assert context is not None
-        return context, need, "; " + reasons.context_fixed(context, span, b.profile is None)
-    context, bigger = grown
-    return context, bigger, "; " + reasons.context_chosen(context, span)
 
 
 def _evict(

@@ -173,6 +173,33 @@ def context_chosen(context: int, span: tuple[int, int]) -> str:
     return f"context {context} (of {low}-{high}): the largest that fits next to the others"
 
 
+def parallel_fixed(parallel: int, span: tuple[int, int], first: bool) -> str:
+    low, high = span
+    if first:
+        return f"{parallel} slots (of {low}-{high}): its maximum, measured on this first load"
+    return (
+        f"{parallel} slots (of {low}-{high}): the count measured so far; a second measured "
+        "count (yard probe measures both ends) lets yard choose"
+    )
+
+
+def parallel_chosen(parallel: int, span: tuple[int, int]) -> str:
+    low, high = span
+    if parallel == high:
+        return f"{parallel} slots (of {low}-{high}): its maximum fits"
+    if parallel == low:
+        return f"{parallel} slots (of {low}-{high}): only its minimum fits next to the others"
+    return f"{parallel} slots (of {low}-{high}): the most that fit next to the others"
+
+
+def parallel_after_context(parallel: int, span: tuple[int, int]) -> str:
+    low, high = span
+    return (
+        f"{parallel} slots (of {low}-{high}): its minimum, since the context grows first "
+        "and is below its maximum"
+    )
+
+
 def first_load(alone: bool) -> str:
     if alone:
         return "first load: measured alone"

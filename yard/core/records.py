@@ -52,6 +52,7 @@ class Backend:
     measuring: bool = False
     loading: str = ""  # how far its load is (BackendLoading), while starting
     context: int | None = None
+    parallel: int | None = None  # the slot count its latest start got
     started_at: float | None = None
     ready_at: float | None = None
     overcommit: str | None = None
@@ -99,8 +100,14 @@ class Backend:
     def busy(self) -> bool:
         return bool(self.running)
 
+    @property
+    def slots(self) -> int:
+        """How many requests it serves at once: the slot count its latest start
+        got where it has a parallel range, else its spec's."""
+        return self.parallel if self.parallel is not None else self.spec.slots
+
     def free_slots(self) -> int:
-        return self.spec.slots - len(self.running)
+        return self.slots - len(self.running)
 
     def held(self, device: str) -> int:
         """Memory it holds on ``device``: its reservation, or live use if higher."""

@@ -334,11 +334,11 @@ class Scheduler:
         for b in core.backends.values():
             if b.state is not BackendState.READY or not b.queue.size:
                 continue
-            while len(b.running) < b.spec.slots:
+            while len(b.running) < b.slots:
                 req = b.queue.head()
                 if req is not None and serving is not None and self._held(req, serving):
                     req = next((r for r in b.queue.ordered() if not self._held(r, serving)), None)
-                if req is None or leaves_last_slot(req, b.queue, b.running, b.spec.slots, now):
+                if req is None or leaves_last_slot(req, b.queue, b.running, b.slots, now):
                     break
                 head = core.victim_of.get(b.name)
                 first = b.dispatched_since_ready == 0
@@ -372,7 +372,7 @@ class Scheduler:
                 reason = reasons.dispatched(
                     b.name,
                     len(b.running),
-                    b.spec.slots,
+                    b.slots,
                     req.id,
                     req.priority,
                     eff,

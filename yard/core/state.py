@@ -156,6 +156,13 @@ class Core:
                 return need
         return _need(b, gpus, self.config.profile_margin)
 
+    def need_running(self, b: Backend) -> dict[str, int]:
+        """The reservation of ``b``'s instance, placed on ``b.gpus``, at the
+        context and slot count its start got (not the required ones: those
+        only place it)."""
+        m = self.config.profile_margin
+        return resources.need_at(b.profile, b.gpus, m, b.context, b.parallel)
+
     def options(self, b: Backend) -> Options:
         """Every GPU set ``b`` may take with its need there; cached until its
         profile changes."""
@@ -282,6 +289,7 @@ class Core:
                     o.overcommit = o.overcommit or text
                     b.overcommit = b.overcommit or text
         b.context = plan.context
+        b.parallel = plan.parallel
         placed = plan.reason
         if measure:
             alone = any(placement.loads_alone(b, self.devices[d].spec) for d in b.primary)
@@ -289,13 +297,18 @@ class Core:
         reason = f"starting {b.name}: {why}; {placed}"
         out.append(
             StartBackend(
-                backend=b.name, gpus=plan.gpus, measure=measure, context=plan.context, reason=reason
+                backend=b.name,
+                gpus=plan.gpus,
+                measure=measure,
+                context=plan.context,
+                parallel=plan.parallel,
+                reason=reason,
             )
         )
 
 
 def _need(b: Backend, gpus: tuple[str, ...], margin: float) -> dict[str, int]:
     """The reservation on each device of a placement on ``gpus`` (0s while
-    unmeasured), at its required context if it has a range."""
-    context = resources.context_of(b.spec.context, b.profile, gpus)
-    return resources.need_at(b.profile, gpus, margin, context)
+    unmeasured), at its required context and slot count where it has ranges."""
+    context, parallel = resources.required(b.spec, b.profile, gpus)
+    return resources.need_at(b.profile, gpus, margin, context, parallel)

@@ -58,6 +58,7 @@ class BackendView:
     reason: str
     queued: int = 0
     context: int | None = None
+    parallel: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,7 +147,7 @@ def waiting_reason(
             )
         if b.free_slots() <= 0:
             return before + reasons.waiting_for_slot(
-                b.name, len(b.running), b.spec.slots, estimates.service_est(b, config)
+                b.name, len(b.running), b.slots, estimates.service_est(b, config)
             )
         return before + f"about to be dispatched to {b.name}"
     if b.state is BackendState.STARTING:
@@ -193,7 +194,7 @@ def queued_view(
     """One waiting request; ``costs`` caches start costs per backend for one view."""
     if b.name not in costs:
         costs[b.name] = start_cost(b, now)
-    est = now + costs[b.name] + ahead * estimates.service_est(b, config) / b.spec.slots
+    est = now + costs[b.name] + ahead * estimates.service_est(b, config) / b.slots
     return QueuedView(
         request_id=req.id,
         backend=req.backend,
@@ -232,7 +233,7 @@ def backend_view(b: Backend, profile: Profile | None) -> BackendView:
         state=b.state.value,
         gpus=b.gpus if b.state in OCCUPYING else (),
         inflight=len(b.running),
-        slots=b.spec.slots,
+        slots=b.slots,
         served=b.served,
         loaded_at=b.ready_at if b.state in LOADED else None,
         pinned=b.pinned,
@@ -241,6 +242,7 @@ def backend_view(b: Backend, profile: Profile | None) -> BackendView:
         reason=_reason(b, bool(waiting)),
         queued=b.queue.size,
         context=b.context if b.state in OCCUPYING else None,
+        parallel=b.parallel if b.state in OCCUPYING else None,
     )
 
 
