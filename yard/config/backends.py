@@ -27,7 +27,7 @@ from yard.config.reading import (
     _url_path,
 )
 from yard.config.server import ServerConfig
-from yard.core.spec import HOST
+from yard.core.spec import HOST, MAX_INSTANCES, instance_name
 
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 """Start-up timeout of a backend whose load time was never measured."""
@@ -75,6 +75,13 @@ class BackendConfig:
     context: the context sizes it may start with (min, max), given to its
         command as ``{context}``; each start gets the largest that fits
         (:mod:`yard.core.resources`). None: no range.
+    instances: how many processes of it yard may run at once (``instances =
+        N``, 1 to :data:`~yard.core.spec.MAX_INSTANCES`). The table's backend is
+        the first; :class:`~yard.config.Config` holds the others too, as
+        ``NAME@2`` ... ``NAME@N`` with ``instance_of`` set: each starts with its
+        own ``{port}`` and its own GPUs, and the core routes the model's requests
+        among them (:mod:`yard.core.instances`).
+    instance_of: on ``NAME@K``, ``NAME`` (None on the first).
     """
 
     name: str
@@ -95,6 +102,8 @@ class BackendConfig:
     stop_grace_s: float = 10.0
     fill_context: FillContext = "auto"
     context: tuple[int, int] | None = None
+    instances: int = 1
+    instance_of: str | None = None
     path_templates: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """``cwd`` / ``model_file`` as written in the file (before placeholders)."""
 
@@ -149,6 +158,7 @@ BACKEND_KEYS = (
     "model_file",
     "stop_grace_s",
     "context",
+    "instances",
 )
 
 WARMUP_KEYS = ("method", "path", "json", "fill_context")
@@ -229,6 +239,12 @@ def _backends(
         backend = _backend(r, name, key, table, server)
         if backend is None:
             continue
+        backends[name] = backend
+        # The further instances come right after the first (Config.models()
+        # and backend_for_model() name the first only).
+        for k in range(2, backend.instances + 1):
+            other = instance_name(name, k)
+            backends[other] = dataclasses.replace(backend, name=other, instance_of=name)
         for model in backend.models:
             if model in owner_of_model:
                 r.error(
@@ -238,7 +254,6 @@ def _backends(
                 )
             else:
                 owner_of_model[model] = name
-        backends[name] = backend
     return backends
 
 
@@ -370,6 +385,14 @@ def _backend(
     if slots < 1:
         r.error(f"{key}.slots", f"must be at least 1, got {slots}")
         slots = 1
+    instances = r.get(table, key, "instances", int, 1)
+    if not 1 <= instances <= MAX_INSTANCES:
+        r.error(
+            f"{key}.instances",
+            f"must be between 1 and {MAX_INSTANCES} (processes of this backend yard may "
+            f"run at once), got {instances}",
+        )
+        instances = 1
     if not ok:
         return None
     return BackendConfig(
@@ -388,6 +411,7 @@ def _backend(
         api=api,  # type: ignore[arg-type]
         warmup=warmup,
         context=context,
+        instances=instances,
         model_file=model_file,
         path_templates={
             key: text for key, text in (("cwd", cwd_text), ("model_file", model_file_text)) if text

@@ -46,7 +46,8 @@ class Config:
         return self.path.parent
 
     def backend_for_model(self, model: str) -> BackendConfig | None:
-        """The openai-style backend serving ``model``, or None."""
+        """The openai-style backend serving ``model``, or None (its first
+        instance, where it has several: the core routes among them)."""
         for backend in self.backends.values():
             if model in backend.models:
                 return backend
@@ -76,8 +77,14 @@ class Config:
         return found
 
     def models(self) -> list[tuple[str, str]]:
-        """Every (model, backend name), in file order."""
-        return [(model, b.name) for b in self.backends.values() for model in b.models]
+        """Every (model, backend name), in file order; a backend with several
+        instances once, by its first."""
+        return [
+            (model, b.name)
+            for b in self.backends.values()
+            if b.instance_of is None
+            for model in b.models
+        ]
 
     def backend_specs(self) -> list[BackendSpec]:
         """The backends as the core sees them."""
@@ -90,6 +97,8 @@ class Config:
                 idle_ttl_s=b.idle_ttl_s,
                 pinned=b.pinned,
                 context=b.context,
+                instances=b.instances,
+                instance_of=b.instance_of,
             )
             for b in self.backends.values()
         ]

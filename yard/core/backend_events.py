@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from yard.core import failures, reasons, resources, windows
+from yard.core import failures, instances, reasons, resources, windows
 from yard.core.decisions import Decision, Flag, ProfileRaised
 from yard.core.events import (
     AdminForgetProfile,
@@ -119,6 +119,7 @@ def raise_profile(core: Core, b: Backend, why: str, out: list[Decision]) -> None
         return
     b.profile = new
     core.forget_fit(b)
+    instances.share_profile(core, b)
     core.room_version += 1
     before = (old.gpu_bytes, old.host_bytes)
     after = (new.gpu_bytes, new.host_bytes)
@@ -160,6 +161,7 @@ def profile(core: Core, ev: ProfileMeasured, out: list[Decision]) -> None:
     if b.state in OCCUPYING and b.devices:
         b.reserved = core.need_running(b)
         b.measuring = False
+    instances.share_profile(core, b)
     reject_if_unfit(core, b, out)
 
 
@@ -230,6 +232,7 @@ def raise_to_live(
     b.profile = resources.learn(old, point)
     b.reserved = core.need_running(b)
     b.measuring = False
+    instances.share_profile(core, b)
     core.room_version += 1
     reject_if_unfit(core, b, out)
     windows.profile_changed(core, b.name, now)
@@ -290,6 +293,7 @@ def forget(core: Core, ev: AdminForgetProfile) -> None:
         b.profile = None
         b.profile_has_load = False
         core.forget_fit(b)
+        instances.share_profile(core, b)
 
 
 def admin_pin(core: Core, ev: AdminPin, out: list[Decision]) -> None:

@@ -7,7 +7,7 @@ decisions to ``out``. The pass that follows every event dispatches and plans.
 
 from __future__ import annotations
 
-from yard.core import estimates, reasons, windows
+from yard.core import estimates, instances, reasons, windows
 from yard.core.decisions import Decision, Flag, Reject
 from yard.core.events import RequestArrived, RequestCancelled, RequestFinished
 from yard.core.lifecycle import BackendState
@@ -64,10 +64,14 @@ def arrived(core: Core, ev: RequestArrived, now: float, out: list[Decision]) -> 
 
 def enter(core: Core, ev: RequestArrived, now: float, out: list[Decision]) -> None:
     """Enter an admitted request into its backend's queue (at its arrival, or
-    when its not-before comes): its start-by is checked and timed from now."""
+    when its not-before comes): its start-by is checked and timed from now. A
+    request for a backend with several instances is bound to one of them here
+    (:func:`yard.core.instances.route`)."""
     c = core.config
     rid = ev.request_id
     b = core.backends[ev.backend]
+    if b.spec.instances > 1 and b.spec.instance_of is None:
+        b = instances.route(core, b, rid, now, out)
     arrived = now if ev.arrived_at is None else min(ev.arrived_at, now)
     if ev.not_before is not None:
         # Aging counts from the window's opening (docs/wait-bound.md).

@@ -1,0 +1,217 @@
+"""Several instances of one backend: which one a request goes to, and what they share.
+
+A backend with ``instances = N`` is N backends to the rest of the core (the first
+with the configured name, the others ``NAME@2`` ... ``NAME@N``, see
+:func:`yard.core.spec.instance_name`): each has its own lifecycle, queue, slots and
+placement, so planning, dispatch, eviction and the views need nothing new. What is
+new lives here.
+
+Rules it keeps
+--------------
+
+- **Routing at entry.** A request that names the first instance is bound, when it
+  enters the queue (at its arrival, or when its not-before comes), to the ONE
+  instance where it is expected to start soonest (:func:`expected_wait`):
+  loaded with a free slot (0) before loaded and busy (the requests to serve
+  before it, times the service time, over the slots) before loading (the rest of
+  its load, then its queue) before not loaded (:meth:`Core.start_cost`: its load
+  time, plus the time to make room, then its queue). Ties go to the
+  lower-numbered instance. So a further instance gets requests, and the planner
+  loads it for them, only when the ones loaded are busy for longer than a load
+  takes. A request that names a further instance (``/backends/NAME@2/...``) is
+  bound to it as it is.
+- **Who may take one.** A further instance never takes the first load of a
+  backend (it waits for the first's measured profile, which all share), nor a
+  request while it is draining or stopping, nor one while it cannot fit beside
+  the instances already holding memory (so that one instance never makes room by
+  evicting another: on a GPU that holds one copy, the second copy is not an
+  option). The first instance always may: with no other option it takes the
+  request, as a backend without instances would.
+- **Early binding.** A request stays on the instance it was bound to: one bound
+  to a loading second instance does not move back if the first frees up
+  meanwhile (it starts once the second is ready, at most its load time later).
+  A requeue after a self-caused out-of-memory keeps its instance, as it keeps
+  its place.
+- **One profile.** The instances run the same command on the same model: a
+  profile measured, raised or forgotten for one is the profile of all
+  (:func:`share_profile`).
+
+A request that will wait where it is bound gets a ``Flag`` naming the instance
+chosen, what each option was expected to cost and why any other instance was not
+one (a request that starts at once on the first instance gets none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from yard.core import reasons
+from yard.core.decisions import Decision, Flag
+from yard.core.lifecycle import OCCUPYING, BackendState
+from yard.core.records import Backend
+from yard.core.spec import instance_name
+from yard.core.state import Core
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Option:
+    """One instance a request could be bound to.
+
+    name: the instance. wait_s: expected seconds until the request could start
+    there (:func:`expected_wait`). how: why, for people.
+    """
+
+    name: str
+    wait_s: float
+    how: str
+
+
+def expected_wait(
+    *, load_left_s: float, slots: int, running: int, queued: int, service_s: float
+) -> float:
+    """Expected seconds until a new request could start on one instance.
+
+    load_left_s: 0 for a loaded instance; the rest of its load for one loading;
+        the whole start (load, plus making room) for one not loaded.
+    slots, running, queued: its slots, the requests it serves, those waiting for it.
+    service_s: the mean seconds one request holds a slot.
+
+    Requests ahead of the new one must first start (it goes to the back of the
+    instance's queue as far as this estimate is concerned): ``queued + running -
+    slots + 1`` of them must end before a slot is its, each ``service_s`` over
+    ``slots`` slots; none when a slot is free for it.
+    """
+    backlog = max(0, queued + running - slots + 1)
+    return load_left_s + backlog * service_s / max(1, slots)
+
+
+def choose(options: Sequence[Option]) -> Option:
+    """The option with the least expected wait; on a tie the first listed (the
+    lower-numbered instance). ``options`` must not be empty."""
+    best = options[0]
+    for option in options[1:]:
+        if option.wait_s < best.wait_s:
+            best = option
+    return best
+
+
+def members(core: Core, b: Backend) -> list[Backend]:
+    """Every instance of ``b``'s backend, the first first (``[b]`` for a backend
+    with one instance)."""
+    first = b.spec.instance_of or b.name
+    names = (instance_name(first, k) for k in range(1, b.spec.instances + 1))
+    return [core.backends[n] for n in names if n in core.backends]
+
+
+def route(core: Core, first: Backend, rid: str, now: float, out: list[Decision]) -> Backend:
+    """The instance of ``first`` (a backend with several) that request ``rid``
+    is bound to, by the rules above; a ``Flag`` says why when there was a choice."""
+    group = members(core, first)
+    service = _service_s(core, group)
+    options: list[Option] = []
+    skipped: list[str] = []
+    for b in group:
+        option, why = _option(core, b, group, service, now)
+        if option is not None:
+            options.append(option)
+        elif why:
+            skipped.append(f"{b.name} {why}")
+    if not options:
+        return first
+    chosen = choose(options)
+    if (len(options) > 1 or skipped) and (chosen.name != first.name or chosen.wait_s > 0):
+        listed = "; ".join(f"{o.name} {o.how}" for o in options)
+        if skipped:
+            listed += "; not " + "; not ".join(skipped)
+        reason = (
+            f"{rid}: bound to {chosen.name}, the instance of {first.name} where it should "
+            f"start soonest ({listed})"
+        )
+        out.append(Flag(request_id=rid, backend=chosen.name, reason=reason))
+    return core.backends[chosen.name]
+
+
+def _service_s(core: Core, group: Sequence[Backend]) -> float:
+    """The mean service time of the group: an instance's own is the others' too
+    (same server, same model), so a fresh instance uses its siblings'."""
+    for b in group:
+        if b.service_ewma is not None:
+            return b.service_ewma
+    return core.config.default_service_s
+
+
+def _option(
+    core: Core, b: Backend, group: Sequence[Backend], service: float, now: float
+) -> tuple[Option | None, str]:
+    """``b`` as an option (None, and why not, if it may not take the request)."""
+    slots = b.free_slots() + len(b.running)
+    queued = b.queue.size
+    further = b is not group[0]
+    if b.state is BackendState.READY:
+        left = 0.0
+        wait = expected_wait(
+            load_left_s=0.0, slots=slots, running=len(b.running), queued=queued, service_s=service
+        )
+        how = f"ready, {len(b.running)} of {slots} slots busy, {queued} waiting"
+    elif b.state is BackendState.STARTING:
+        assert b.started_at is not None
+        left = max(0.0, b.started_at + core.load_s(b) - now)
+        how = f"loading, {reasons.secs(left)} left, {queued} waiting"
+        wait = expected_wait(
+            load_left_s=left, slots=slots, running=0, queued=queued, service_s=service
+        )
+    elif b.state in OCCUPYING:
+        return None, f"({b.state.value})"
+    else:
+        if further and b.profile is None:
+            return None, "(no profile yet: the first instance's first load measures it)"
+        if further and not _fits_beside(core, b, group):
+            return None, "(does not fit beside the instances loaded)"
+        left = core.start_cost(b, now)[0]
+        how = f"not loaded, starts in about {reasons.secs(left)}, {queued} waiting"
+        wait = expected_wait(
+            load_left_s=left, slots=slots, running=0, queued=queued, service_s=service
+        )
+    if wait > left:
+        how += f" (about {reasons.secs(wait)} until a slot)"
+    return Option(name=b.name, wait_s=wait, how=how), ""
+
+
+def _fits_beside(core: Core, b: Backend, group: Sequence[Backend]) -> bool:
+    """Whether some placement of ``b`` fits next to the other instances holding
+    memory (and foreign use), whatever else would have to make room."""
+    for _gpus, need in core.options(b):
+        fits = True
+        for device, amount in need.items():
+            dev = core.devices.get(device)
+            if dev is None:
+                fits = False
+                break
+            held = sum(
+                o.held(device)
+                for o in group
+                if o is not b and o.state in OCCUPYING and device in o.devices
+            )
+            if amount + held + dev.foreign > dev.spec.usable_bytes:
+                fits = False
+                break
+        if fits:
+            return True
+    return False
+
+
+def share_profile(core: Core, b: Backend) -> None:
+    """``b``'s profile changed (measured, raised, forgotten): it is every other
+    instance's profile too; those holding memory reserve by it."""
+    for o in members(core, b):
+        if o is b:
+            continue
+        o.profile = b.profile
+        o.profile_has_load = b.profile_has_load
+        core.forget_fit(o)
+        core.touched.add(o.name)
+        if o.profile is not None and o.state in OCCUPYING and o.devices:
+            o.reserved = core.need_running(o)
+            o.measuring = False
+            core.touched_devices.update(o.devices)
