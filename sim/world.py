@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import trio
 
-from yard.core.spec import HOST, BackendSpec, DeviceSpec, Profile
+from yard.core.spec import HOST, BackendSpec, DeviceSpec, Profile, instance_name
 from yard.ports import BackendStartError, DeviceReading, ExitStatus
 
 GiB = 1 << 30
@@ -44,6 +44,8 @@ class ModelSpec:
         warm-up request exercising the longest context), then released.
     growth_bytes: allocated on each GPU when the first request is served (caches,
         fragmentation), and kept.
+    instances, instance_of: as :class:`~yard.core.spec.BackendSpec`'s; a scenario
+        lists every instance (:func:`with_instances`), each a process of its own.
     """
 
     name: str
@@ -58,6 +60,8 @@ class ModelSpec:
     gpu_count: int = 1
     idle_ttl_s: float | None = None
     pinned: bool = False
+    instances: int = 1
+    instance_of: str | None = None
 
     def backend_spec(self) -> BackendSpec:
         return BackendSpec(
@@ -67,12 +71,28 @@ class ModelSpec:
             slots=self.slots,
             idle_ttl_s=self.idle_ttl_s,
             pinned=self.pinned,
+            instances=self.instances,
+            instance_of=self.instance_of,
         )
 
     @property
     def peak_gpu_bytes(self) -> int:
         """The most it ever holds on one GPU (after growth or during warm-up)."""
         return self.gpu_bytes + max(self.warmup_extra_bytes, self.growth_bytes)
+
+
+def with_instances(model: ModelSpec, count: int) -> tuple[ModelSpec, ...]:
+    """``model`` as ``count`` instances (``NAME``, ``NAME@2``, ...), as the
+    configuration expands ``instances = count``: the same server, each instance a
+    process of its own with the same size, load time and slots."""
+    first = replace(model, instances=count, instance_of=None)
+    return (
+        first,
+        *(
+            replace(first, name=instance_name(model.name, k), instance_of=model.name)
+            for k in range(2, count + 1)
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -432,6 +452,7 @@ class SimWorld:
         *,
         measure: bool = False,
         context: int | None = None,
+        parallel: int | None = None,
     ) -> SimProcess:
         await trio.lowlevel.checkpoint()
         model = self.models.get(backend)

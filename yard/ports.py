@@ -87,6 +87,7 @@ class Launcher(Protocol):
         *,
         measure: bool = False,
         context: int | None = None,
+        parallel: int | None = None,
     ) -> BackendProcess:
         """Start ``backend`` placed on ``gpus`` and return at once (not ready yet).
 
@@ -96,7 +97,9 @@ class Launcher(Protocol):
         supervisor fills a llama-server slot's context). Launchers with nothing
         to do for it ignore it. ``context``: the context size the core chose
         for a backend with a context range (its ``{context}`` placeholder);
-        None for the others.
+        None for the others. ``parallel``: likewise the slot count chosen
+        within a parallel range (``{parallel}``, and ``{total_context}`` =
+        context x parallel).
 
         Raises :class:`BackendStartError` if it cannot even be spawned.
         """

@@ -347,10 +347,14 @@ class LoggingLauncher:
         *,
         measure: bool = False,
         context: int | None = None,
+        parallel: int | None = None,
     ) -> BackendProcess:
-        """Launch through the wrapped launcher, ``measure`` and ``context`` passed on."""
+        """Launch through the wrapped launcher, ``measure``, ``context`` and
+        ``parallel`` passed on."""
         try:
-            process = await self._launcher.launch(backend, gpus, measure=measure, context=context)
+            process = await self._launcher.launch(
+                backend, gpus, measure=measure, context=context, parallel=parallel
+            )
         except BackendStartError as exc:
             log.warning("%s could not be started: %s", backend, exc.detail)
             raise

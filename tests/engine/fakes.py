@@ -164,6 +164,8 @@ class FakeLauncher:
         self.refuse: set[str] = set()
         # The ``measure`` flag of each launch, in order.
         self.measured: list[bool] = []
+        # The (context, parallel) each launch was given, in order.
+        self.settings: list[tuple[int | None, int | None]] = []
 
     async def launch(
         self,
@@ -172,12 +174,14 @@ class FakeLauncher:
         *,
         measure: bool = False,
         context: int | None = None,
+        parallel: int | None = None,
     ) -> FakeProcess:
         await trio.lowlevel.checkpoint()
         if backend in self.refuse:
             raise BackendStartError(f"{backend}: no such executable")
         self.launched.append((trio.current_time(), backend, gpus))
         self.measured.append(measure)
+        self.settings.append((context, parallel))
         process = FakeProcess(
             backend, gpus, self.scripts.get(backend, Script()), pid=1000 + len(self.processes)
         )

@@ -740,6 +740,7 @@ async def test_a_launcher_that_raises_fails_the_start_not_the_engine(
             *,
             measure: bool = False,
             context: int | None = None,
+            parallel: int | None = None,
         ) -> FakeProcess:
             await trio.lowlevel.checkpoint()
             raise OSError(24, "Too many open files")

@@ -107,6 +107,7 @@ class _Launcher:
         *,
         measure: bool = False,
         context: int | None = None,
+        parallel: int | None = None,
     ) -> _Process:
         self.measured.append(measure)
         if backend not in self.processes:

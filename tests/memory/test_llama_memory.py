@@ -82,6 +82,7 @@ class Recorder:
         *,
         measure: bool = False,
         context: int | None = None,
+        parallel: int | None = None,
     ) -> BackendProcess:
         self.process = await self.supervisor.launch(backend, gpus)
         return self.process

@@ -67,6 +67,7 @@ class FakeLauncher:
         *,
         measure: bool = False,
         context: int | None = None,
+        parallel: int | None = None,
     ) -> FakeProcess:
         self.launched.append((backend, gpus))
         return self.process

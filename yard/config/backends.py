@@ -75,6 +75,11 @@ class BackendConfig:
     context: the context sizes it may start with (min, max), given to its
         command as ``{context}``; each start gets the largest that fits
         (:mod:`yard.core.resources`). None: no range.
+    parallel: the slot counts it may start with (min, max), given to its
+        command as ``{parallel}`` (and ``{total_context}``, context x slots);
+        each start gets the most that fit once its context is at its maximum,
+        and ``slots`` is then the range's minimum (the estimate before a start).
+        None: no range.
     instances: how many processes of it yard may run at once (``instances =
         N``, 1 to :data:`~yard.core.spec.MAX_INSTANCES`). The table's backend is
         the first; :class:`~yard.config.Config` holds the others too, as
@@ -102,6 +107,7 @@ class BackendConfig:
     stop_grace_s: float = 10.0
     fill_context: FillContext = "auto"
     context: tuple[int, int] | None = None
+    parallel: tuple[int, int] | None = None
     instances: int = 1
     instance_of: str | None = None
     path_templates: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
@@ -158,6 +164,7 @@ BACKEND_KEYS = (
     "model_file",
     "stop_grace_s",
     "context",
+    "parallel",
     "instances",
 )
 
@@ -173,7 +180,9 @@ def _context(
 ) -> tuple[int, int] | None:
     """``context = { min = 4096, max = 32768 }``: a range the core chooses
     from at each start, which the command must use as ``{context}``."""
-    uses = any("{context}" in text for text in (*command, *env.values()))
+    # {total_context} (context x parallel slots) uses the context too.
+    names = ("{context}", "{total_context}")
+    uses = any(n in text for text in (*command, *env.values()) for n in names)
     if "context" not in table:
         if uses:
             r.error(
@@ -201,6 +210,68 @@ def _context(
             f"{key}.context",
             "is set but the command never uses {context}; pass it to the server, "
             'e.g. "-c", "{context}" for llama-server',
+        )
+        return None
+    return (low, high)
+
+
+def _parallel(
+    r: _Reader,
+    table: dict[str, Any],
+    key: str,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    context: tuple[int, int] | None,
+) -> tuple[int, int] | None:
+    """``parallel = { min = 1, max = 8 }``: a slot-count range the core chooses
+    from at each start (after the context), which the command must use as
+    ``{parallel}``. It replaces ``slots`` (both is an error naming both); a
+    ``{total_context}`` (context x slots, llama-server's ``-c`` when each slot
+    gets ``{context}``) needs both ranges."""
+    texts = (*command, *env.values())
+    uses = any("{parallel}" in text for text in texts)
+    total = any("{total_context}" in text for text in texts)
+    if total and (context is None or "parallel" not in table):
+        r.error(
+            f"{key}.command",
+            "uses {total_context} (context x parallel slots) but the backend lacks a "
+            "context or a parallel range; add both, e.g. context = { min = 4096, max = 16384 } "
+            "and parallel = { min = 1, max = 4 }",
+        )
+    if "parallel" not in table:
+        if uses:
+            r.error(
+                f"{key}.command",
+                "uses {parallel} but the backend has no parallel range; add e.g. "
+                "parallel = { min = 1, max = 4 }",
+            )
+        return None
+    if "slots" in table:
+        r.error(
+            f"{key}.slots",
+            "and parallel are both set: with a parallel range each start serves as many "
+            "requests at once as the slots it got; remove slots",
+        )
+        return None
+    span = table["parallel"]
+    if not isinstance(span, dict) or set(span) != {"min", "max"}:
+        r.error(
+            f"{key}.parallel",
+            f"must be a table {{ min = N, max = M }} of slot counts, got {span!r}",
+        )
+        return None
+    low, high = span["min"], span["max"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
+        r.error(f"{key}.parallel", f"min and max must be whole slot counts, got {span!r}")
+        return None
+    if not 1 <= low <= high:
+        r.error(f"{key}.parallel", f"needs 1 <= min <= max, got min = {low}, max = {high}")
+        return None
+    if not uses and not total:
+        r.error(
+            f"{key}.parallel",
+            "is set but the command never uses {parallel}; pass it to the server, "
+            'e.g. "-np", "{parallel}" for llama-server',
         )
         return None
     return (low, high)
@@ -380,11 +451,14 @@ def _backend(
             )
 
     context = _context(r, table, key, command, env)
+    parallel = _parallel(r, table, key, command, env, context)
 
     slots = r.get(table, key, "slots", int, 1)
     if slots < 1:
         r.error(f"{key}.slots", f"must be at least 1, got {slots}")
         slots = 1
+    if parallel is not None:
+        slots = parallel[0]
     instances = r.get(table, key, "instances", int, 1)
     if not 1 <= instances <= MAX_INSTANCES:
         r.error(
@@ -411,6 +485,7 @@ def _backend(
         api=api,  # type: ignore[arg-type]
         warmup=warmup,
         context=context,
+        parallel=parallel,
         instances=instances,
         model_file=model_file,
         path_templates={

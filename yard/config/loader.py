@@ -97,6 +97,7 @@ class Config:
                 idle_ttl_s=b.idle_ttl_s,
                 pinned=b.pinned,
                 context=b.context,
+                parallel=b.parallel,
                 instances=b.instances,
                 instance_of=b.instance_of,
             )

@@ -23,6 +23,8 @@ PLACEHOLDERS: Mapping[str, str] = {
     "config_dir": "the directory of the configuration file, absolute",
     "python": "the Python interpreter running yard (to start Python backends)",
     "context": "the context size chosen for this start, within the backend's context range",
+    "parallel": "the slot count chosen for this start, within the backend's parallel range",
+    "total_context": "context x parallel (llama-server's -c when each -np slot gets {context})",
 }
 """Placeholders allowed in ``command`` and ``env`` values, with their meaning."""
 

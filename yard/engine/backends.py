@@ -80,7 +80,9 @@ class Backends:
             log.error("core started %s, which is already running; ignored", decision.backend)
             return False
         assert nursery is not None
-        record = BackendRecord(decision.backend, decision.gpus, decision.measure, decision.context)
+        record = BackendRecord(
+            decision.backend, decision.gpus, decision.measure, decision.context, decision.parallel
+        )
         self.records[decision.backend] = record
         nursery.start_soon(self._run, record)
         return True
@@ -105,7 +107,11 @@ class Backends:
         record.launched_at = trio.current_time()
         try:
             process = await self._launcher.launch(
-                name, record.gpus, measure=record.measure, context=record.context
+                name,
+                record.gpus,
+                measure=record.measure,
+                context=record.context,
+                parallel=record.parallel,
             )
         except BackendStartError as exc:
             self.records.pop(name, None)

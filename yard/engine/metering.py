@@ -104,6 +104,7 @@ class Metering:
             host_bytes=record.peaks.get(HOST, 0),
             load_s=load_s,
             context=record.context,
+            parallel=record.parallel,
         )
         record.measure = False
         self._send_event(
@@ -114,6 +115,7 @@ class Metering:
                 load_s=profile.load_s,
                 source="measured",
                 context=profile.context,
+                parallel=profile.parallel,
             )
         )
         return profile
@@ -152,6 +154,9 @@ class Metering:
                         context=profile.context,
                         gpu_per_token=profile.gpu_per_token,
                         host_per_token=profile.host_per_token,
+                        parallel=profile.parallel,
+                        gpu_per_slot=profile.gpu_per_slot,
+                        host_per_slot=profile.host_per_slot,
                     )
                 )
 

@@ -96,6 +96,7 @@ class BackendRecord:
         "launched_at",
         "measure",
         "name",
+        "parallel",
         "peaks",
         "process",
         "ready",
@@ -104,13 +105,19 @@ class BackendRecord:
     )
 
     def __init__(
-        self, name: str, gpus: tuple[str, ...], measure: bool, context: int | None = None
+        self,
+        name: str,
+        gpus: tuple[str, ...],
+        measure: bool,
+        context: int | None = None,
+        parallel: int | None = None,
     ) -> None:
         self.name = name
         self.gpus = gpus
         self.measure = measure
-        # The context size the core chose (a backend with a context range).
+        # The context size and slot count the core chose (optional resources).
         self.context = context
+        self.parallel = parallel
         self.process: BackendProcess | None = None
         self.stop_requested = False
         self.ready = False

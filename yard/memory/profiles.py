@@ -82,6 +82,17 @@ PROFILE_MIGRATIONS: Sequence[Migration] = (
         ALTER TABLE profile_history ADD COLUMN host_per_token REAL;
         """,
     ),
+    (
+        "profiles/3 parallel",
+        """
+        ALTER TABLE profiles ADD COLUMN parallel INTEGER;
+        ALTER TABLE profiles ADD COLUMN gpu_per_slot REAL;
+        ALTER TABLE profiles ADD COLUMN host_per_slot REAL;
+        ALTER TABLE profile_history ADD COLUMN parallel INTEGER;
+        ALTER TABLE profile_history ADD COLUMN gpu_per_slot REAL;
+        ALTER TABLE profile_history ADD COLUMN host_per_slot REAL;
+        """,
+    ),
 )
 """The profile store's tables (``data_dir/profiles.sqlite``)."""
 
@@ -242,14 +253,14 @@ class StoredProfile:
 
 _MEASURED = (
     "gpu_bytes, host_bytes, load_s, steady_gpu_bytes, steady_host_bytes, source, measured_at, "
-    "context, gpu_per_token, host_per_token"
+    "context, gpu_per_token, host_per_token, parallel, gpu_per_slot, host_per_slot"
 )
 _COLUMNS = "key, backend, parts, " + _MEASURED
 
 
 def _row(row: tuple[object, ...]) -> StoredProfile:
     key, backend, parts, gpu, host, load_s, steady_gpu, steady_host, source, at = row[:10]
-    context, gpu_per_token, host_per_token = row[10:]
+    context, gpu_per_token, host_per_token, parallel, gpu_per_slot, host_per_slot = row[10:]
     return StoredProfile(
         backend=str(backend),
         key=str(key),
@@ -260,6 +271,9 @@ def _row(row: tuple[object, ...]) -> StoredProfile:
             context=None if context is None else int(str(context)),
             gpu_per_token=None if gpu_per_token is None else float(str(gpu_per_token)),
             host_per_token=None if host_per_token is None else float(str(host_per_token)),
+            parallel=None if parallel is None else int(str(parallel)),
+            gpu_per_slot=None if gpu_per_slot is None else float(str(gpu_per_slot)),
+            host_per_slot=None if host_per_slot is None else float(str(host_per_slot)),
         ),
         steady_gpu_bytes=None if steady_gpu is None else int(str(steady_gpu)),
         steady_host_bytes=None if steady_host is None else int(str(steady_host)),
@@ -425,6 +439,9 @@ class SqliteProfileStore(ProfileLookups):
             profile.context,
             profile.gpu_per_token,
             profile.host_per_token,
+            profile.parallel,
+            profile.gpu_per_slot,
+            profile.host_per_slot,
         )
 
         def write(conn: sqlite3.Connection) -> None:

@@ -169,9 +169,10 @@ class Supervisor:
         port: int,
         gpus: tuple[str, ...],
         context: int | None = None,
+        parallel: int | None = None,
     ) -> list[str]:
         """The backend's argv with every placeholder filled in."""
-        values = self._placeholders(backend, port, gpus, context)
+        values = self._placeholders(backend, port, gpus, context, parallel)
         return [arg.format_map(values) for arg in backend.command]
 
     def _placeholders(
@@ -180,10 +181,14 @@ class Supervisor:
         port: int,
         gpus: tuple[str, ...],
         context: int | None = None,
+        parallel: int | None = None,
     ) -> dict[str, str]:
+        total = "" if context is None or parallel is None else str(context * parallel)
         return {
-            # The core's choice within the backend's context range.
+            # The core's choices within the backend's context and parallel ranges.
             "context": "" if context is None else str(context),
+            "parallel": "" if parallel is None else str(parallel),
+            "total_context": total,
             "port": str(port),
             "host": LOOPBACK,
             "model": backend.models[0] if backend.models else backend.name,
@@ -201,13 +206,16 @@ class Supervisor:
         *,
         measure: bool = False,
         context: int | None = None,
+        parallel: int | None = None,
     ) -> ManagedProcess:
         """Start ``backend`` placed on ``gpus`` and return at once (not ready
         yet; see :meth:`ManagedProcess.wait_ready`). ``measure``: this is a
         measured first load; a llama-server backend then gets its context
         filled before it is ready (:func:`fills_context`). ``context``: the
         context size chosen for a backend with a context range, its
-        ``{context}`` placeholder.
+        ``{context}`` placeholder; ``parallel``: the slot count chosen within a
+        parallel range, its ``{parallel}`` (and ``{total_context}``, context x
+        parallel).
 
         Raises :class:`BackendStartError` if it is unknown, still running, or
         cannot be spawned (command not found, not executable, bad cwd).
@@ -223,7 +231,7 @@ class Supervisor:
         if previous is not None and previous.exit_status is None:
             raise BackendStartError(f"{backend} is already running (pid {previous.pid})")
         port = free_port()
-        values = self._placeholders(config, port, gpus, context)
+        values = self._placeholders(config, port, gpus, context, parallel)
         argv = [arg.format_map(values) for arg in config.command]
         env = dict(os.environ)
         # CUDA numbers GPUs fastest first by default, NVML (and so gpuN) by
