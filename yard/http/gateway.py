@@ -41,6 +41,7 @@ import trio
 
 from yard.admission import Assignment, ResponseCut, UpstreamLost, run_turn
 from yard.cluster.forward import Forwarder, Target, trusted_arrival
+from yard.core.spec import instance_name
 from yard.engine import Rejected
 from yard.http.errors import ApiError, error_body, error_headers
 from yard.http.intake import (
@@ -559,17 +560,23 @@ class Gateway:
             if not app.may_use(model):
                 continue
             view = states.get(backend)
-            entries.append(
-                {
-                    "id": model,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "yard",
-                    "backend": backend,
-                    "state": view.state if view is not None else "stopped",
-                    "context": view.context if view is not None else None,
-                }
-            )
+            entry: dict[str, object] = {
+                "id": model,
+                "object": "model",
+                "created": created,
+                "owned_by": "yard",
+                "backend": backend,
+                "state": view.state if view is not None else "stopped",
+                "context": view.context if view is not None else None,
+            }
+            count = config.backends[backend].instances
+            if count > 1:
+                # Listed once; ready when any of its instances is.
+                names = [instance_name(backend, k) for k in range(1, count + 1)]
+                entry["instances"] = names
+                if any(n in states and states[n].state == "ready" for n in names):
+                    entry["state"] = "ready"
+            entries.append(entry)
         path: str = scope["path"]
         payload: object
         if path == "/v1/models":

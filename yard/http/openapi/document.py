@@ -50,6 +50,13 @@ SCHEMAS: dict[str, Schema] = {
                 "description": "The context size the running backend was started with, "
                 "chosen within its configured context range (null: not running, or no range).",
             },
+            "instances": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Only for a backend with several instances (`instances = N`): "
+                "their names, the first first (`news-llm`, `news-llm@2`, ...). `state` is "
+                "then `ready` when any of them is.",
+            },
         },
     },
     "ModelList": list_of("Model"),
