@@ -114,12 +114,16 @@ class DeviceReading:
         available).
     backends: bytes held on this device by each backend's process tree
         (backend name -> bytes).
+    by_delta: the meter could not tell the backends apart here this time
+        (NVML's device-delta fallback): a backend's figure is the device's
+        growth since it appeared, true only for a load measured alone.
     """
 
     device: str
     total_bytes: int
     used_bytes: int
     backends: Mapping[str, int]
+    by_delta: bool = False
 
 
 class Meter(Protocol):

@@ -159,6 +159,8 @@ def _devices(status: Json) -> Table:
     table.add_column("details")
     for device in status.get("devices", []):
         name = device["name"] + (" (exclusive)" if device.get("exclusive") else "")
+        if device.get("kind") == "gpu" and device.get("per_process") is False:
+            name += "\n(device deltas: first loads alone)"
         details = (
             f"live {format_bytes(device.get('live_bytes'))} · "
             f"reserved {format_bytes(device.get('committed_bytes'))} · "
@@ -223,6 +225,8 @@ def _backends(status: Json) -> Table:
         shown = Text(state, style=_STATE_STYLES.get(state, ""))
         if backend.get("context"):
             shown.append(f" context {backend['context']}", style="dim")
+        if backend.get("parallel"):
+            shown.append(f" parallel {backend['parallel']}", style="dim")
         table.add_row(
             name,
             shown,

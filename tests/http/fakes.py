@@ -85,7 +85,8 @@ class FakeEngine:
 
     def snapshot(self, limit: int = 200) -> Any:
         backends = [
-            SimpleNamespace(name=name, state="ready", context=None) for name in self.base_urls
+            SimpleNamespace(name=name, state="ready", context=None, parallel=None)
+            for name in self.base_urls
         ]
         return SimpleNamespace(backends=backends)
 

@@ -172,6 +172,13 @@ def memory(core: Core, ev: MemoryMeasured, now: float, out: list[Decision]) -> N
     dev = core.devices.get(ev.device)
     if dev is None:
         return
+    if ev.by_delta and dev.spec.per_process:
+        # Sticky: a meter that lost per-process figures once may lose them
+        # again, and a first load measured next to others by deltas is wrong.
+        dev.spec = replace(dev.spec, per_process=False)
+        core.touched_devices.add(ev.device)
+        core.room_version += 1
+        out.append(Flag(reason=reasons.fell_back_to_deltas(ev.device)))
     total = 0
     changed = False  # in what planning reads: memory held, foreign use
     above: list[tuple[Backend, int, int]] = []

@@ -201,11 +201,15 @@ class MemoryMeasured(Event):
     used_bytes: everything in use on the device right now.
     backends: bytes held on this device by each yard backend's process tree.
     Foreign use is ``used_bytes - sum(backends.values())``.
+    by_delta: the meter fell back to device deltas here (it cannot tell the
+        backends apart): from then on first loads on the device go alone, as
+        on a device that never had per-process figures.
     """
 
     device: str
     used_bytes: int
     backends: tuple[tuple[str, int], ...] = ()
+    by_delta: bool = False
 
 
 # -- admin and time ---------------------------------------------------------

@@ -173,6 +173,13 @@ def context_chosen(context: int, span: tuple[int, int]) -> str:
     return f"context {context} (of {low}-{high}): the largest that fits next to the others"
 
 
+def fell_back_to_deltas(device: str) -> str:
+    return (
+        f"{device}: the meter fell back to device deltas (it cannot tell the backends apart "
+        "there now); first loads there are measured alone from now on"
+    )
+
+
 def parallel_fixed(parallel: int, span: tuple[int, int], first: bool) -> str:
     low, high = span
     if first:

@@ -69,6 +69,8 @@ class DeviceView:
     live_bytes: the latest measured bytes per backend.
     foreign_bytes: used by processes yard does not own (latest reading).
     free_bytes: usable - max(committed, live) per backend - foreign, never negative.
+    per_process: the meter tells backends apart here (False: device deltas, or
+        not known; a first load there goes alone).
     """
 
     name: str
@@ -80,6 +82,7 @@ class DeviceView:
     foreign_bytes: int = 0
     free_bytes: int = 0
     exclusive: bool = False
+    per_process: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -223,6 +226,7 @@ def device_view(dev: Device, occupants: Iterable[Backend]) -> DeviceView:
         foreign_bytes=dev.foreign,
         free_bytes=max(0, dev.spec.usable_bytes - held - dev.foreign),
         exclusive=dev.spec.exclusive,
+        per_process=dev.spec.per_process,
     )
 
 

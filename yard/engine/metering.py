@@ -59,6 +59,13 @@ class Metering:
         self._spawn = spawn
         self._meter_interval_s = meter_interval_s
         self._failures = 0
+        self._by_delta: set[str] = set()
+
+    @property
+    def by_delta(self) -> frozenset[str]:
+        """The devices where the meter fell back to device deltas while yard
+        ran (it could not tell the backends apart; first loads go alone)."""
+        return frozenset(self._by_delta)
 
     def pids(self) -> dict[str, int]:
         """The process id of every backend process that has one."""
@@ -166,11 +173,19 @@ class Metering:
         measured on its first load are tracked here."""
         seen: set[str] = set()
         for reading in readings:
+            if reading.by_delta and reading.device not in self._by_delta:
+                self._by_delta.add(reading.device)
+                log.warning(
+                    "%s: the meter fell back to device deltas (it cannot tell the backends "
+                    "apart there); first loads there are measured alone from now on",
+                    reading.device,
+                )
             self._send_event(
                 MemoryMeasured(
                     device=reading.device,
                     used_bytes=reading.used_bytes,
                     backends=tuple(sorted(reading.backends.items())),
+                    by_delta=reading.by_delta,
                 )
             )
             seen.update(reading.backends)

@@ -568,6 +568,7 @@ class Gateway:
                 "backend": backend,
                 "state": view.state if view is not None else "stopped",
                 "context": view.context if view is not None else None,
+                "parallel": view.parallel if view is not None else None,
             }
             count = config.backends[backend].instances
             if count > 1:

@@ -262,6 +262,7 @@ class NvmlMeter:
                     backends=usage,
                     attribution=attribution,
                     note=note,
+                    by_delta=reason is not None,
                 )
             )
         return details

@@ -65,6 +65,8 @@ class DeviceDetail:
     backends: per yard backend on this device.
     attribution: how ``backends`` was obtained.
     note: why a fallback was taken, for people; empty when all went well.
+    by_delta: figures here come (or would come) from device deltas: the meter
+        cannot tell backends apart on this device now, whether or not any runs.
     """
 
     device: str
@@ -76,6 +78,7 @@ class DeviceDetail:
     backends: Mapping[str, BackendUsage] = field(default_factory=dict)
     attribution: Attribution = "none"
     note: str = ""
+    by_delta: bool = False
 
     @property
     def free_bytes(self) -> int:
@@ -98,6 +101,7 @@ class DeviceDetail:
             total_bytes=self.total_bytes,
             used_bytes=self.used_bytes,
             backends={name: usage.held_bytes for name, usage in self.backends.items()},
+            by_delta=self.by_delta or self.attribution == "device-delta",
         )
 
 

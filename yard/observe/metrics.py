@@ -33,7 +33,8 @@ The series:
 - memory: ``yard_device_{total,reserve,committed,live,foreign,free}_bytes
   {device,kind}``, ``yard_backend_live_bytes{backend,device}``,
   ``yard_backend_profile_bytes{backend,kind}``,
-  ``yard_backend_reservation_bytes{backend,kind}``.
+  ``yard_backend_reservation_bytes{backend,kind}``, ``yard_device_per_process
+  {device,kind}`` (0 where the meter credits backends by device deltas).
 - the engine loop: ``yard_decisions_total{kind,backend}``, ``yard_engine_events_total``,
   ``yard_engine_decisions_total``.
 - the meter: ``yard_meter_info{mode,detail}`` (always 1): which memory meter
@@ -227,6 +228,15 @@ class EngineCollector(Collector):
             for name, value in values.items():
                 families[name].add_metric([device.name, device.kind], value)
         yield from families.values()
+        attributable = GaugeMetricFamily(
+            "yard_device_per_process",
+            "1 where the meter tells backends' memory apart per process; 0 where it "
+            "credits them with device deltas (then a first load there goes alone).",
+            labels=["device", "kind"],
+        )
+        for device in snapshot.devices:
+            attributable.add_metric([device.name, device.kind], int(device.per_process))
+        yield attributable
         live = GaugeMetricFamily(
             "yard_backend_live_bytes",
             "Measured memory of a backend's process tree, per device.",

@@ -152,6 +152,9 @@ def _device_json(device: DeviceView, backends: Sequence[BackendView], margin: fl
         "free_bytes": device.free_bytes,
         "live_bytes": sum(device.live_bytes.values()),
         "exclusive": device.exclusive,
+        # Whether the meter tells backends apart here (False: by device deltas,
+        # or not known; a first load there goes alone).
+        "per_process": device.per_process,
         "backends": shares,
     }
 
@@ -174,6 +177,7 @@ def _backend_json(view: BackendView, now: float, models: Sequence[str]) -> Json:
         "profile": _profile_json(view),
         "last_load_s": view.last_load_s,
         "context": view.context,
+        "parallel": view.parallel,
         "reason": view.reason,
     }
 

@@ -161,6 +161,7 @@ SCHEMAS: dict[str, Schema] = {
                         "slots": {"type": "integer"},
                         "pinned": {"type": "boolean"},
                         "context": {"type": nullable("integer")},
+                        "parallel": {"type": nullable("integer")},
                         "reason": {"type": nullable("string")},
                     },
                 },

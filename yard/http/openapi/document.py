@@ -50,6 +50,12 @@ SCHEMAS: dict[str, Schema] = {
                 "description": "The context size the running backend was started with, "
                 "chosen within its configured context range (null: not running, or no range).",
             },
+            "parallel": {
+                "type": nullable("integer"),
+                "description": "The slot count (requests served at once) the running backend "
+                "was started with, chosen within its configured parallel range after the "
+                "context (null: not running, or no range).",
+            },
             "instances": {
                 "type": "array",
                 "items": {"type": "string"},
