@@ -13,7 +13,7 @@ from yard.core import (
     SchedulerConfig,
     StartBackend,
 )
-from yard.core.resources import choose, learn, need_at
+from yard.core.resources import choose, learn, need_at, path_ends
 from yard.core.spec import HOST, Profile
 
 MIB = 1024 * 1024
@@ -171,3 +171,11 @@ def test_a_raise_keeps_the_reservation_at_the_running_settings() -> None:
     [dev] = [d for d in h.s.snapshot(3).devices if d.name == HOST]
     # other's 8 GiB and llm's 7.9 GiB, not llm's need at (4096, 1) by the raised line
     assert dev.committed_bytes == 8 * GIB + int(7.9 * GIB)
+
+
+def test_yard_probe_measures_the_ends_of_the_path() -> None:
+    assert path_ends(SPAN, SLOTS) == [(4096, 1), (16384, 1), (16384, 8)]
+    assert path_ends(SPAN, None) == [(4096, None), (16384, None)]
+    assert path_ends(None, (2, 6)) == [(None, 2), (None, 6)]
+    assert path_ends((512, 512), (1, 1)) == [(512, 1)]
+    assert path_ends(None, None) == [(None, None)]

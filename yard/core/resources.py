@@ -270,6 +270,24 @@ def choose(
     return Choice(context=context, parallel=parallel, need=need, why="; ".join(why))
 
 
+def path_ends(
+    context: tuple[int, int] | None, parallel: tuple[int, int] | None
+) -> list[tuple[int | None, int | None]]:
+    """The (context, slots) where ``yard probe`` measures: each range's ends
+    along the path starts are chosen on, ``(min, pmin)``, ``(max, pmin)``,
+    then ``(max, pmax)`` (the token slope at the fewest slots, the slot slope at
+    the largest context); one point ``(None, None)`` without ranges."""
+    points: list[tuple[int | None, int | None]] = []
+    low = parallel[0] if parallel is not None else None
+    for c in context or (None,):
+        points.append((c, low))
+    if parallel is not None and parallel[1] != parallel[0]:
+        points.append((context[1] if context is not None else None, parallel[1]))
+    if context is not None and context[0] == context[1]:
+        points = list(dict.fromkeys(points))
+    return points
+
+
 def learn(old: Profile | None, new: Profile) -> Profile:
     """``new`` (one measured point), with slopes from ``old`` where ``new``
     brings none: a setting's slope is the line through both points when they

@@ -52,6 +52,7 @@ class Measurement:
     attribution: per device, how its figures were obtained.
     notes: fallbacks taken, for people.
     context: the context size it was started with (None: no range).
+    parallel: the slot count it was started with (None: no range).
     """
 
     backend: str
@@ -66,6 +67,7 @@ class Measurement:
     attribution: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     context: int | None = None
+    parallel: int | None = None
 
     @property
     def peak_gpu_bytes(self) -> int:
@@ -83,6 +85,7 @@ class Measurement:
             host_bytes=self.peak_bytes.get(HOST, 0),
             load_s=self.load_s,
             context=self.context,
+            parallel=self.parallel,
         )
 
 
@@ -122,6 +125,7 @@ async def measure_profile(
     settle_s: float = 1.0,
     on_sample: Callable[[Phase, list[DeviceDetail]], None] | None = None,
     context: int | None = None,
+    parallel: int | None = None,
 ) -> Measurement:
     """Launch ``backend`` on ``gpus``, measure it, stop it, return the figures.
 
@@ -131,6 +135,7 @@ async def measure_profile(
     on_sample: called with every reading (progress displays).
     context: the context size to start it with (a backend with a context
         range; None: its maximum); the measurement and its profile carry it.
+    parallel: likewise the slot count (a backend with a parallel range).
 
     The caller bounds the whole measurement (``trio.fail_after``). Raises
     :class:`yard.ports.BackendStartError` if the backend fails to start, and
@@ -141,7 +146,7 @@ async def measure_profile(
     before = await meter.read_details({})
     if on_sample is not None:
         on_sample(phase, before)
-    process = await launcher.launch(backend, gpus, context=context)
+    process = await launcher.launch(backend, gpus, context=context, parallel=parallel)
     started = trio.current_time()
     pid = process.pid
     pids = {backend: pid} if pid is not None else {}
@@ -198,4 +203,5 @@ async def measure_profile(
         attribution=dict(tracker.attribution),
         notes=tuple(f"{device}: {note}" for device, note in sorted(tracker.notes.items())),
         context=context,
+        parallel=parallel,
     )

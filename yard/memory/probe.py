@@ -269,10 +269,11 @@ async def _probe(
             await nursery.start(supervisor.run)
             timeout = args.timeout or backend.startup_timeout(None)
             try:
-                # A context range is measured at both ends: the line between
-                # them is what the scheduler chooses each start's context by.
+                # Ranges are measured at their ends, along the path the
+                # scheduler chooses on (resources: the context first, then
+                # the slots): the lines through them are what it chooses by.
                 points: list[Measurement] = []
-                for context in backend.context or (None,):
+                for context, parallel in resources.path_ends(backend.context, backend.parallel):
                     with display.live(), trio.fail_after(timeout):
                         points.append(
                             await measure_profile(
@@ -285,6 +286,7 @@ async def _probe(
                                 settle_s=args.settle,
                                 on_sample=display.update,
                                 context=context,
+                                parallel=parallel,
                             )
                         )
                 measurement = points[-1]
@@ -337,7 +339,7 @@ async def _probe(
     finally:
         await store.aclose()
     report = _report(measurement, fits, margin, meter, key, unmeasured, stored=not args.no_store)
-    if len(points) > 1:
+    if backend.context is not None and len(points) > 1:
         report["context"] = {
             "points": {
                 str(point.context): {
@@ -345,9 +347,25 @@ async def _probe(
                     "host_bytes": point.peak_bytes.get(HOST, 0),
                 }
                 for point in points
+                if point.parallel == points[0].parallel
             },
             "gpu_per_token": profile.gpu_per_token,
             "host_per_token": profile.host_per_token,
+        }
+    if backend.parallel is not None and len(points) > 1:
+        top = points[-1].context
+        report["parallel"] = {
+            "context": top,
+            "points": {
+                str(point.parallel): {
+                    "gpu_bytes": point.peak_gpu_bytes,
+                    "host_bytes": point.peak_bytes.get(HOST, 0),
+                }
+                for point in points
+                if point.context == top
+            },
+            "gpu_per_slot": profile.gpu_per_slot,
+            "host_per_slot": profile.host_per_slot,
         }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -505,6 +523,18 @@ def _print_table(console: Console, report: Mapping[str, object]) -> None:
             f"{(span['host_per_token'] or 0) / 1024:.1f} KiB host per token of context"
         )
         console.print(f"{points}: {slopes}")
+    slots = report.get("parallel")
+    if isinstance(slots, dict):
+        points = "; ".join(
+            f"{p} slots: {format_bytes(f['gpu_bytes'])} GPU, {format_bytes(f['host_bytes'])} host"
+            for p, f in slots["points"].items()
+        )
+        slopes = (
+            f"{format_bytes(round(slots['gpu_per_slot'] or 0))} GPU, "
+            f"{format_bytes(round(slots['host_per_slot'] or 0))} host per slot"
+        )
+        at = f" (at context {slots['context']})" if slots["context"] is not None else ""
+        console.print(f"{points}{at}: {slopes}")
     reclaimable = report["reclaimable_host_bytes"]
     assert isinstance(reclaimable, int)
     if reclaimable:
