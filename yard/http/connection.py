@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
+import os
 from collections import OrderedDict
 from typing import Any, Protocol
 from urllib.parse import unquote
@@ -349,7 +350,7 @@ class Connection:
         conn = self.wire
         if self.restricted or conn.they_are_waiting_for_100_continue:
             return True
-        length = _small_content_length(request.headers)
+        length = small_content_length(request.headers)
         if length is None or conn.buffered >= length:
             return True
         self._waiting[self] = None
@@ -358,10 +359,7 @@ class Connection:
                 if not await self._receive(trio.current_time() + self.body_timeout_s):
                     self.server.tally.body_timeouts += 1
                     await self.error(
-                        408,
-                        "request_timeout",
-                        f"the request body made no progress for {self.body_timeout_s:g}"
-                        " s (server.body_timeout_s); send the body without pauses",
+                        408, "request_timeout", body_timeout_message(self.server.limits)
                     )
                     return False
         finally:
@@ -418,20 +416,36 @@ class Connection:
             )
             self.hang_up()
 
+    def _error_bytes(
+        self, status: int, code: str, message: str, retry_after_s: float | None
+    ) -> bytes | None:
+        if self.wire.our_state not in (wire.IDLE, wire.SEND_RESPONSE):
+            return None
+        body = error_body(status, code, message)
+        try:
+            data = self.wire.response_head(status, [*error_headers(body, retry_after_s), _CLOSE])
+            return data + self.wire.body(body) + self.wire.end()
+        except wire.LocalProtocolError:
+            return None
+
     async def error(
         self, status: int, code: str, message: str, retry_after_s: float | None = None
     ) -> None:
         """Answer with a JSON error and ``connection: close`` (if no response
         has begun)."""
-        if self.wire.our_state not in (wire.IDLE, wire.SEND_RESPONSE):
+        data = self._error_bytes(status, code, message, retry_after_s)
+        if data is not None:
+            await self.write(data)
+
+    def error_now(self, status: int, code: str, message: str) -> None:
+        """As :meth:`error`, without waiting: what the socket takes at once
+        (all of it, on a connection that has been sent nothing yet); the
+        caller closes the connection."""
+        data = self._error_bytes(status, code, message, None)
+        if data is None or self.gone:
             return
-        body = error_body(status, code, message)
-        try:
-            data = self.wire.response_head(status, [*error_headers(body, retry_after_s), _CLOSE])
-            data += self.wire.body(body) + self.wire.end()
-        except wire.LocalProtocolError:
-            return
-        await self.write(data)
+        with contextlib.suppress(OSError, ValueError):
+            os.write(self.stream.socket.fileno(), data)
 
     async def _refuse(self) -> None:
         self.server.tally.refused += 1
@@ -445,11 +459,24 @@ class Connection:
 
     # -- the requests ------------------------------------------------------------
 
-    async def serve(self) -> None:
+    def evict(self) -> None:
+        """Close the connection now (the server's cap needs its room); its
+        task sees the client as gone."""
+        self.stream.socket.close()
+        self.hang_up()
+
+    async def serve(
+        self, first: wire.Event | wire.Signal | wire.ProtocolError | None = None
+    ) -> None:
         """Serve requests until the client leaves, a limit ends the
-        connection, or the server closes."""
+        connection, or the server closes.
+
+        ``first``: what the parser gave first when that was read before the
+        task started (see :class:`yard.http.lobby.Lobby`): the first
+        request's head (with its small body read), or the error of a
+        malformed one; it is served also if the server is closing by now."""
         try:
-            await self._serve_requests()
+            await self._serve_requests(first)
         finally:
             # The reader lives in the server's nursery, not in one of this
             # connection's own: leaving a nursery costs a trip through the run
@@ -459,12 +486,19 @@ class Connection:
             self.server.connections.discard(self)
             self.stream.socket.close()
 
-    async def _serve_requests(self) -> None:
+    async def _serve_requests(
+        self, first: wire.Event | wire.Signal | wire.ProtocolError | None
+    ) -> None:
         server = self.server
         server.connections.add(self)
-        while not server.closing:
+        while first is not None or not server.closing:
             try:
-                event = await self._next_request()
+                if first is None:
+                    event = await self._next_request()
+                elif isinstance(first, wire.ProtocolError):
+                    raise first
+                else:
+                    event, first = first, None
             except wire.ProtocolError as exc:
                 await self.error(*protocol_failure(exc))
                 return
@@ -473,12 +507,7 @@ class Connection:
                     await self._refuse()
                 elif self.wire.buffered:
                     server.tally.head_timeouts += 1
-                    await self.error(
-                        408,
-                        "request_timeout",
-                        f"the request head did not arrive within {self._head_timeout_s:g} s "
-                        "(server.head_timeout_s); send the whole head at once",
-                    )
+                    await self.error(408, "request_timeout", head_timeout_message(server.limits))
                 elif self._requests:
                     server.tally.idle_closed += 1  # (keep_alive_s)
                 else:
@@ -548,7 +577,23 @@ class Connection:
         return True
 
 
-def _small_content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+def head_timeout_message(limits: Limits) -> str:
+    """What a 408 for a request head that did not come in time says."""
+    return (
+        f"the request head did not arrive within {limits.head_timeout_s:g} s "
+        "(server.head_timeout_s); send the whole head at once"
+    )
+
+
+def body_timeout_message(limits: Limits) -> str:
+    """What a 408 for a small body that stopped coming says."""
+    return (
+        f"the request body made no progress for {limits.body_timeout_s:g}"
+        " s (server.body_timeout_s); send the body without pauses"
+    )
+
+
+def small_content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     """The declared body length if there is one and it is at most
     :data:`_READ_BEFORE_APP` (the parser has checked the framing already)."""
     length = None

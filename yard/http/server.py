@@ -19,6 +19,8 @@ Its rooms, one per role:
 - this module: the accept loop and its connection cap (:class:`Server`),
   :func:`serve` (the lifecycle);
 - :mod:`yard.http.limits`: :class:`Limits`, what a client may hold;
+- :mod:`yard.http.lobby`: new connections waiting for their first request,
+  without a task each (so that a crowd of slow clients costs little);
 - :mod:`yard.http.connection`: one client connection, its requests in turn,
   its time limits and the hang-up watch;
 - :mod:`yard.http.exchange`: one request/response, the ASGI ``receive`` and
@@ -53,6 +55,7 @@ from yard.http.asgi import ASGIApp, Message, Scope
 from yard.http.connection import Connection, Tally, bearer_matches, refusal
 from yard.http.lifespan import run_lifespan
 from yard.http.limits import Limits, connection_cap
+from yard.http.lobby import First, Lobby
 
 __all__ = [
     "ASGIApp",
@@ -156,9 +159,8 @@ class Server:
         # Per listener, a duplicate of its socket that accepts without a
         # checkpoint (trio's accept is one trip through the run loop each).
         self._backlogs: dict[trio.SocketListener, socket.socket] = {}
-        self._starting = 0
-        """Connections admitted whose task has not run yet (they count
-        against the cap as the open ones do)."""
+        self.lobby = Lobby(self, self)
+        """New connections waiting for their first request, without a task."""
         self._accept_failed = _Throttled(_LOG_EVERY_S)
         self._refused = _Throttled(_LOG_EVERY_S)
         self._evicted = _Throttled(_LOG_EVERY_S)
@@ -201,8 +203,8 @@ class Server:
             return False
         oldest, _ = self.waiting.popitem(last=False)
         self.tally.evicted += 1
-        oldest.stream.socket.close()
-        oldest.hang_up()
+        if not self.lobby.evict(oldest):
+            oldest.evict()
         self._evicted.log(
             logging.WARNING,
             "at server.max_connections (%d): closed the connection waiting longest for a "
@@ -212,7 +214,9 @@ class Server:
         return True
 
     def close_idle(self) -> None:
-        """At shutdown: close connections waiting for their next request."""
+        """At shutdown: close connections waiting for their next request
+        (or their first)."""
+        self.lobby.close()
         for conn in list(self.connections):
             if conn.idle_since is not None:
                 conn.stream.socket.close()
@@ -254,7 +258,7 @@ class Server:
     def _admit(self, stream: trio.SocketStream) -> bool | None:
         """Whether a new connection is served from the reserve (True) or in
         full (False); None when it was refused (and closed)."""
-        open_now = len(self.connections) + self._starting
+        open_now = len(self.connections)
         if open_now < self.max_connections or self._make_room():
             return False
         if open_now < self.max_connections + self.limits.reserved_connections:
@@ -262,9 +266,57 @@ class Server:
         self._refuse(stream)
         return None
 
-    def _accept_now(self, listener: trio.SocketListener) -> list[trio.SocketStream]:
+    def _arrive(
+        self, stream: trio.SocketStream, peer: Any = None
+    ) -> tuple[Connection, First | None] | None:
+        """Admit a new connection (it counts against the cap from now on):
+        what its task is to start with, or None when it was refused, waits
+        in the lobby for its request, or is gone. ``peer``: its address,
+        when accept gave it."""
+        restricted = self._admit(stream)
+        if restricted is None:
+            return None
+        try:
+            if peer is None:
+                peer = stream.socket.getpeername()
+            client: tuple[str, int] | None = (str(peer[0]), int(peer[1]))
+        except (OSError, IndexError, TypeError, ValueError):
+            client = None  # (not an IP socket)
+        conn = Connection(self, stream, client, restricted=restricted)
+        self.connections.add(conn)
+        if restricted:
+            return conn, None  # (it takes only what is there: no waiting)
+        first = self.lobby.arrive(conn)
+        return None if first is None else (conn, first)
+
+    def admit(self, stream: trio.SocketStream) -> None:
+        """Take a new connection as the accept loop does: it counts against
+        the cap at once (or is refused), and gets a task of its own once its
+        first request is in (at once, usually; see
+        :class:`~yard.http.lobby.Lobby`)."""
+        ready = self._arrive(stream)
+        if ready is not None:
+            self.start(*ready)
+
+    def start(self, conn: Connection, first: First | None) -> None:
+        """Serve ``conn`` (admitted) in a task of its own."""
+        assert self.nursery is not None
+        self.nursery.start_soon(self._serve, conn, first)
+
+    async def _serve(self, conn: Connection, first: First | None) -> None:
+        try:
+            await conn.serve(first)
+        except Exception:
+            # One broken connection must never take the server down with it.
+            log.exception("connection from %s failed", conn.client)
+        finally:
+            self.connections.discard(conn)
+            conn.stream.socket.close()
+
+    def _accept_now(self, listener: trio.SocketListener) -> list[tuple[trio.SocketStream, Any]]:
         """The connections waiting in ``listener``'s backlog now, up to
-        :data:`_ACCEPT_BATCH` - 1, taken without waiting or a checkpoint."""
+        :data:`_ACCEPT_BATCH` - 1, taken without waiting or a checkpoint,
+        with their peers' addresses."""
         if not self.accepting or listener.socket.fileno() < 0:
             return []
         backlog = self._backlogs.get(listener)
@@ -273,20 +325,16 @@ class Server:
             backlog = socket.fromfd(sock.fileno(), sock.family, sock.type, sock.proto)
             backlog.setblocking(False)
             self._backlogs[listener] = backlog
-        streams: list[trio.SocketStream] = []
+        streams: list[tuple[trio.SocketStream, Any]] = []
         for _ in range(_ACCEPT_BATCH - 1):
             try:
-                accepted, _ = backlog.accept()
+                accepted, peer = backlog.accept()
             except OSError:
                 # Nothing waiting (EAGAIN), or an error the waiting accept
                 # meets and handles next.
                 break
-            streams.append(trio.SocketStream(trio.socket.from_stdlib_socket(accepted)))
+            streams.append((trio.SocketStream(trio.socket.from_stdlib_socket(accepted)), peer))
         return streams
-
-    async def _serve_admitted(self, stream: trio.SocketStream, restricted: bool) -> None:
-        self._starting -= 1
-        await self.handle(stream, restricted=restricted)
 
     async def accept_and_serve(self, listener: trio.SocketListener) -> None:
         """Accept connections, hand the listener to a new task, serve one.
@@ -302,6 +350,10 @@ class Server:
         into a task of its own: one connection per trip through the run
         loop would keep a client waiting in the backlog behind a crowd (an
         attacker's reconnecting sockets) for as many trips.
+
+        A connection whose request is not in yet gets no task: it waits in
+        the :class:`~yard.http.lobby.Lobby`, and this task goes on
+        accepting.
         """
         assert self.nursery is not None
         handed_over = False
@@ -332,15 +384,16 @@ class Server:
                     self._accept_scopes.discard(scope)
                 if scope.cancelled_caught:
                     return
-                restricted = self._admit(stream)
-                if restricted is not None:
-                    self._starting += 1
-                for extra in self._accept_now(listener):
-                    extra_restricted = self._admit(extra)
-                    if extra_restricted is not None:
-                        self._starting += 1
-                        self.nursery.start_soon(self._serve_admitted, extra, extra_restricted)
-                if restricted is not None:
+                mine = self._arrive(stream)
+                for extra, peer in self._accept_now(listener):
+                    ready = self._arrive(extra, peer)
+                    if ready is None:
+                        continue
+                    if mine is None:
+                        mine = ready
+                    else:
+                        self.start(*ready)
+                if mine is not None:
                     break
             self.nursery.start_soon(self.accept_and_serve, listener)
             handed_over = True
@@ -349,7 +402,7 @@ class Server:
                 backlog = self._backlogs.pop(listener, None)
                 if backlog is not None:
                     backlog.close()
-        await self._serve_admitted(stream, restricted)
+        await self._serve(*mine)
 
     def stop_accepting(self, listeners: list[trio.SocketListener]) -> None:
         """No new connections: stop the waiting acceptors, close the listeners."""
