@@ -539,20 +539,25 @@ class Jobs:
         answer: list[StoredResult | ResultTooLarge] = []
 
         async def attempt(assignment: Assignment) -> None:
+            # The request is read before the job is marked running: from
+            # then on nothing stands between it and the backend, and a shared
+            # database lost at that moment (a client may have just seen it
+            # running) only delays the writing of its end. Read after,
+            # the loss failed a job that never ran.
             try:
-                started = await self.store.mark_running(
+                stored = await self.store.request(job.id)
+                started = stored is not None and await self.store.mark_running(
                     job.id, at=self._wall(), queued_s=admission.queued_s
                 )
             except DatabaseError:
                 if not self.shared:
                     raise
                 raise _Unreachable from None
-            if not started:
-                raise _Gone  # cancelled while it was being dispatched (or held elsewhere)
+            if stored is None or not started:
+                # Ended (cancelled: an end drops the request) while it was
+                # being dispatched, or held by another node.
+                raise _Gone
             self._on_change()
-            stored = await self.store.request(job.id)
-            if stored is None:  # pragma: no cover - the row and its request go together
-                raise RuntimeError(f"job {job.id} has no stored request")
             try:
                 answer.append(
                     await fetch(
