@@ -162,3 +162,34 @@ def test_one_instance_backends_log_no_routing() -> None:
     h.ready("solo", at=5.0)
     h.arrive("r2", "solo", at=6.0)
     assert not [f for _, f in h.log if isinstance(f, Flag) and "bound to" in f.reason]
+
+
+def test_a_request_waiting_for_a_loading_second_instance_moves_to_a_freed_first() -> None:
+    h = two_gpus()
+    warm(h, 90.0)
+    h.arrive("r2", "news", at=200.0)  # runs on news until 260 s
+    [start2] = of(StartBackend, h.arrive("r3", "news", at=201.0))
+    assert start2.backend == "news@2"  # loading until 241 s
+    out = h.finish("r2", at=220.0)  # news frees before news@2 is ready
+    [d] = of(Dispatch, out)
+    assert (d.request_id, d.backend) == ("r3", "news")
+    [flag] = [f for f in of(Flag, out) if f.request_id == "r3"]
+    assert flag.reason == "r3: moved from news@2 (starting) to news, ready with a free slot"
+    # news@2 loads on, idle; a ready news@2 takes no request from a ready news.
+    assert not of(Dispatch, h.ready("news@2", at=241.0))
+
+
+def test_a_moved_request_keeps_its_deadline() -> None:
+    h = two_gpus()
+    warm(h, 90.0)
+    h.arrive("r2", "news", at=200.0)
+    h.arrive("r3", "news", at=201.0, start_by=300.0)  # to news@2, ready at 241 s
+    h.arrive("r4", "news@2", at=202.0, start_by=400.0)  # named: news@2's queue: r3, r4
+    [d] = of(Dispatch, h.finish("r2", at=220.0))
+    assert d.request_id == "r3"  # the best-ranked moves, as many as slots free
+    assert h.s.explain("r4", h.now).backend == "news@2"  # type: ignore[union-attr]
+    [d4] = of(Dispatch, h.ready("news@2", at=241.0))
+    assert d4.request_id == "r4"
+    # r3 started in time on news: its deadline timer of news@2's queue is stale.
+    assert not [f for f in of(Flag, h.tick(301.0)) if f.request_id == "r3"]
+    assert not [d for _, d in h.log if getattr(d, "code", None) == "deadline_missed"]

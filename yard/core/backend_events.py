@@ -50,6 +50,8 @@ def ready(core: Core, ev: BackendReady, now: float, out: list[Decision]) -> None
     core.transition(b, Move.READY, f"ready after loading for {reasons.secs(b.learned_load_s)}")
     if b.unload_requested:
         unload(core, b, out)
+    else:
+        instances.rebind(core, b, out)
 
 
 def start_failed(

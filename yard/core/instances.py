@@ -27,11 +27,15 @@ Rules it keeps
   evicting another: on a GPU that holds one copy, the second copy is not an
   option). The first instance always may: with no other option it takes the
   request, as a backend without instances would.
-- **Early binding.** A request stays on the instance it was bound to: one bound
-  to a loading second instance does not move back if the first frees up
-  meanwhile (it starts once the second is ready, at most its load time later).
-  A requeue after a self-caused out-of-memory keeps its instance, as it keeps
-  its place.
+- **Bound early, moved to a free slot.** A request stays on the instance it was
+  bound to while that instance is ready (its place in that queue is its place).
+  One waiting for an instance that is not ready (loading, or to be loaded)
+  moves to a sibling the moment that one is ready with a slot its own queue
+  does not fill (:func:`rebind`: when a request there ends or it becomes
+  ready), best-ranked first, keeping its rank, start-by and urgency: a slot
+  free now beats a load that may still take its time, and no instance is
+  loaded, or another evicted, for requests a loaded one can take. A requeue
+  after a self-caused out-of-memory keeps its instance, as it keeps its place.
 - **One profile.** The instances run the same command on the same model: a
   profile measured, raised or forgotten for one is the profile of all
   (:func:`share_profile`).
@@ -49,9 +53,11 @@ from dataclasses import dataclass
 from yard.core import reasons
 from yard.core.decisions import Decision, Flag
 from yard.core.lifecycle import OCCUPYING, BackendState
+from yard.core.queue import Req
 from yard.core.records import Backend
 from yard.core.spec import instance_name
 from yard.core.state import Core
+from yard.core.timers import Timer
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,6 +136,46 @@ def route(core: Core, first: Backend, rid: str, now: float, out: list[Decision])
         )
         out.append(Flag(request_id=rid, backend=chosen.name, reason=reason))
     return core.backends[chosen.name]
+
+
+def rebind(core: Core, b: Backend, out: list[Decision]) -> None:
+    """``b`` has a free slot (a request there ended, or it became ready): the
+    best-ranked requests waiting for a sibling that is not ready move to it, as
+    many as its slots free beyond its own queue take."""
+    if b.spec.instances == 1 or b.state is not BackendState.READY:
+        return
+    spare = b.free_slots() - b.queue.size
+    if spare <= 0:
+        return
+    for o in members(core, b):
+        if o is b or o.state is BackendState.READY:
+            continue
+        while spare > 0 and o.queue.size:
+            req = o.queue.head()
+            if req is None:
+                break
+            _move(core, req, o, b)
+            spare -= 1
+            reason = (
+                f"{req.id}: moved from {o.name} ({o.state.value}) to {b.name}, ready with "
+                "a free slot"
+            )
+            out.append(Flag(request_id=req.id, backend=b.name, reason=reason))
+
+
+def _move(core: Core, req: Req, src: Backend, dst: Backend) -> None:
+    """Move queued ``req`` from ``src``'s queue to ``dst``'s, keeping its rank,
+    urgency and start-by (its timers follow its new generation)."""
+    src.queue.removed()
+    req.gen += 1  # its entries in src's queue, and its timers, are stale now
+    req.backend = dst.name
+    dst.queue.push(req)
+    if req.urgent_at is not None and not req.urgent:
+        core.timers.set(req.urgent_at, Timer.URGENT, req.id, req.gen)
+    if req.start_by is not None and not req.deadline_met:
+        core.timers.set(req.start_by, Timer.DEADLINE, req.id, req.gen)
+    core.touched.add(src.name)
+    core.touched.add(dst.name)
 
 
 def _service_s(core: Core, group: Sequence[Backend]) -> float:

@@ -121,7 +121,7 @@ def enter(core: Core, ev: RequestArrived, now: float, out: list[Decision]) -> No
     core.queued += 1
 
 
-def cancelled(core: Core, ev: RequestCancelled, now: float) -> None:
+def cancelled(core: Core, ev: RequestCancelled, now: float, out: list[Decision]) -> None:
     req = core.requests.get(ev.request_id)
     if req is None:
         return
@@ -134,11 +134,12 @@ def cancelled(core: Core, ev: RequestCancelled, now: float) -> None:
         b.running.pop(req.id, None)
         b.last_used = now
         core.touched.add(b.name)
+        instances.rebind(core, b, out)
     req.state = ReqState.DONE
     del core.requests[req.id]
 
 
-def finished(core: Core, ev: RequestFinished, now: float) -> None:
+def finished(core: Core, ev: RequestFinished, now: float, out: list[Decision]) -> None:
     req = core.requests.get(ev.request_id)
     if req is None or req.state is not ReqState.RUNNING:
         return  # late or duplicate report
@@ -165,6 +166,7 @@ def finished(core: Core, ev: RequestFinished, now: float) -> None:
     core.touched.add(b.name)
     req.state = ReqState.DONE
     del core.requests[req.id]
+    instances.rebind(core, b, out)
 
 
 def timer(core: Core, due: Due, now: float, out: list[Decision]) -> None:

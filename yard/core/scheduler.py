@@ -223,9 +223,9 @@ class Scheduler:
             case RequestArrived():
                 request_events.arrived(core, event, now, out)
             case RequestCancelled():
-                request_events.cancelled(core, event, now)
+                request_events.cancelled(core, event, now, out)
             case RequestFinished():
-                request_events.finished(core, event, now)
+                request_events.finished(core, event, now, out)
             case BackendLoading():
                 backend_events.loading(core, event)
             case BackendReady():
