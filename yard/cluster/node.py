@@ -389,7 +389,21 @@ class Node:
                     self.wake()
                 if ENDED_CHANNEL in fired:
                     # Jobs that ended on some node (or, None: maybe any).
-                    await self.jobs.ended_elsewhere(listener.payloads(ENDED_CHANNEL))
+                    await self._ended_elsewhere(listener.payloads(ENDED_CHANNEL))
+
+    async def _ended_elsewhere(self, job_ids: AbstractSet[str] | None) -> None:
+        """Tell the job service that ``job_ids`` ended. Looking them up needs
+        the database: while it is lost, look again every heartbeat, at every
+        job (a cancel made elsewhere meanwhile must still reach the request
+        running here), instead of letting the error end the node."""
+        while True:
+            try:
+                await self.jobs.ended_elsewhere(job_ids)
+                return
+            except DatabaseError as exc:
+                self._database(False, exc)
+            job_ids = None
+            await trio.sleep(self.cluster.heartbeat_s)
 
     async def leave(self) -> None:
         """A graceful stop: after the job service has stopped, hand this
