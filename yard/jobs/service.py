@@ -540,10 +540,10 @@ class Jobs:
 
         async def attempt(assignment: Assignment) -> None:
             # The request is read before the job is marked running: from
-            # then on nothing stands between it and the backend, and a shared
+            # then on nothing stands between it and the backend, so a shared
             # database lost at that moment (a client may have just seen it
-            # running) only delays the writing of its end. Read after,
-            # the loss failed a job that never ran.
+            # running) only delays the writing of its end, instead of
+            # failing a job that never ran.
             try:
                 stored = await self.store.request(job.id)
                 started = stored is not None and await self.store.mark_running(
