@@ -57,7 +57,10 @@ def test_slots_grow_only_once_the_context_is_at_its_maximum() -> None:
     choice = choose(spec(), profile(), (), 1.0, {HOST: 2 * GIB + 512 * MIB})
     assert choice is not None
     assert (choice.context, choice.parallel) == (12288, 1)
-    assert "since the context grows first and is below its maximum" in choice.why
+    assert (
+        "; 1 slot (of 1-8): its minimum, since the context grows first and is below its "
+        "maximum" in choice.why
+    )
 
 
 def test_the_most_slots_that_fit_after_the_context() -> None:

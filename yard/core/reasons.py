@@ -180,12 +180,16 @@ def fell_back_to_deltas(device: str) -> str:
     )
 
 
+def _slots(n: int) -> str:
+    return f"{n} slot" if n == 1 else f"{n} slots"
+
+
 def parallel_fixed(parallel: int, span: tuple[int, int], first: bool) -> str:
     low, high = span
     if first:
-        return f"{parallel} slots (of {low}-{high}): its maximum, measured on this first load"
+        return f"{_slots(parallel)} (of {low}-{high}): its maximum, measured on this first load"
     return (
-        f"{parallel} slots (of {low}-{high}): the count measured so far; a second measured "
+        f"{_slots(parallel)} (of {low}-{high}): the count measured so far; a second measured "
         "count (yard probe measures both ends) lets yard choose"
     )
 
@@ -193,16 +197,16 @@ def parallel_fixed(parallel: int, span: tuple[int, int], first: bool) -> str:
 def parallel_chosen(parallel: int, span: tuple[int, int]) -> str:
     low, high = span
     if parallel == high:
-        return f"{parallel} slots (of {low}-{high}): its maximum fits"
+        return f"{_slots(parallel)} (of {low}-{high}): its maximum fits"
     if parallel == low:
-        return f"{parallel} slots (of {low}-{high}): only its minimum fits next to the others"
-    return f"{parallel} slots (of {low}-{high}): the most that fit next to the others"
+        return f"{_slots(parallel)} (of {low}-{high}): only its minimum fits next to the others"
+    return f"{_slots(parallel)} (of {low}-{high}): the most that fit next to the others"
 
 
 def parallel_after_context(parallel: int, span: tuple[int, int]) -> str:
     low, high = span
     return (
-        f"{parallel} slots (of {low}-{high}): its minimum, since the context grows first "
+        f"{_slots(parallel)} (of {low}-{high}): its minimum, since the context grows first "
         "and is below its maximum"
     )
 
