@@ -50,7 +50,7 @@ body read), what else the parser said first, or the malformed request's
 error."""
 
 _READ = 65536
-_BATCH = 64
+_BATCH = 256
 """Sockets handled (ready ones, or timed-out ones) per trip through the run
 loop, at most: a crowd does not keep other tasks from running."""
 
