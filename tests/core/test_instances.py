@@ -12,23 +12,25 @@ from yard.core.instances import Option, choose, expected_wait
 
 
 @pytest.mark.parametrize(
-    ("load_left", "slots", "running", "queued", "expected"),
+    ("load_left", "slots", "remaining", "queued", "expected"),
     [
-        (0.0, 1, 0, 0, 0.0),  # loaded, a slot free
-        (0.0, 2, 1, 0, 0.0),  # loaded, one of two slots free
-        (0.0, 1, 1, 0, 90.0),  # loaded, busy: the running one ends first
-        (0.0, 1, 1, 2, 270.0),  # busy, two waiting: three end before it starts
-        (0.0, 2, 2, 1, 90.0),  # two slots busy, one waiting: (1 + 2 - 2 + 1) * 90 / 2
-        (25.0, 1, 0, 0, 25.0),  # loading: the rest of its load
-        (25.0, 1, 0, 1, 115.0),  # loading, one waiting: the load, then that one
-        (40.0, 2, 0, 1, 40.0),  # not loaded, two slots, one waiting: a slot is left for it
+        (0.0, 1, (), 0, 0.0),  # loaded, a slot free
+        (0.0, 2, (50.0,), 0, 0.0),  # loaded, one of two slots free
+        (0.0, 1, (90.0,), 0, 90.0),  # busy: the running one ends first
+        (0.0, 1, (30.0,), 0, 30.0),  # ... and it has run 60 of its 90 s
+        (0.0, 1, (30.0,), 2, 210.0),  # two waiting: 30 s, then two more of 90 s
+        (0.0, 2, (10.0, 70.0), 1, 70.0),  # one waiting takes the slot freed at 10 s
+        (0.0, 2, (10.0, 70.0), 2, 100.0),  # two waiting: the next frees at 10 + 90 s
+        (25.0, 1, (), 0, 25.0),  # loading: the rest of its load
+        (25.0, 1, (), 1, 115.0),  # loading, one waiting: the load, then that one
+        (40.0, 2, (), 1, 40.0),  # not loaded, two slots, one waiting: one is left for it
     ],
 )
 def test_expected_wait(
-    load_left: float, slots: int, running: int, queued: int, expected: float
+    load_left: float, slots: int, remaining: tuple[float, ...], queued: int, expected: float
 ) -> None:
     got = expected_wait(
-        load_left_s=load_left, slots=slots, running=running, queued=queued, service_s=90.0
+        load_left_s=load_left, slots=slots, remaining=remaining, queued=queued, service_s=90.0
     )
     assert got == expected
 
@@ -95,7 +97,7 @@ def test_a_long_wait_on_the_first_instance_loads_the_second_on_the_other_gpu() -
     [flag] = [f for f in of(Flag, out) if f.request_id == "r3"]
     assert flag.backend == "news@2"
     assert flag.reason.startswith("r3: bound to news@2, the instance of news where it should")
-    assert "news ready, 1 of 1 slots busy, 0 waiting (about 90.0 s until a slot)" in flag.reason
+    assert "news ready, 1 of 1 slots busy, 0 waiting (about 89.0 s until a slot)" in flag.reason
     assert "news@2 not loaded, starts in about 40.0 s" in flag.reason
     [d3] = of(Dispatch, h.ready("news@2", at=241.0))
     assert (d3.request_id, d3.backend) == ("r3", "news@2")
@@ -106,16 +108,17 @@ def test_a_long_wait_on_the_first_instance_loads_the_second_on_the_other_gpu() -
     assert (d4.request_id, d4.backend) == ("r4", "news")
 
 
-def test_a_request_waits_for_a_loading_second_instance_when_that_is_sooner() -> None:
+def test_the_wait_behind_a_loading_second_instance_counts_its_queue() -> None:
     h = two_gpus()
     warm(h, 90.0)
     h.arrive("r2", "news", at=200.0)
     h.arrive("r3", "news", at=201.0)  # news@2 starts loading: ready at 241 s
     out = h.arrive("r4", "news", at=211.0)
-    # news: r2 runs (90 s), then r3? No: r3 went to news@2. news has 1 + 0 ahead:
-    # 90 s; news@2 has 30 s of load left and r3 ahead of it: 30 + 90 s.
+    # news: r2 has 79 s left; news@2: 30 s of load, then r3's 90 s.
     assert h.s.explain("r4", h.now).backend == "news"  # type: ignore[union-attr]
     assert not of(StartBackend, out)
+    [flag] = [f for f in of(Flag, out) if f.request_id == "r4"]
+    assert "news@2 loading, 30.0 s left, 1 waiting (about 120 s until a slot)" in flag.reason
 
 
 def test_no_second_instance_before_the_first_load_is_measured() -> None:
@@ -164,32 +167,60 @@ def test_one_instance_backends_log_no_routing() -> None:
     assert not [f for _, f in h.log if isinstance(f, Flag) and "bound to" in f.reason]
 
 
-def test_a_request_waiting_for_a_loading_second_instance_moves_to_a_freed_first() -> None:
+def test_a_request_bound_to_a_loading_second_instance_stays_there() -> None:
     h = two_gpus()
     warm(h, 90.0)
     h.arrive("r2", "news", at=200.0)  # runs on news until 260 s
     [start2] = of(StartBackend, h.arrive("r3", "news", at=201.0))
     assert start2.backend == "news@2"  # loading until 241 s
-    out = h.finish("r2", at=220.0)  # news frees before news@2 is ready
+    assert not of(Dispatch, h.finish("r2", at=220.0))  # its load is under way: r3 stays
+    [d] = of(Dispatch, h.ready("news@2", at=241.0))
+    assert (d.request_id, d.backend) == ("r3", "news@2")
+
+
+MUSIC = BackendSpec(name="music", gpus=("gpu1",))
+
+
+def test_a_request_waiting_for_room_for_a_second_instance_moves_to_a_freed_first() -> None:
+    h = Harness(
+        [NEWS, NEWS_2, MUSIC],
+        devices=(gpu("gpu0"), gpu("gpu1"), host()),
+        profiles={"news": (14, 2, LOAD_S), "music": (12, 2, 30.0)},
+    )
+    warm(h, 90.0)  # news on gpu0
+    assert of(StartBackend, h.arrive("m1", "music", at=150.0))
+    assert of(Dispatch, h.ready("music", at=180.0))  # m1 holds gpu1
+    h.arrive("r2", "news", at=200.0)  # runs on news until 290 s
+    out = h.arrive("r3", "news", at=201.0)
+    # news@2 would start once music's m1 ends (about 10 s, the default), plus
+    # its 40 s load: sooner than news's 89 s. music drains for it.
+    assert not of(StartBackend, out)
+    assert h.s.explain("r3", h.now).backend == "news@2"  # type: ignore[union-attr]
+    out = h.finish("r2", at=220.0)  # news frees first: r3 moves there
     [d] = of(Dispatch, out)
     assert (d.request_id, d.backend) == ("r3", "news")
     [flag] = [f for f in of(Flag, out) if f.request_id == "r3"]
-    assert flag.reason == "r3: moved from news@2 (starting) to news, ready with a free slot"
-    # news@2 loads on, idle; a ready news@2 takes no request from a ready news.
-    assert not of(Dispatch, h.ready("news@2", at=241.0))
+    assert flag.reason == "r3: moved from news@2 (stopped) to news, ready with a free slot"
+    # Nothing waits for news@2 any more: music is not stopped for it.
+    assert not of(StopBackend, h.finish("m1", at=400.0))
+    assert not [d for _, d in h.log if isinstance(d, StartBackend) and d.backend == "news@2"]
 
 
 def test_a_moved_request_keeps_its_deadline() -> None:
-    h = two_gpus()
+    h = Harness(
+        [NEWS, NEWS_2, MUSIC],
+        devices=(gpu("gpu0"), gpu("gpu1"), host()),
+        profiles={"news": (14, 2, LOAD_S), "music": (12, 2, 30.0)},
+    )
     warm(h, 90.0)
+    h.arrive("m1", "music", at=150.0)
+    h.ready("music", at=180.0)
     h.arrive("r2", "news", at=200.0)
-    h.arrive("r3", "news", at=201.0, start_by=300.0)  # to news@2, ready at 241 s
+    h.arrive("r3", "news", at=201.0, start_by=300.0)  # to news@2, waiting for room
     h.arrive("r4", "news@2", at=202.0, start_by=400.0)  # named: news@2's queue: r3, r4
     [d] = of(Dispatch, h.finish("r2", at=220.0))
     assert d.request_id == "r3"  # the best-ranked moves, as many as slots free
     assert h.s.explain("r4", h.now).backend == "news@2"  # type: ignore[union-attr]
-    [d4] = of(Dispatch, h.ready("news@2", at=241.0))
-    assert d4.request_id == "r4"
-    # r3 started in time on news: its deadline timer of news@2's queue is stale.
-    assert not [f for f in of(Flag, h.tick(301.0)) if f.request_id == "r3"]
+    # r3 started in time on news; its deadline timer of news@2's queue is stale.
+    h.tick(301.0)
     assert not [d for _, d in h.log if getattr(d, "code", None) == "deadline_missed"]

@@ -11,11 +11,13 @@ Rules it keeps
 
 - **Routing at entry.** A request that names the first instance is bound, when it
   enters the queue (at its arrival, or when its not-before comes), to the ONE
-  instance where it is expected to start soonest (:func:`expected_wait`):
-  loaded with a free slot (0) before loaded and busy (the requests to serve
-  before it, times the service time, over the slots) before loading (the rest of
-  its load, then its queue) before not loaded (:meth:`Core.start_cost`: its load
-  time, plus the time to make room, then its queue). Ties go to the
+  instance where it is expected to start soonest (:func:`expected_wait`, first
+  come first served at the mean service time, which the instances share): a
+  free slot now; else when a slot frees (what the running requests have left
+  of the mean, at least a tenth of it), then the queue ahead; for a loading
+  instance the rest of its load, then its queue; for one not loaded
+  :meth:`Core.start_cost` (its load time, plus the time to make room), then its
+  queue. Ties go to the
   lower-numbered instance. So a further instance gets requests, and the planner
   loads it for them, only when the ones loaded are busy for longer than a load
   takes. A request that names a further instance (``/backends/NAME@2/...``) is
@@ -27,15 +29,18 @@ Rules it keeps
   evicting another: on a GPU that holds one copy, the second copy is not an
   option). The first instance always may: with no other option it takes the
   request, as a backend without instances would.
-- **Bound early, moved to a free slot.** A request stays on the instance it was
-  bound to while that instance is ready (its place in that queue is its place).
-  One waiting for an instance that is not ready (loading, or to be loaded)
-  moves to a sibling the moment that one is ready with a slot its own queue
-  does not fill (:func:`rebind`: when a request there ends or it becomes
-  ready), best-ranked first, keeping its rank, start-by and urgency: a slot
-  free now beats a load that may still take its time, and no instance is
-  loaded, or another evicted, for requests a loaded one can take. A requeue
-  after a self-caused out-of-memory keeps its instance, as it keeps its place.
+- **Bound early; moved only off an instance not started.** A request stays on
+  the instance it was bound to once that instance is loading or loaded: its
+  place in that queue is its place, and a load under way is not thrown away
+  (one bound to a loading second instance does not move back if the first
+  frees meanwhile; it starts once the second is ready, at most the rest of its
+  load later). One bound to an instance whose load has not begun (it waits for
+  memory to be freed) moves to a sibling the moment that one is ready with a
+  slot its own queue does not fill (:func:`rebind`: when a request there ends,
+  or it becomes ready), best-ranked first, keeping its rank, start-by and
+  urgency: no instance is loaded, and nothing evicted, for requests a loaded
+  one can take. A requeue after a self-caused out-of-memory keeps its
+  instance, as it keeps its place.
 - **One profile.** The instances run the same command on the same model: a
   profile measured, raised or forgotten for one is the profile of all
   (:func:`share_profile`).
@@ -74,22 +79,34 @@ class Option:
 
 
 def expected_wait(
-    *, load_left_s: float, slots: int, running: int, queued: int, service_s: float
+    *,
+    load_left_s: float,
+    slots: int,
+    remaining: Sequence[float],
+    queued: int,
+    service_s: float,
 ) -> float:
     """Expected seconds until a new request could start on one instance.
 
     load_left_s: 0 for a loaded instance; the rest of its load for one loading;
         the whole start (load, plus making room) for one not loaded.
-    slots, running, queued: its slots, the requests it serves, those waiting for it.
+    slots: how many requests it serves at once.
+    remaining: for each request it serves now, the seconds it should still hold
+        its slot.
+    queued: the requests waiting for it (as far as this estimate goes, all ahead
+        of the new one).
     service_s: the mean seconds one request holds a slot.
 
-    Requests ahead of the new one must first start (it goes to the back of the
-    instance's queue as far as this estimate is concerned): ``queued + running -
-    slots + 1`` of them must end before a slot is its, each ``service_s`` over
-    ``slots`` slots; none when a slot is free for it.
+    First come, first served on ``slots`` slots, each request ``service_s``:
+    every slot is free at ``load_left_s`` plus what its running request has left;
+    the requests waiting take the slots as they free, a round of ``slots`` at a
+    time, and the new one takes the next.
     """
-    backlog = max(0, queued + running - slots + 1)
-    return load_left_s + backlog * service_s / max(1, slots)
+    free_at = sorted(
+        [load_left_s] * max(0, slots - len(remaining)) + [load_left_s + r for r in remaining]
+    )
+    rounds, k = divmod(queued, len(free_at))
+    return free_at[k] + rounds * service_s
 
 
 def choose(options: Sequence[Option]) -> Option:
@@ -140,15 +157,15 @@ def route(core: Core, first: Backend, rid: str, now: float, out: list[Decision])
 
 def rebind(core: Core, b: Backend, out: list[Decision]) -> None:
     """``b`` has a free slot (a request there ended, or it became ready): the
-    best-ranked requests waiting for a sibling that is not ready move to it, as
-    many as its slots free beyond its own queue take."""
+    best-ranked requests waiting for a sibling whose load has not begun move to
+    it, as many as its slots free beyond its own queue take."""
     if b.spec.instances == 1 or b.state is not BackendState.READY:
         return
     spare = b.free_slots() - b.queue.size
     if spare <= 0:
         return
     for o in members(core, b):
-        if o is b or o.state is BackendState.READY:
+        if o is b or o.state in OCCUPYING:
             continue
         while spare > 0 and o.queue.size:
             req = o.queue.head()
@@ -196,8 +213,9 @@ def _option(
     further = b is not group[0]
     if b.state is BackendState.READY:
         left = 0.0
+        remaining = [_left(r.dispatched_at, service, now) for r in b.running.values()]
         wait = expected_wait(
-            load_left_s=0.0, slots=slots, running=len(b.running), queued=queued, service_s=service
+            load_left_s=0.0, slots=slots, remaining=remaining, queued=queued, service_s=service
         )
         how = f"ready, {len(b.running)} of {slots} slots busy, {queued} waiting"
     elif b.state is BackendState.STARTING:
@@ -205,7 +223,7 @@ def _option(
         left = max(0.0, b.started_at + core.load_s(b) - now)
         how = f"loading, {reasons.secs(left)} left, {queued} waiting"
         wait = expected_wait(
-            load_left_s=left, slots=slots, running=0, queued=queued, service_s=service
+            load_left_s=left, slots=slots, remaining=(), queued=queued, service_s=service
         )
     elif b.state in OCCUPYING:
         return None, f"({b.state.value})"
@@ -217,11 +235,23 @@ def _option(
         left = core.start_cost(b, now)[0]
         how = f"not loaded, starts in about {reasons.secs(left)}, {queued} waiting"
         wait = expected_wait(
-            load_left_s=left, slots=slots, running=0, queued=queued, service_s=service
+            load_left_s=left, slots=slots, remaining=(), queued=queued, service_s=service
         )
     if wait > left:
         how += f" (about {reasons.secs(wait)} until a slot)"
     return Option(name=b.name, wait_s=wait, how=how), ""
+
+
+_OVERRUN_LEFT = 0.1
+"""A request running longer than the mean service time is expected to hold its
+slot this fraction of it more (never "about to end" forever: a hung request)."""
+
+
+def _left(dispatched_at: float | None, service: float, now: float) -> float:
+    """Seconds a running request should still hold its slot: the mean service
+    time less what it has run, at least a tenth of the mean."""
+    ran = 0.0 if dispatched_at is None else now - dispatched_at
+    return max(service - ran, _OVERRUN_LEFT * service)
 
 
 def _fits_beside(core: Core, b: Backend, group: Sequence[Backend]) -> bool:
