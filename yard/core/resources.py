@@ -23,8 +23,9 @@ Rules
   gets the largest setting that fits in what is free on each of its devices,
   down to the minimum; room is never made for the optional part.
 - The order is fixed: **the context first, up to its maximum, then the
-  slots**. A backend gets more slots only once its context is at its maximum,
-  so every start lies on one path, ``(min, pmin) -> (max, pmin) -> (max,
+  slots**. A backend gets more slots only once its context is at its maximum
+  (or at the one measured value, while its token slope is unknown), so every
+  start lies on one path, ``(min, pmin) -> (max, pmin) -> (max,
   pmax)``, along which the memory only grows. That path is also what keeps
   the line honest where the memory is a product (each slot its own context:
   ``bytes = fixed + k x c x p``): the token slope holds at the minimum slot
