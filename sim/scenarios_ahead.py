@@ -5,7 +5,10 @@
   announces that hour's news window (news-llm from :30 to :50, with the number of
   scripts it will send, priority 90) and its voice-over window (tts from :52 to
   :58). The breaking-news burst stays unannounced. Baselines see the same requests
-  and no announcements (they have no way to take them).
+  and no announcements (they have no way to take them). On two GPUs the station
+  also runs news-llm as two instances (``instances = 2``: a copy fits on each GPU,
+  :data:`NEWS_INSTANCES`); on one 24 GiB GPU a second 14.3 GiB copy does not fit
+  beside the first, so it keeps one.
 - ``batch-day-Ngpu``: a morning of listener chat (08:00 to 12:00 on the radio day's
   curve) and, at 08:30, one OpenAI batch of 1,000 lines over three models with a
   ``3h`` completion window (:func:`batch_lines`). ``batch-chat-only-Ngpu`` is the
@@ -42,7 +45,7 @@ from dataclasses import replace
 
 from sim.scenarios import HOUR, MINUTE, chat_rate, radio_day
 from sim.workload import Announcement, Arrival, Ids, Scenario, lognormal, poisson_times
-from sim.world import GiB, MachineSpec, ModelSpec
+from sim.world import GiB, MachineSpec, ModelSpec, with_instances
 
 # -- the radio day, announced -------------------------------------------------------------
 
@@ -91,14 +94,33 @@ def _clock(t: float) -> str:
     return f"{minutes // 60 % 24:02d}:{minutes % 60:02d}"
 
 
+NEWS_INSTANCES = {1: 1, 2: 2}
+"""news-llm's instances on the announced day, by GPU count: one copy per GPU it fits
+on (13 GiB at its peak, 14.3 GiB reserved with the profile margin, on 24 GiB GPUs:
+one per GPU). The scripts of an hour queue behind each other on one instance's one
+slot (:func:`sim.targets_ahead.one_instance_floor`); a second instance serves the
+second script while the first serves the first."""
+
+
 def radio_day_announced(gpu_count: int, hours: float = 24.0) -> Scenario:
-    """The radio day on ``gpu_count`` GPUs with the newsroom's announcements."""
+    """The radio day on ``gpu_count`` GPUs with the newsroom's announcements, and
+    news-llm as :data:`NEWS_INSTANCES` instances."""
     plain = radio_day(gpu_count, hours)
+    count = NEWS_INSTANCES.get(gpu_count, 1)
+    models = tuple(
+        part
+        for m in plain.models
+        for part in (with_instances(m, count) if m.name == "news-llm" else (m,))
+    )
+    title = f"{plain.title}, news windows announced"
+    if count > 1:
+        title += f", news-llm x {count}"
     # The baselines cannot take announcements: their rows are the plain day's.
     return replace(
         plain,
         name=f"{plain.name}-announced",
-        title=f"{plain.title}, news windows announced",
+        title=title,
+        models=models,
         announcements=newsroom_announcements,
         policies=("yard",),
     )
