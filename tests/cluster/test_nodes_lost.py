@@ -44,13 +44,6 @@ async def _until(read: Callable[[], Awaitable[str]], wanted: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="once in a fresh-clone full run (af3d805) the kept result was not written within "
-    "60 s of the database coming back (the job never read 'succeeded'); it passed alone "
-    "every time and in four earlier full runs. Not yet understood: still runs, see the "
-    "closing note",
-)
 async def test_a_node_without_its_database_serves_what_it_has_and_catches_up(
     postgres_server: PostgresServer, postgres_dsn: str, tmp_path: Path
 ) -> None:
