@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
 from tests.core.harness import GIB, Harness, host, of
 from yard.core import (
     BackendSpec,
@@ -13,7 +16,7 @@ from yard.core import (
     SchedulerConfig,
     StartBackend,
 )
-from yard.core.resources import choose, learn, need_at, path_ends
+from yard.core.resources import STEP, choose, learn, need_at, path_ends
 from yard.core.spec import HOST, Profile
 
 MIB = 1024 * 1024
@@ -182,3 +185,48 @@ def test_yard_probe_measures_the_ends_of_the_path() -> None:
     assert path_ends(None, (2, 6)) == [(None, 2), (None, 6)]
     assert path_ends((512, 512), (1, 1)) == [(512, 1)]
     assert path_ends(None, None) == [(None, None)]
+
+
+@settings(max_examples=300, deadline=None)
+# a slope so small that the room it leaves overflows to infinity; one under a byte
+@example(base=1, per_token=5e-324, per_slot=5e-324, margin=1.0, free=GIB, gpu=False)
+@example(base=1, per_token=1e-300, per_slot=1e9, margin=1.0, free=1, gpu=True)
+@given(
+    base=st.integers(0, 8 * GIB),
+    per_token=st.floats(0, 256 * 1024),
+    per_slot=st.floats(0, 2 * GIB),
+    margin=st.floats(1.0, 1.5),
+    free=st.integers(0, 64 * GIB),
+    gpu=st.booleans(),
+)
+def test_the_choice_fits_and_the_next_step_along_the_path_does_not(
+    base: int, per_token: float, per_slot: float, margin: float, free: int, gpu: bool
+) -> None:
+    gpus = ("gpu0",) if gpu else ()
+    line = Profile(
+        gpu_bytes=base if gpu else 0,
+        host_bytes=base,
+        load_s=1,
+        context=SPAN[0],
+        host_per_token=per_token,
+        gpu_per_token=per_token,
+        parallel=SLOTS[0],
+        host_per_slot=per_slot,
+        gpu_per_slot=per_slot,
+    )
+    room = {HOST: free, **dict.fromkeys(gpus, free)}
+    required = need_at(line, gpus, margin, SPAN[0], SLOTS[0])
+    if any(n > room[d] for d, n in required.items()):
+        return  # placement makes room for the required part first
+    choice = choose(spec(gpus=gpus), line, gpus, margin, room)
+    assert choice is not None and choice.context is not None and choice.parallel is not None
+    assert all(n <= room[d] for d, n in choice.need.items())
+    assert choice.need == need_at(line, gpus, margin, choice.context, choice.parallel)
+    # on the path: more slots only with the context at its maximum
+    assert choice.parallel == SLOTS[0] or choice.context == SPAN[1]
+    if choice.context < SPAN[1]:
+        bigger = choice.context // STEP * STEP + STEP
+        assert any(n > room[d] for d, n in need_at(line, gpus, margin, bigger, 1).items())
+    elif choice.parallel < SLOTS[1]:
+        more = need_at(line, gpus, margin, SPAN[1], choice.parallel + 1)
+        assert any(n > room[d] for d, n in more.items())

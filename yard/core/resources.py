@@ -161,19 +161,31 @@ def _largest(
     free: Mapping[str, int],
     need: Callable[[int], Mapping[str, int]],
 ) -> int:
-    """The largest value in ``[low, high]`` (``high``, or ``low`` plus whole
-    ``step``s from 0) whose ``need`` fits in ``free``. Each device's need is a
-    line from ``at_low`` with ``slope`` bytes per unit: the largest fitting
-    value is found per device, the smallest of those taken, and then checked
-    against ``need`` itself (rounding)."""
+    """The largest value in ``[low, high]`` (``low``, ``high``, or a multiple
+    of ``step``) whose ``need`` fits in ``free``. Each device's need is a line
+    from ``at_low`` with ``slope`` bytes per unit: the largest fitting value is
+    found per device, the smallest of those taken, and then moved to the exact
+    answer against ``need`` itself (rounding)."""
     cap = high
     for device, room in free.items():
         per_unit = slope(device)
         if per_unit > 0 and device in at_low:
-            cap = min(cap, low + math.floor((room - at_low[device]) / per_unit))
+            units = (room - at_low[device]) / per_unit
+            # A slope of a few bytes in a lot of room is far beyond the range
+            # (and a tiny one overflows to infinity).
+            if units < high - low:
+                cap = min(cap, low + math.floor(units))
     best = high if cap >= high else max(low, cap // step * step)
-    while best > low and any(n > free.get(d, n) for d, n in need(best).items()):
+
+    def fits(value: int) -> bool:
+        return all(n <= free.get(d, n) for d, n in need(value).items())
+
+    # The per-device lines round (a need is whole bytes, the margin applied
+    # before rounding up): settle on the exact answer from the estimate.
+    while best > low and not fits(best):
         best = max(low, (best - 1) // step * step)
+    while best < high and fits(up := min(high, best // step * step + step)):
+        best = up
     return best
 
 
