@@ -224,3 +224,19 @@ def test_a_moved_request_keeps_its_deadline() -> None:
     # r3 started in time on news; its deadline timer of news@2's queue is stale.
     h.tick(301.0)
     assert not [d for _, d in h.log if getattr(d, "code", None) == "deadline_missed"]
+
+
+def test_a_request_on_a_second_instance_is_explained_and_cancelled_there() -> None:
+    h = two_gpus()
+    warm(h, 90.0)
+    h.arrive("r2", "news", at=200.0)
+    h.arrive("r3", "news", at=201.0)  # bound to news@2, loading
+    view = h.s.explain("r3", h.now)
+    assert view is not None and view.backend == "news@2"
+    assert "news@2" in view.reason
+    h.cancel("r3", at=210.0)
+    assert h.s.explain("r3", h.now) is None
+    # news@2 loads on for nobody; once ready it idles, and r4 can still use it.
+    assert not of(Dispatch, h.ready("news@2", at=241.0))
+    [d] = of(Dispatch, h.arrive("r4", "news", at=242.0))
+    assert d.backend == "news@2"  # news is busy with r2 until 290 s
