@@ -7,6 +7,7 @@ from __future__ import annotations
 from quart_trio import QuartTrio
 from rich.console import Console
 
+from tests.observe.conftest import ADMIN_KEY, make_app
 from tests.observe.fakes import FakeEngine, device_view
 from tests.observe.test_metrics import scrape
 from yard.observe import Observer, install
@@ -46,3 +47,19 @@ async def test_a_gpu_credited_by_device_deltas_is_shown(engine: FakeEngine) -> N
     samples = await scrape(app)
     assert samples[("yard_device_per_process", (("device", "gpu0"), ("kind", "gpu")))] == 0
     assert samples[("yard_device_per_process", (("device", "gpu1"), ("kind", "gpu")))] == 1
+
+
+async def test_the_dashboard_shows_the_slots_and_a_gpu_credited_by_deltas(
+    engine: FakeEngine,
+) -> None:
+    engine.set_backend("llm", context=16384, parallel=4, slots=4)
+    engine.devices.append(device_view("gpu1", per_process=True))
+    client = make_app(engine).test_client()
+    html = await (
+        await client.get("/dashboard", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    ).get_data(as_text=True)
+    row = html[html.index('data-backend="llm" data-state') :]
+    assert "context 16384" in row[:800] and "parallel 4" in row[:800]
+    gpu0 = html[html.index('data-device="gpu0"') : html.index('data-device="gpu1"')]
+    assert "device deltas: first loads alone" in gpu0
+    assert "device deltas" not in html[html.index('data-device="gpu1"') :]
