@@ -61,5 +61,5 @@ async def test_the_dashboard_shows_the_slots_and_a_gpu_credited_by_deltas(
     row = html[html.index('data-backend="llm" data-state') :]
     assert "context 16384" in row[:800] and "parallel 4" in row[:800]
     gpu0 = html[html.index('data-device="gpu0"') : html.index('data-device="gpu1"')]
-    assert "device deltas: first loads alone" in gpu0
+    assert "by device deltas: new backends are measured alone" in gpu0
     assert "device deltas" not in html[html.index('data-device="gpu1"') :]
