@@ -59,3 +59,10 @@ def test_a_bad_range_is_an_error_naming_the_key(
 ) -> None:
     errors = errors_of(tmp_path, LLM.format(arg=arg, extra=extra))
     assert any(error in e for e in errors), errors
+
+
+def test_the_total_context_alone_does_not_pass_the_slot_count(tmp_path: Path) -> None:
+    errors = errors_of(tmp_path, LLM.format(arg='"-c", "{total_context}"', extra=RANGES))
+    assert any(
+        "backends.llm.parallel: is set but the command never uses {parallel}" in e for e in errors
+    ), errors

@@ -267,7 +267,9 @@ def _parallel(
     if not 1 <= low <= high:
         r.error(f"{key}.parallel", f"needs 1 <= min <= max, got min = {low}, max = {high}")
         return None
-    if not uses and not total:
+    if not uses:
+        # {total_context} alone would grow the memory without the server
+        # serving that many at once.
         r.error(
             f"{key}.parallel",
             "is set but the command never uses {parallel}; pass it to the server, "
