@@ -196,8 +196,9 @@ def _move(core: Core, req: Req, src: Backend, dst: Backend) -> None:
 
 
 def _service_s(core: Core, group: Sequence[Backend]) -> float:
-    """The mean service time of the group: an instance's own is the others' too
-    (same server, same model), so a fresh instance uses its siblings'."""
+    """The mean service time of the group's instances: the first measured one's
+    (same server, same model: an instance that served nothing yet is expected
+    to serve as its sibling does), else the default."""
     for b in group:
         if b.service_ewma is not None:
             return b.service_ewma
