@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
+import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -85,22 +86,43 @@ def test_a_large_json_body_is_scanned_for_its_model_not_parsed_whole(
     assert all(size < 4096 for size in big_calls), big_calls
 
 
-async def test_the_gateway_finds_the_model_of_a_large_body_off_the_event_loop(
+async def test_the_gateway_scans_a_large_body_on_the_loop_in_turns(
     gw: Gateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    threads: list[bool] = []
+    # Not in a worker thread (there the scan held the GIL, and the loop
+    # waited for it at each of its system calls), and not in one go: other
+    # tasks run between the scan's steps.
+    monkeypatch.setattr(intake, "_STEP", 4096)
+    monkeypatch.setattr("yard.http.gateway._TURN_S", 0.0)
+    turns = 0
+    scans: list[tuple[bool, int]] = []
+    real = intake.model_steps
 
-    def watched(method: str, content_type: bytes | None, body: bytes) -> str:
-        threads.append(threading.current_thread() is threading.main_thread())
-        return model_of(method, content_type, body)
+    def watched(method: str, content_type: bytes | None, body: bytes) -> intake.Steps[str]:
+        before = turns
+        model = yield from real(method, content_type, body)
+        scans.append((threading.current_thread() is threading.main_thread(), turns - before))
+        return model
 
-    monkeypatch.setattr("yard.http.gateway.model_of", watched)
-    small = {"model": "tiny"}
-    large = {"model": "tiny", "pad": "x" * PADDING}
-    for body in (small, large):
-        response = await gw.client.post("/v1/chat/completions", json=body)
-        assert response.status_code == 200
-    assert threads == [True, False]
+    monkeypatch.setattr("yard.http.gateway.model_steps", watched)
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(count_turns)
+        for body in ({"model": "tiny"}, {"model": "tiny", "pad": "x" * PADDING}):
+            response = await gw.client.post("/v1/chat/completions", json=body)
+            assert response.status_code == 200
+        nursery.cancel_scope.cancel()
+    # (The small body is read at once.) 200 KiB in 4 KiB steps, a turn for
+    # the others after each.
+    [(on_the_loop, others_ran)] = scans
+    assert on_the_loop
+    assert others_ran >= PADDING // 4096
 
 
 @pytest.mark.parametrize("pad", [0, PADDING], ids=["inline", "scanned"])

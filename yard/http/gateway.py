@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -46,12 +46,14 @@ from yard.engine import Rejected
 from yard.http.errors import ApiError, error_body, error_headers
 from yard.http.intake import (
     INLINE_LIMIT,
+    Steps,
     authenticate,
     check_window,
     clamp_priority,
     flag,
     local_app,
     model_of,
+    model_steps,
     new_request_id,
     parse_not_before,
     parse_start_by,
@@ -82,6 +84,10 @@ _CONTROL_V1 = ("/v1/jobs", "/v1/files", "/v1/batches", "/v1/announcements")
 _CONTROL_NAMES = frozenset({"jobs", "files", "batches", "announcements"})
 _JSON_CT = b"application/json"
 _SESSION = SESSION_COOKIE.encode().lower()
+_TURN_S = 0.001
+"""How long a scan of a large body runs on the loop before other tasks get
+a turn (:func:`_in_turns`)."""
+T = TypeVar("T")
 
 
 class _ClientGone(Exception):
@@ -452,8 +458,9 @@ class Gateway:
             if len(body) <= INLINE_LIMIT:
                 model = model_of(method, content_type, body)
             else:
-                # Off the loop: see yard.http.intake for why this is enough.
-                model = await trio.to_thread.run_sync(model_of, method, content_type, body)
+                # On the loop, in turns: see yard.http.intake for why not
+                # in a worker thread.
+                model = await _in_turns(model_steps(method, content_type, body))
             backend_config = config.backend_for_model(model)
             if self._forwarder is not None and forwarded_by is None and app.may_use(model):
                 target = self._forwarder.route(
@@ -615,6 +622,21 @@ def _response_headers(headers: Headers) -> Headers:
         elif name == b"set-cookie" and value.partition(b"=")[0].strip().lower() == _SESSION:
             kept = [h for h in kept if h[0] != b"set-cookie" or h[1] != value]
     return kept
+
+
+async def _in_turns(steps: Steps[T]) -> T:
+    """Run ``steps`` (a scan, see :data:`yard.http.intake.Steps`) on the
+    loop, letting the other tasks run every :data:`_TURN_S` seconds; its
+    value (or what it raised)."""
+    turn_ends = time.perf_counter() + _TURN_S
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        if time.perf_counter() >= turn_ends:
+            await trio.lowlevel.checkpoint()
+            turn_ends = time.perf_counter() + _TURN_S
 
 
 async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:

@@ -16,7 +16,9 @@ import math
 import re
 import secrets
 import time
+from collections.abc import Generator
 from datetime import UTC, datetime
+from typing import TypeVar
 from urllib.parse import unquote
 
 from yard.config import AppConfig, Config
@@ -243,19 +245,28 @@ def _check_deadline_range(epoch: float, header: str) -> None:
 #
 # - a body up to INLINE_LIMIT is read right here (a small JSON body with
 #   json.loads, the fastest and exact: a chat request costs about 3 µs);
-# - a larger one goes to a worker thread (the gateway does that), and there it
-#   is *scanned*, never parsed whole: json.loads of 60 MiB of small objects
-#   held the loop for 2-6 s, parse_qs of 60 MiB of "a=b&" for 22-34 s. A
-#   worker thread alone would not help: one C call (json.loads, a regex over
-#   the whole body) keeps the GIL to itself until it returns. So the scanners
-#   below are made of C calls that each look at no more than _STEP bytes, and
-#   the thread hands the GIL back to the loop between them.
+# - a larger one is *scanned*, never parsed whole: json.loads of 60 MiB of
+#   small objects held the loop for 2-6 s, parse_qs of 60 MiB of "a=b&" for
+#   22-34 s. The scanners below are made of C calls that each look at no
+#   more than _STEP bytes, and they are generators that yield between steps
+#   (:data:`Steps`): the gateway runs them on the loop and lets other tasks
+#   run every millisecond or so. Not in a worker thread: there the scan held
+#   the GIL for all but the moments between its steps, and the loop, which
+#   lets go of the GIL at every system call, waited for it each time (up to
+#   the 5 ms switch interval, and longer while the OS had the worker thread
+#   preempted on a busy machine): a /healthz took tens of ms per scan.
+
+T = TypeVar("T")
+Steps = Generator[None, None, T]
+"""A scan in steps: each ``next()`` does a bounded piece of work (a C call
+over at most _STEP bytes, or a few Python steps) and the value comes with
+StopIteration (:func:`complete` runs one to its end at once)."""
 
 INLINE_LIMIT = 64 * 1024
-"""Bodies up to this size are read on the event loop; larger ones belong in
-a worker thread (``trio.to_thread.run_sync(model_of, ...)``)."""
+"""Bodies up to this size are read at once; for larger ones the gateway runs
+:func:`model_steps` a step at a time."""
 
-_STEP = 1 << 20  # bytes one C call (a find, a regex match) may look at
+_STEP = 256 * 1024  # bytes one C call (a find, a regex match) may look at
 _MAX_DEPTH = 512  # JSON nesting the scanner follows
 _MAX_MODEL = 4096  # bytes of a model name worth decoding
 _MAX_PARTS = 100  # multipart parts looked at for the field
@@ -294,7 +305,16 @@ def _end(pattern: re.Pattern[bytes], body: bytes, pos: int, stop: int) -> int:
     return match.end()
 
 
-def _find(body: bytes, needle: bytes, start: int, end: int | None = None) -> int:
+def complete(steps: Steps[T]) -> T:
+    """Run ``steps`` to its end at once; its value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+def _find(body: bytes, needle: bytes, start: int, end: int | None = None) -> Steps[int]:
     """``body.find(needle, start, end)``, one _STEP at a time."""
     end = len(body) if end is None else end
     while start < end:
@@ -303,12 +323,13 @@ def _find(body: bytes, needle: bytes, start: int, end: int | None = None) -> int
         if found >= 0:
             return found
         start = stop
+        yield
     return -1
 
 
 def _search(
     pattern: re.Pattern[bytes], body: bytes, start: int, end: int
-) -> re.Match[bytes] | None:
+) -> Steps[re.Match[bytes] | None]:
     """``pattern.search`` over ``body[start:end]``, one _STEP at a time
     (for patterns whose matches are shorter than _OVERLAP)."""
     while start < end:
@@ -317,19 +338,21 @@ def _search(
         if found is not None:
             return found
         start = stop
+        yield
     return None
 
 
-def _skip_ws(body: bytes, pos: int) -> int:
+def _skip_ws(body: bytes, pos: int) -> Steps[int]:
     end = len(body)
     while True:
         stop = min(pos + _STEP, end)
         pos = _end(_WS, body, pos, stop)
         if pos < stop or stop == end:
             return pos
+        yield
 
 
-def _string_end(body: bytes, pos: int) -> int:
+def _string_end(body: bytes, pos: int) -> Steps[int]:
     """The index after the JSON string that opens at ``body[pos]``."""
     end = len(body)
     pos += 1
@@ -341,6 +364,7 @@ def _string_end(body: bytes, pos: int) -> int:
             return pos + 1
         if body[pos] == 0x5C:  # \ and the byte it escapes
             pos += 2
+        yield
     raise _invalid_json("a string is not terminated")
 
 
@@ -353,6 +377,11 @@ def _no_model() -> ApiError:
 
 
 def _json_model(body: bytes) -> str:
+    """:func:`_json_model_steps`, at once."""
+    return complete(_json_model_steps(body))
+
+
+def _json_model_steps(body: bytes) -> Steps[str]:
     """The top-level ``model`` string of a JSON body, found by a scan that
     follows strings and brackets and builds nothing.
 
@@ -364,7 +393,7 @@ def _json_model(body: bytes) -> str:
     which answers for it.
     """
     end = len(body)
-    pos = _skip_ws(body, 3 if body.startswith(b"\xef\xbb\xbf") else 0)
+    pos = yield from _skip_ws(body, 3 if body.startswith(b"\xef\xbb\xbf") else 0)
     if pos == end:
         raise _invalid_json("the body is empty")
     if body[pos] != 0x7B:  # {
@@ -376,17 +405,18 @@ def _json_model(body: bytes) -> str:
     segment = pos  # where the text at depth 1 began (after the last bracket)
     run, run_nested = _RUN.match, _RUN_NESTED.match
     while True:
+        yield
         stop = min(pos + _STEP, end)
         # (Both always match; at the top level, keys must be seen.)
         found = run(body, pos, stop) if len(closers) <= 1 else run_nested(body, pos, stop)
         pos = found.end()  # type: ignore[union-attr]
         if pos < end and body[pos] == 0x22:  # a string cut by the window
-            pos = _string_end(body, pos)
+            pos = yield from _string_end(body, pos)
             continue
         if pos == stop and stop < end:
             continue
         if len(closers) == 1:
-            value = _model_in(body, segment, pos, value)
+            value = yield from _model_in(body, segment, pos, value)
         if pos == end:
             raise _invalid_json("an object or array is not closed")
         byte = body[pos]
@@ -402,7 +432,7 @@ def _json_model(body: bytes) -> str:
             segment = pos
         elif not closers:
             break
-    if _skip_ws(body, pos) != end:
+    if (yield from _skip_ws(body, pos)) != end:
         raise _invalid_json(f"extra data after the object, at byte {pos}")
     if value is None:
         raise _no_model()
@@ -422,23 +452,23 @@ def _json_model(body: bytes) -> str:
 
 def _model_in(
     body: bytes, start: int, end: int, value: tuple[int, int] | None
-) -> tuple[int, int] | None:
+) -> Steps[tuple[int, int] | None]:
     """Look for ``"model": ...`` members in ``body[start:end]``, text of the
     top-level object between brackets; return where the last one's string
     value is (None once a later one is not a string), else ``value``."""
     while True:
-        key = _search(_MODEL_KEY, body, start, end)
+        key = yield from _search(_MODEL_KEY, body, start, end)
         if key is None:
             return value
         start = key.end()
         if key.start() > 0 and body[key.start() - 1] == 0x5C:  # inside a string
             continue
-        colon = _skip_ws(body, start)
+        colon = yield from _skip_ws(body, start)
         if colon >= end or body[colon] != 0x3A:  # a string value "model", not a key
             continue
-        first = _skip_ws(body, colon + 1)
+        first = yield from _skip_ws(body, colon + 1)
         if first < end and body[first] == 0x22:
-            start = _string_end(body, first)
+            start = yield from _string_end(body, first)
             value = (first, start)
         else:
             value = None  # a number, a literal or a container: not a string
@@ -452,7 +482,7 @@ def _too_deep() -> ApiError:
     )
 
 
-def _form_model(body: bytes) -> str | None:
+def _form_model(body: bytes) -> Steps[str | None]:
     """The first non-empty ``model`` field of a url-encoded form, as
     ``parse_qs(body)["model"][0]`` would read it, without splitting the rest."""
     end = len(body)
@@ -461,11 +491,11 @@ def _form_model(body: bytes) -> str | None:
     value_start = found.end() - 1 if found is not None else -1
     while True:
         if value_start < 0:
-            match = _search(_FORM_MODEL, body, pos, end)
+            match = yield from _search(_FORM_MODEL, body, pos, end)
             if match is None:
                 return None
             value_start = match.end()
-        value_end = _find(body, b"&", value_start)
+        value_end = yield from _find(body, b"&", value_start)
         if value_end < 0:
             value_end = end
         if value_end > value_start:
@@ -485,21 +515,27 @@ def multipart_field(body: bytes, content_type: bytes, name: bytes) -> bytes | No
     """The value of form field ``name`` in a ``multipart/form-data`` body,
     without copying the rest of it. None if absent among the first 100 parts,
     or the body is malformed."""
+    return complete(_multipart_field_steps(body, content_type, name))
+
+
+def _multipart_field_steps(body: bytes, content_type: bytes, name: bytes) -> Steps[bytes | None]:
     match = re.search(rb'boundary=(?:"([^"]+)"|([^;\s]+))', content_type, re.IGNORECASE)
     if match is None:
         return None
     delimiter = b"--" + (match.group(1) or match.group(2))
-    pos = _find(body, delimiter, 0)
+    pos = yield from _find(body, delimiter, 0)
     for _ in range(_MAX_PARTS):
         if pos == -1:
             return None
         start = pos + len(delimiter)
         if body[start : start + 2] == b"--":
             return None
-        head_end = _find(body, b"\r\n\r\n", start, min(start + _MAX_PART_HEAD, len(body)))
+        head_end = yield from _find(
+            body, b"\r\n\r\n", start, min(start + _MAX_PART_HEAD, len(body))
+        )
         if head_end == -1:
             return None
-        end = _find(body, b"\r\n" + delimiter, head_end + 4)
+        end = yield from _find(body, b"\r\n" + delimiter, head_end + 4)
         if end == -1:
             return None
         for line in body[start:head_end].split(b"\r\n"):
@@ -516,13 +552,18 @@ def model_of(method: str, content_type: bytes | None, body: bytes) -> str:
     """The ``model`` a ``/v1`` request names (JSON body, multipart or
     url-encoded form field). Raises :class:`ApiError` 400 when there is none.
 
-    Its cost grows with the body; call it for a body over
-    :data:`INLINE_LIMIT` in a worker thread, where it gives the GIL back to
-    the event loop at least every megabyte.
+    Its cost grows with the body: for a body over :data:`INLINE_LIMIT`, run
+    :func:`model_steps` a step at a time instead.
     """
+    return complete(model_steps(method, content_type, body))
+
+
+def model_steps(method: str, content_type: bytes | None, body: bytes) -> Steps[str]:
+    """:func:`model_of` in steps (:data:`Steps`), each of which looks at no
+    more than about 256 KiB of the body."""
     ctype = (content_type or b"").lower()
     if ctype.startswith(b"multipart/form-data"):
-        raw = multipart_field(body, content_type or b"", b"model")
+        raw = yield from _multipart_field_steps(body, content_type or b"", b"model")
         if raw is None:
             raise ApiError(
                 400,
@@ -531,10 +572,10 @@ def model_of(method: str, content_type: bytes | None, body: bytes) -> str:
             )
         return raw.decode("utf-8", "replace").strip()
     if ctype.startswith(b"application/x-www-form-urlencoded"):
-        first = _skip_ws(body, 0)
+        first = yield from _skip_ws(body, 0)
         # (A JSON body under the form type is what `curl -d '{...}'` sends.)
         if body[first : first + 1] != b"{":
-            model = _form_model(body)
+            model = yield from _form_model(body)
             if not model:
                 raise ApiError(400, "model_required", "the form has no 'model' field")
             return model
@@ -545,7 +586,7 @@ def model_of(method: str, content_type: bytes | None, body: bytes) -> str:
             f"{method} without a body: yard routes /v1 requests by their 'model' field",
         )
     if len(body) > INLINE_LIMIT:
-        return _json_model(body)
+        return (yield from _json_model_steps(body))
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
