@@ -21,8 +21,10 @@ only:
   urgency), and every backend whose place in the order moved with it;
 - a backend whose plan read something noted since, where reading it again gives
   another answer (a victim now refused, the eviction order changed);
-- an evicting plan whose own queue or victims were touched, or whose batching
-  the clock has run out;
+- an evicting plan whose head or earliest start-by changed, one of whose
+  victims changed in what decides how it makes room (:func:`victim_sig`:
+  whether it serves first, is busy, its reload and service times), or whose
+  batching the clock has run out;
 - after a plan carried out in this round (a start, a stop, a drain), the plans
   after it that read what that changed (the same tests, on what it touched);
 - a backend planned after a frontier that answers what its plan asked of it
@@ -34,7 +36,7 @@ All other plans are reused as they are, with their effects on the frontier.
 Two shortcuts keep the cost of a round low with many backends:
 
 - A touched backend is read again only where what plans may read of it (its
-  refusal inputs, its eviction key: :func:`_read_sig`) changed since the steps
+  refusal inputs, its eviction key: :func:`read_sig`) changed since the steps
   last agreed with it.
 - Within a round, a plan that stopped at its first checks (claims, another
   load), or a blocked one whose every considered victim refused, is *told
@@ -52,12 +54,32 @@ against a scheduler made with ``replan_everything=True``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
+import math
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
 
 from yard.core import placement, reasons
 from yard.core.decisions import Decision
 from yard.core.lifecycle import BackendState, Move
-from yard.core.placement import Outcome, Plan, Reads, Room, evict_key, refusal_by_key
+from yard.core.placement import Outcome, Plan, Reads, Room
+from yard.core.plan_steps import (
+    EMPTY,
+    Frontier,
+    Key,
+    Sig,
+    Step,
+    Told,
+    frontier_after,
+    head_changed,
+    only_key,
+    ranks_no_higher,
+    read_sig,
+    reads_same,
+    reuse_after,
+    still_reads,
+    victim_sig,
+)
 from yard.core.queue import Req, order_key
 from yard.core.records import Backend
 from yard.core.spec import HOST
@@ -65,53 +87,11 @@ from yard.core.state import Core
 
 _WAITING_FOR_LOAD = (BackendState.STOPPED, BackendState.FAILED, BackendState.STOPPING)
 
-
-@dataclass(slots=True, eq=False)
-class _Frontier:
-    """What the backends planned so far in a round booked, claimed and took."""
-
-    booked: dict[str, int] = field(default_factory=dict)
-    claimed: set[str] = field(default_factory=set)
-    taken: set[str] = field(default_factory=set)
-
-    def copy(self) -> _Frontier:
-        return _Frontier(dict(self.booked), set(self.claimed), set(self.taken))
-
-    def same(self, other: _Frontier) -> bool:
-        return (
-            self.booked == other.booked
-            and self.claimed == other.claimed
-            and self.taken == other.taken
-        )
-
-
-@dataclass(slots=True, eq=False)
-class _Step:
-    """One backend's place in a round and what its plan was."""
-
-    backend: Backend
-    state: BackendState
-    head: Req | None
-    urgent: bool
-    overtakes: int
-    plan: Plan | None  # None: it is still stopping, or has no place on this machine
-    reads: Reads
-    names: frozenset[str]  # the backends in reads
-    claims: frozenset[str]  # the devices whose claim it may have read
-    books: frozenset[str]  # the devices whose booking it may have read
-    before: _Frontier  # the frontier it was planned after
-    after: _Frontier | None  # the frontier after it, if its plan changed it
-    head_key: tuple[float, float, str] | None = None  # order_key of head
-    why: dict[str, str | None] = field(default_factory=dict)  # reads.refusals by name
-    ordered: frozenset[str] = frozenset()  # the backends in reads.orders of two or more
-
-
-_Key = tuple[float, float, str]
 _OptionsSig = tuple[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], ...]
 
 _FEW_READERS = 4
 """Up to this many plans that read a touched backend are checked again
-directly (:func:`_still_reads`) rather than through its signature."""
+directly (:func:`still_reads`) rather than through its signature."""
 
 _CLOCK_MARGIN_S = 1e-3
 """Batching is planned again this long before the clock could end it (the
@@ -119,30 +99,8 @@ comparison in :func:`~yard.core.estimates.overtake_denied` rounds differently)."
 
 _NOTHING: frozenset[str] = frozenset()
 
-_EMPTY = _Frontier()
-"""The frontier before the first plan of a round (never changed: plans copy it)."""
-
-
-@dataclass(slots=True, eq=False)
-class _Told:
-    """A plan worked out in this round, with what it read, by name."""
-
-    plan: Plan | None
-    reads: Reads
-    names: frozenset[str]
-    why: dict[str, str | None]  # reads.refusals by name
-    ordered: frozenset[str]  # the backends in reads.orders of two or more
-    head_key: tuple[float, float, str] | None  # order_key of the head it was planned for
-    option: int = 0  # the plan's place among the options
-    at_once: bool = False  # it stopped at its first checks (it read no booking, no victim)
-
-
-def _ranks_no_higher(key: _Key | None, than: _Key | None) -> bool:
-    """Whether a request ranked ``key`` is refused by every backend that refused
-    one ranked ``than`` (None: no request; refused by every backend with one)."""
-    if key is None or than is None:
-        return key is than
-    return than <= key
+_LOWEST: Key = (-math.inf, -math.inf, "")
+"""Below every :func:`~yard.core.queue.order_key`."""
 
 
 def _is_waiting(b: Backend) -> bool:
@@ -160,10 +118,12 @@ class Planner:
         self._core = core
         self._everything = replan_everything
         self._version = -1  # room_version the steps were planned at (-1: plan afresh)
-        self._steps: list[_Step] = []
+        self._steps: list[Step] = []
         self._order: list[Backend] = []  # the steps' backends
         self._index: dict[str, int] = {}  # backend -> its step
         self._readers: dict[str, set[int]] = {}  # backend -> the steps that read it
+        # backend -> the steps that read its place in an eviction order (Step.ordered)
+        self._orderers: dict[str, set[int]] = {}
         self._weighers: dict[str, set[int]] = {}  # device -> the steps that weighed its memory
         self._evicting: set[int] = set()  # the steps that chose victims
         self._effects: list[int] = []  # the steps that booked, claimed or took
@@ -171,13 +131,14 @@ class Planner:
         # and the number of its options' figures
         self._devices: dict[str, tuple[object, frozenset[str], frozenset[str], int]] = {}
         self._sigs: dict[_OptionsSig, int] = {}
-        # per backend in the order: its rank there (see _ordered)
-        self._ranks: dict[str, tuple[int, _Key]] = {}
+        # per backend in the order: its rank there (see _ordered), and the steps' ranks
+        self._ranks: dict[str, tuple[int, Key]] = {}
+        self._rank_list: list[tuple[int, Key]] = []
         # this round's blocked plans, told again to the backends after them
-        self._told: dict[tuple[_Frontier, Room, int, bool | None], _Told] = {}
-        # per backend: what plans may read of it (:func:`_read_sig`) when the
+        self._told: dict[tuple[Frontier, Room, int, bool | None], Told] = {}
+        # per backend: what plans may read of it (:func:`read_sig`) when the
         # steps were last known to agree with it
-        self._seen: dict[str, _Sig] = {}
+        self._seen: dict[str, Sig] = {}
 
     def round(self, now: float, out: list[Decision]) -> None:
         """Plan the loads and carry out what the plans say."""
@@ -213,9 +174,9 @@ class Planner:
         touched.clear()
         core.touched_devices.clear()
         index = {} if full else self._index
-        steps: list[_Step] = []
+        steps: list[Step] = []
         fresh: list[int] = []
-        frontier = _EMPTY
+        frontier = EMPTY
         room: Room | None = None
         last_dirty = max(dirty, default=-1)
         seen = core.transitions
@@ -240,9 +201,9 @@ class Planner:
                             frontier = old[e].after or frontier
                     steps.extend(old[k:])
                     break
-                if same or _reads_same(prev, frontier):
+                if same or reads_same(prev, frontier):
                     if not same:
-                        _move(prev, frontier)
+                        reuse_after(prev, frontier)
                     steps.append(prev)
                     if prev.after is not None:
                         self._replay(prev, out)
@@ -270,7 +231,7 @@ class Planner:
             self._seen.pop(name, None)
         self._version = core.room_version
 
-    def _keep(self, steps: list[_Step], order: list[Backend], fresh: list[int]) -> None:
+    def _keep(self, steps: list[Step], order: list[Backend], fresh: list[int]) -> None:
         """Remember this round's steps and the indexes into them."""
         reindex = order is not self._order or len(steps) != len(self._steps)
         old = self._steps
@@ -278,12 +239,16 @@ class Planner:
         if reindex:
             self._order = list(order)
             self._index = {b.name: k for k, b in enumerate(order)}
+            self._rank_list = [self._ranks[b.name] for b in order]
             self._readers = {}
+            self._orderers = {}
             self._weighers = {}
             self._evicting = set()
             for k, st in enumerate(steps):
                 for name in st.names:
                     self._readers.setdefault(name, set()).add(k)
+                for name in st.ordered:
+                    self._orderers.setdefault(name, set()).add(k)
                 for device in st.reads.devices:
                     self._weighers.setdefault(device, set()).add(k)
                 if st.reads.evicts:
@@ -298,6 +263,11 @@ class Planner:
                     self._readers[name].discard(k)
                 for name in now_.names - before.names:
                     self._readers.setdefault(name, set()).add(k)
+            if before.ordered != now_.ordered:
+                for name in before.ordered - now_.ordered:
+                    self._orderers[name].discard(k)
+                for name in now_.ordered - before.ordered:
+                    self._orderers.setdefault(name, set()).add(k)
             if before.reads.devices != now_.reads.devices:
                 for device in before.reads.devices - now_.reads.devices:
                     self._weighers[device].discard(k)
@@ -336,7 +306,7 @@ class Planner:
                 if _is_waiting(b):
                     return False
                 continue
-            if not _is_waiting(b) or _head_changed(b, self._steps[k]):
+            if not _is_waiting(b) or head_changed(b, self._steps[k]):
                 return False
         return True
 
@@ -347,60 +317,100 @@ class Planner:
 
         settled: every step agrees with the backends as they are now except in
         what ``touched`` names (the start of a round). Then a touched backend
-        whose :func:`_read_sig` is the one the steps last agreed with is not
+        whose :func:`read_sig` is the one the steps last agreed with is not
         read again, and its signature is remembered; otherwise (plans carried
         out in this round) the touched backends' signatures are forgotten.
         """
         dirty: set[int] = set()
         steps = self._steps
+        config = self._core.config
+        backends = self._core.backends
         for k in self._evicting:
             st = steps[k]
+            swap = st.backend
             if (
-                st.backend.name in touched
-                or not touched.isdisjoint(st.reads.victims)
-                or now >= st.reads.until - _CLOCK_MARGIN_S
+                now >= st.reads.until - _CLOCK_MARGIN_S
+                or (
+                    swap.name in touched
+                    and (head_changed(swap, st) or swap.queue.earliest_start_by() != st.start_by)
+                )
+                or any(
+                    victim_sig(backends[name], swap, st.head, now, config) != sig
+                    for name, sig in st.victims.items()
+                    if name in touched
+                )
             ):
                 dirty.add(k)
-        boost = self._core.config.deadline_boost
+        boost = config.deadline_boost
         seen = self._seen
-        backends = self._core.backends
         for name in touched:
             readers = self._readers.get(name)
             # With few readers reading again costs less than the signature.
             if readers and settled and len(readers) > _FEW_READERS:
                 o = backends[name]
-                sig = _read_sig(o, boost)
+                sig = read_sig(o, boost)
                 old = seen.get(name)
                 seen[name] = sig
                 # what may have changed: its refusals, its place in eviction orders
                 refused = old is None or old[:5] != sig[:5]
                 ordered = old is None or old[5] != sig[5]
-                if refused or ordered:
-                    o_head = o.head()
-                    for k in readers:
-                        if k not in dirty and not _still_reads(
-                            steps[k], o, o_head, sig[2], refused, ordered
-                        ):
-                            dirty.add(k)
+                if refused:
+                    check: Iterable[int] = readers
+                    if old is not None and only_key(old, sig):
+                        check = self._between(readers, old[2], sig[2])
+                    self._reread(o, sig[2], check, dirty, refused=True)
+                if ordered:
+                    self._reread(o, sig[2], self._orderers.get(name, ()), dirty, refused=False)
             else:
                 seen.pop(name, None)  # no step vouches for what it read
                 if readers:
                     o = backends[name]
                     o_head = o.head()
                     key = None if o_head is None else order_key(o_head, boost)
-                    for k in readers:
-                        if k not in dirty and not _still_reads(
-                            steps[k], o, o_head, key, True, True
-                        ):
-                            dirty.add(k)
+                    self._reread(o, key, readers, dirty, refused=True)
+                    self._reread(o, key, self._orderers.get(name, ()), dirty, refused=False)
             own = self._index.get(name)
-            if own is not None and _head_changed(steps[own].backend, steps[own]):
+            if own is not None and head_changed(steps[own].backend, steps[own]):
                 dirty.add(own)
         return dirty
 
+    def _reread(
+        self, o: Backend, key: Key | None, steps: Iterable[int], dirty: set[int], *, refused: bool
+    ) -> None:
+        """Add to ``dirty`` the ``steps`` whose plan would read ``o`` (whose best
+        waiting request has order key ``key``) otherwise now: its refusal (if
+        ``refused``), else its place in their eviction orders."""
+        o_head = o.head()
+        for k in steps:
+            if k not in dirty and not still_reads(
+                self._steps[k], o, o_head, key, refused, not refused
+            ):
+                dirty.add(k)
+
+    def _between(self, readers: set[int], old: Key | None, new: Key | None) -> list[int]:
+        """The ``readers`` whose refusal of a backend may change when the order
+        key of its best waiting request goes from ``old`` to ``new`` (nothing
+        else of it changed): a plan refuses it as outranking exactly when the
+        plan's head ranks after it (:func:`~yard.core.placement.refusal_by_key`),
+        so only the plans whose head ranks between the two can answer
+        otherwise. Those ranked first by a wish to load (not by their head) are
+        always among them."""
+        ranks = self._rank_list
+        first = bisect_left(ranks, (1, _LOWEST))
+        if old is None or new is None:
+            key = new if old is None else old
+            assert key is not None
+            lo, hi = bisect_right(ranks, (1, key)), len(ranks)
+        else:
+            lo = bisect_right(ranks, (1, min(old, new)))
+            hi = bisect_right(ranks, (1, max(old, new)))
+        if len(readers) <= first + hi - lo:
+            return [k for k in readers if k < first or lo <= k < hi]
+        return [k for k in itertools.chain(range(first), range(lo, hi)) if k in readers]
+
     def _plan(
-        self, b: Backend, frontier: _Frontier, room: Room, now: float, out: list[Decision]
-    ) -> tuple[_Step, Room]:
+        self, b: Backend, frontier: Frontier, room: Room, now: float, out: list[Decision]
+    ) -> tuple[Step, Room]:
         """Plan ``b`` afresh after ``frontier`` and carry the plan out."""
         core = self._core
         head = b.head()
@@ -409,7 +419,7 @@ class Planner:
         if b.state is BackendState.STOPPING:
             b.wait_reason = reasons.waiting_for_stop(b.name)
             none = _NOTHING
-            step = _Step(
+            step = Step(
                 b, b.state, head, urgent, overtakes, None, Reads(), none, none, none, frontier, None
             )
             return step, room
@@ -432,7 +442,7 @@ class Planner:
         key = (frontier, room, sig, alone)
         told = self._told.get(key)
         plan: Plan | None
-        if told is not None and (told.at_once or _ranks_no_higher(head_key, told.head_key)):
+        if told is not None and (told.at_once or ranks_no_higher(head_key, told.head_key)):
             best = told.plan
             assert best is not None and best.retell is not None
             need = options[told.option][1]
@@ -442,7 +452,7 @@ class Planner:
             reads = Reads()
             plan = placement.blocked_at_once(b, options, frontier.claimed, room, reads)
             if plan is not None:
-                told = _Told(plan, reads, reads.backends(), {}, _NOTHING, head_key, at_once=True)
+                told = Told(plan, reads, reads.backends(), {}, _NOTHING, head_key, at_once=True)
             else:
                 reads = Reads()
                 plan = core.best_plan(
@@ -451,13 +461,13 @@ class Planner:
                 why = {o.name: why_not for o, why_not in reads.refusals}
                 long = [order for order in reads.orders if len(order) > 1]
                 ordered = frozenset(o.name for order in long for o in order) if long else _NOTHING
-                told = _Told(plan, reads, reads.backends(), why, ordered, head_key)
+                told = Told(plan, reads, reads.backends(), why, ordered, head_key)
             if plan is not None and plan.retell is not None and None not in told.why.values():
                 told.option = next(i for i, (g, _) in enumerate(options) if g == plan.gpus)
                 self._told[key] = told
         if told.at_once:
             books = _NOTHING
-        step = _Step(
+        step = Step(
             b,
             b.state,
             head,
@@ -477,18 +487,24 @@ class Planner:
         if plan is None:
             b.wait_reason = reasons.no_place(b.name)
             return step, room
+        if told.reads.evicts:  # before the plan is carried out: as it read them
+            step.start_by = b.queue.earliest_start_by()
+            step.victims = {
+                name: victim_sig(core.backends[name], b, head, now, core.config)
+                for name in told.reads.victims
+            }
         b.wait_reason = plan.reason
         if plan.status == Outcome.START:
             core.start(plan, now, out)
-            step.after = _after(plan, frontier)
+            step.after = frontier_after(plan, frontier)
             return step, core.survey()
         if plan.status == Outcome.BLOCKED:
             return step, room
         self._carry_out(plan, head, out)
-        step.after = _after(plan, frontier)
+        step.after = frontier_after(plan, frontier)
         return step, core.survey() if plan.stop else room
 
-    def _replay(self, step: _Step, out: list[Decision]) -> None:
+    def _replay(self, step: Step, out: list[Decision]) -> None:
         """Carry out a reused evicting plan again (it changes nothing: its
         victims already drain or serve first)."""
         if step.plan is not None and step.plan.status == Outcome.EVICT:
@@ -520,86 +536,3 @@ class Planner:
                 core.transition(b, Move.UNDRAIN, "ready again: the swap no longer needs its memory")
                 b.drain_reason = None
         core.victim_of = victim_of
-
-
-def _after(plan: Plan, frontier: _Frontier) -> _Frontier:
-    """The frontier after ``plan`` (one that starts, waits or evicts): its
-    devices claimed; waiting or evicting, it holds its place: what it needs is
-    booked and its victims taken, so that nothing ranked lower is placed there
-    first."""
-    after = frontier.copy()
-    after.claimed.update(plan.gpus or (HOST,))
-    if plan.status != Outcome.START:
-        after.taken.update(v.name for v in plan.victims)
-        for d, n in plan.need.items():
-            after.booked[d] = after.booked.get(d, 0) + n
-    return after
-
-
-def _reads_same(step: _Step, frontier: _Frontier) -> bool:
-    """Whether ``frontier`` answers what ``step``'s plan asked of the one it was
-    planned after the same way: whether its devices are claimed, how much is
-    booked there, whether the backends it considered as victims are taken."""
-    before = step.before
-    for d in step.claims:
-        if (d in frontier.claimed) != (d in before.claimed):
-            return False
-    for d in step.books:
-        if frontier.booked.get(d, 0) != before.booked.get(d, 0):
-            return False
-    return all((name in frontier.taken) == (name in before.taken) for name in step.names)
-
-
-def _move(step: _Step, frontier: _Frontier) -> None:
-    """Reuse ``step``'s plan after ``frontier`` (see :func:`_reads_same`)."""
-    step.before = frontier
-    if step.after is not None and step.plan is not None:
-        step.after = _after(step.plan, frontier)
-
-
-_Sig = tuple[bool, BackendState, tuple[float, float, str] | None, bool, str, tuple[object, ...]]
-
-
-def _read_sig(o: Backend, boost: float) -> _Sig:
-    """Everything a plan may read of ``o`` besides the frontier: what
-    :func:`~yard.core.placement.refusal` asks of it and its
-    :func:`~yard.core.placement.evict_key` (its place in the eviction order)."""
-    head = o.head()
-    key = None if head is None else order_key(head, boost)
-    ahead = head is not None and head is o.ahead
-    return (o.pinned, o.state, key, ahead, o.ahead_keep_why, evict_key(o))
-
-
-def _still_reads(
-    step: _Step,
-    o: Backend,
-    o_head: Req | None,
-    o_key: tuple[float, float, str] | None,
-    refused: bool,
-    ordered: bool,
-) -> bool:
-    """Whether what ``step``'s plan read of backend ``o`` (whose best waiting
-    request is ``o_head``, ranked by ``o_key``) is still so: why it refused to
-    evict ``o`` (if ``refused``: that may have changed) and the eviction order
-    of the options that went through ``o`` (if ``ordered``)."""
-    name = o.name
-    if refused and name in step.why:
-        taken = step.before.taken
-        if refusal_by_key(o, o_head, o_key, step.head_key, taken) != step.why[name]:
-            return False
-    if ordered and name in step.ordered:
-        for order in step.reads.orders:
-            if len(order) > 1 and o in order and sorted(order, key=evict_key) != order:
-                return False
-    return True
-
-
-def _head_changed(b: Backend, step: _Step) -> bool:
-    """Whether ``b``'s own step is stale: its state, its head or the head's
-    urgency or overtakes changed."""
-    if b.state is not step.state:
-        return True
-    head = b.head()
-    if head is not step.head:
-        return True
-    return head is not None and (head.urgent != step.urgent or head.overtakes != step.overtakes)

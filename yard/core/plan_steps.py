@@ -1,0 +1,212 @@
+"""A planning round's records, and whether what a plan read still holds.
+
+:mod:`yard.core.planning` keeps one :class:`Step` per backend waiting for a
+load: the plan it got, after which :class:`Frontier` (what the plans before it
+booked, claimed and took) and what it read (:class:`~yard.core.placement.Reads`).
+The functions here answer the questions a round asks before it reuses a step
+instead of planning it afresh: does another frontier answer what the plan asked
+the same way (:func:`reads_same`), did a backend it read change in what it read
+(:func:`read_sig`, :func:`still_reads`, :func:`victim_sig`), did its own head
+change (:func:`head_changed`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from yard.core import estimates
+from yard.core.lifecycle import BackendState
+from yard.core.placement import Outcome, Plan, Reads, evict_key, refusal_by_key
+from yard.core.queue import Req, order_key
+from yard.core.records import Backend
+from yard.core.spec import HOST, SchedulerConfig
+
+Key = tuple[float, float, str]
+"""A request's :func:`~yard.core.queue.order_key`."""
+
+
+@dataclass(slots=True, eq=False)
+class Frontier:
+    """What the backends planned so far in a round booked, claimed and took."""
+
+    booked: dict[str, int] = field(default_factory=dict)
+    claimed: set[str] = field(default_factory=set)
+    taken: set[str] = field(default_factory=set)
+
+    def copy(self) -> Frontier:
+        return Frontier(dict(self.booked), set(self.claimed), set(self.taken))
+
+    def same(self, other: Frontier) -> bool:
+        return (
+            self.booked == other.booked
+            and self.claimed == other.claimed
+            and self.taken == other.taken
+        )
+
+
+@dataclass(slots=True, eq=False)
+class Step:
+    """One backend's place in a round and what its plan was."""
+
+    backend: Backend
+    state: BackendState
+    head: Req | None
+    urgent: bool
+    overtakes: int
+    plan: Plan | None  # None: it is still stopping, or has no place on this machine
+    reads: Reads
+    names: frozenset[str]  # the backends in reads
+    claims: frozenset[str]  # the devices whose claim it may have read
+    books: frozenset[str]  # the devices whose booking it may have read
+    before: Frontier  # the frontier it was planned after
+    after: Frontier | None  # the frontier after it, if its plan changed it
+    head_key: tuple[float, float, str] | None = None  # order_key of head
+    why: dict[str, str | None] = field(default_factory=dict)  # reads.refusals by name
+    ordered: frozenset[str] = frozenset()  # the backends in reads.orders of two or more
+    # evicting: what it read of each victim when it chose them (:func:`victim_sig`),
+    # and the earliest start-by waiting for it (batching holds by it)
+    victims: dict[str, VictimSig] = field(default_factory=dict)
+    start_by: float | None = None
+
+
+EMPTY = Frontier()
+"""The frontier before the first plan of a round (never changed: plans copy it)."""
+
+
+@dataclass(slots=True, eq=False)
+class Told:
+    """A plan worked out in this round, with what it read, by name."""
+
+    plan: Plan | None
+    reads: Reads
+    names: frozenset[str]
+    why: dict[str, str | None]  # reads.refusals by name
+    ordered: frozenset[str]  # the backends in reads.orders of two or more
+    head_key: tuple[float, float, str] | None  # order_key of the head it was planned for
+    option: int = 0  # the plan's place among the options
+    at_once: bool = False  # it stopped at its first checks (it read no booking, no victim)
+
+
+def ranks_no_higher(key: Key | None, than: Key | None) -> bool:
+    """Whether a request ranked ``key`` is refused by every backend that refused
+    one ranked ``than`` (None: no request; refused by every backend with one)."""
+    if key is None or than is None:
+        return key is than
+    return than <= key
+
+
+def frontier_after(plan: Plan, frontier: Frontier) -> Frontier:
+    """The frontier after ``plan`` (one that starts, waits or evicts): its
+    devices claimed; waiting or evicting, it holds its place: what it needs is
+    booked and its victims taken, so that nothing ranked lower is placed there
+    first."""
+    after = frontier.copy()
+    after.claimed.update(plan.gpus or (HOST,))
+    if plan.status != Outcome.START:
+        after.taken.update(v.name for v in plan.victims)
+        for d, n in plan.need.items():
+            after.booked[d] = after.booked.get(d, 0) + n
+    return after
+
+
+def reads_same(step: Step, frontier: Frontier) -> bool:
+    """Whether ``frontier`` answers what ``step``'s plan asked of the one it was
+    planned after the same way: whether its devices are claimed, how much is
+    booked there, whether the backends it considered as victims are taken."""
+    before = step.before
+    for d in step.claims:
+        if (d in frontier.claimed) != (d in before.claimed):
+            return False
+    for d in step.books:
+        if frontier.booked.get(d, 0) != before.booked.get(d, 0):
+            return False
+    return all((name in frontier.taken) == (name in before.taken) for name in step.names)
+
+
+def reuse_after(step: Step, frontier: Frontier) -> None:
+    """Reuse ``step``'s plan after ``frontier`` (see :func:`reads_same`)."""
+    step.before = frontier
+    if step.after is not None and step.plan is not None:
+        step.after = frontier_after(step.plan, frontier)
+
+
+Sig = tuple[bool, BackendState, tuple[float, float, str] | None, bool, str, tuple[object, ...]]
+
+
+def read_sig(o: Backend, boost: float) -> Sig:
+    """Everything a plan may read of ``o`` besides the frontier: what
+    :func:`~yard.core.placement.refusal` asks of it and its
+    :func:`~yard.core.placement.evict_key` (its place in the eviction order)."""
+    head = o.head()
+    key = None if head is None else order_key(head, boost)
+    ahead = head is not None and head is o.ahead
+    return (o.pinned, o.state, key, ahead, o.ahead_keep_why, evict_key(o))
+
+
+def only_key(old: Sig, new: Sig) -> bool:
+    """Whether of two :func:`read_sig` only the order key of the best waiting
+    request differs (its eviction key aside)."""
+    return old[0] == new[0] and old[1] is new[1] and old[3] == new[3] and old[4] == new[4]
+
+
+def still_reads(
+    step: Step,
+    o: Backend,
+    o_head: Req | None,
+    o_key: tuple[float, float, str] | None,
+    refused: bool,
+    ordered: bool,
+) -> bool:
+    """Whether what ``step``'s plan read of backend ``o`` (whose best waiting
+    request is ``o_head``, ranked by ``o_key``) is still so: why it refused to
+    evict ``o`` (if ``refused``: that may have changed) and the eviction order
+    of the options that went through ``o`` (if ``ordered``)."""
+    name = o.name
+    if refused and name in step.why:
+        taken = step.before.taken
+        if refusal_by_key(o, o_head, o_key, step.head_key, taken) != step.why[name]:
+            return False
+    if ordered and name in step.ordered:
+        for order in step.reads.orders:
+            if len(order) > 1 and o in order and sorted(order, key=evict_key) != order:
+                return False
+    return True
+
+
+VictimSig = tuple[bool, bool, bool | None, float, float | None]
+
+
+def victim_sig(
+    o: Backend, b: Backend, head: Req | None, now: float, config: SchedulerConfig
+) -> VictimSig:
+    """What an evicting plan for ``b`` (for ``head``) reads of its victim ``o``
+    when it decides how ``o`` makes room (:func:`~yard.core.placement._evict`):
+    whether it is fresh (ready, nothing dispatched since), whether it serves
+    first (it is waited for, and fresh or batching), else whether it is busy
+    (drained or stopped), its reload time, and its high service estimate where
+    batching asks whether a request for it ends before the swap must start
+    (the clock's part is ``Reads.until``). The rest is read apart: its
+    refusal and eviction order (:func:`still_reads`), its memory and whether
+    it stops (the devices). The plan's ``free_wait_s`` (a mean service time)
+    is not in it: only fresh plans' is read
+    (:meth:`~yard.core.state.Core.start_cost`)."""
+    hi = None
+    batching = False
+    if head is not None and not head.urgent and head.overtakes < config.batch_bound:
+        if b.queue.earliest_start_by() is not None:
+            hi = estimates.service_hi(o, config)
+        batching = estimates.overtake_denied(o, b, now, config) is None
+    fresh = o.state is BackendState.READY and o.dispatched_since_ready == 0
+    first = o.queue.size > 0 and (fresh or batching)
+    return (fresh, first, None if first else o.busy(), estimates.load_s(o, config), hi)
+
+
+def head_changed(b: Backend, step: Step) -> bool:
+    """Whether ``b``'s own step is stale: its state, its head or the head's
+    urgency or overtakes changed."""
+    if b.state is not step.state:
+        return True
+    head = b.head()
+    if head is not step.head:
+        return True
+    return head is not None and (head.urgent != step.urgent or head.overtakes != step.overtakes)
