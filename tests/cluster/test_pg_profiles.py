@@ -125,3 +125,64 @@ async def test_another_card_or_another_model_file_is_measured_anew(
     )
     with pytest.raises(KeyError):
         await h200.store("unknown", MEASURED)
+
+
+async def test_every_field_of_a_profile_comes_back_as_stored(
+    db: PgDatabase, tmp_path: Path
+) -> None:
+    # Every field of Profile set, none at its default: a column the store
+    # forgets reads back as None and the comparison fails.
+    full = Profile(
+        gpu_bytes=6_500_000_000,
+        host_bytes=950_000_000,
+        load_s=5.25,
+        context=8192,
+        gpu_per_token=131072.5,
+        host_per_token=1024.25,
+        parallel=3,
+        gpu_per_slot=67_108_864.5,
+        host_per_slot=2_097_152.25,
+    )
+    assert all(getattr(full, name) is not None for name in Profile.__dataclass_fields__)
+    one = store(db, host(tmp_path / "one"), "one")
+    two = store(db, host(tmp_path / "two", gpu="gpu1"), "two")
+    await one.store("tts", full, steady_gpu_bytes=6_000_000_000, steady_host_bytes=900_000_000)
+    assert await two.get("tts") == full
+    record = await two.record("tts")
+    assert record is not None
+    assert (record.profile, record.steady_gpu_bytes, record.steady_host_bytes) == (
+        full,
+        6_000_000_000,
+        900_000_000,
+    )
+    assert [r.profile for r in await two.history("tts")] == [full]
+
+
+async def test_a_profile_stored_before_the_parallel_columns_reads_without_slots(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    # A cluster database made by a yard before the slot columns: its rows
+    # read back with no slot count and no per-slot slopes, and new rows keep them.
+    config = host(tmp_path / "one")
+    old = await PgDatabase.open(postgres_dsn, MIGRATIONS[:4])
+    try:
+        key = await store(old, config, "one").key("tts")
+        columns = "key, backend, parts, gpu_bytes, host_bytes, load_s, source, measured_at, node"
+        await old.execute(
+            f"INSERT INTO profiles ({columns}, context) "
+            "VALUES (%s, 'tts', '{}', 6000000000, 900000000, 4.5, 'measured', 1.0, 'one', 8192)",
+            (key.digest,),
+        )
+    finally:
+        await old.close()
+    db = await PgDatabase.open(postgres_dsn, MIGRATIONS)
+    try:
+        upgraded = store(db, config, "one")
+        assert await upgraded.get("tts") == MEASURED
+        slots = Profile(
+            gpu_bytes=7_000_000_000, host_bytes=1, load_s=1.0, parallel=2, gpu_per_slot=5.0
+        )
+        await upgraded.put("tts", slots)
+        assert await upgraded.get("tts") == slots
+    finally:
+        await db.close()

@@ -48,9 +48,14 @@ _KEY_VERSION = "cluster/1"
 
 _MEASURED = (
     "gpu_bytes, host_bytes, load_s, steady_gpu_bytes, steady_host_bytes, source, measured_at, "
-    "context, gpu_per_token, host_per_token"
+    "context, gpu_per_token, host_per_token, parallel, gpu_per_slot, host_per_slot"
 )
 _COLUMNS = "key, backend, parts, " + _MEASURED
+# Storing a profile again replaces every column but the key (one list, so a
+# new column cannot be inserted and then left stale on replace).
+_REPLACE = ", ".join(
+    f"{name} = excluded.{name}" for name in ("backend", "parts", *_MEASURED.split(", "), "node")
+)
 
 
 def _portable(identity: Any) -> Any:
@@ -93,7 +98,7 @@ def _list(value: object) -> list[Any]:
 
 def _row(row: Row) -> StoredProfile:
     key, backend, parts, gpu, host, load_s, steady_gpu, steady_host, source, at = row[:10]
-    context, gpu_per_token, host_per_token = row[10:]
+    context, gpu_per_token, host_per_token, parallel, gpu_per_slot, host_per_slot = row[10:]
     return StoredProfile(
         backend=str(backend),
         key=str(key),
@@ -104,6 +109,9 @@ def _row(row: Row) -> StoredProfile:
             context=None if context is None else int(context),
             gpu_per_token=None if gpu_per_token is None else float(gpu_per_token),
             host_per_token=None if host_per_token is None else float(host_per_token),
+            parallel=None if parallel is None else int(parallel),
+            gpu_per_slot=None if gpu_per_slot is None else float(gpu_per_slot),
+            host_per_slot=None if host_per_slot is None else float(host_per_slot),
         ),
         steady_gpu_bytes=None if steady_gpu is None else int(steady_gpu),
         steady_host_bytes=None if steady_host is None else int(steady_host),
@@ -201,20 +209,16 @@ class PgProfileStore(ProfileLookups):
             profile.context,
             profile.gpu_per_token,
             profile.host_per_token,
+            profile.parallel,
+            profile.gpu_per_slot,
+            profile.host_per_slot,
         )
         marks = ", ".join(["%s"] * (len(measured) + 1))
 
         def write(conn: psycopg.Connection[Row]) -> None:
             conn.execute(
                 f"INSERT INTO profiles ({_COLUMNS}, node) VALUES (%s, %s, %s, {marks}) "
-                "ON CONFLICT (key) DO UPDATE SET backend = excluded.backend, "
-                "parts = excluded.parts, gpu_bytes = excluded.gpu_bytes, "
-                "host_bytes = excluded.host_bytes, load_s = excluded.load_s, "
-                "steady_gpu_bytes = excluded.steady_gpu_bytes, "
-                "steady_host_bytes = excluded.steady_host_bytes, source = excluded.source, "
-                "measured_at = excluded.measured_at, context = excluded.context, "
-                "gpu_per_token = excluded.gpu_per_token, "
-                "host_per_token = excluded.host_per_token, node = excluded.node",
+                f"ON CONFLICT (key) DO UPDATE SET {_REPLACE}",
                 (record.key, backend, Jsonb(dict(key.parts)), *measured, self._node),
             )
             conn.execute(

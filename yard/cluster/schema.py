@@ -10,7 +10,8 @@
 - ``nodes``: the registry (:mod:`yard.cluster.registry`), one row per node.
 - ``profiles``, ``profile_history``: measured profiles
   (:mod:`yard.cluster.profiles`), keyed so that nodes with the same GPU
-  model share them.
+  model share them; the columns of :data:`yard.memory.profiles.PROFILE_MIGRATIONS`
+  (version 5 added the slot count and per-slot slopes).
 - ``files``, ``file_contents``, ``batches``, ``batch_lines``: the Batch API
   (:mod:`yard.cluster.batches`), the columns of :data:`yard.batches.schema.MIGRATIONS`
   plus ``batches.driver``: the node that drives the batch's bookkeeping.
@@ -217,6 +218,18 @@ MIGRATIONS: tuple[PgMigration, ...] = (
             output text,                              -- its line of the output or error file
             PRIMARY KEY (batch_id, idx)
         );
+        """,
+    ),
+    PgMigration(
+        version=5,
+        name="profiles: the slot count and per-slot slopes",
+        sql="""
+        ALTER TABLE profiles ADD COLUMN parallel integer;
+        ALTER TABLE profiles ADD COLUMN gpu_per_slot double precision;
+        ALTER TABLE profiles ADD COLUMN host_per_slot double precision;
+        ALTER TABLE profile_history ADD COLUMN parallel integer;
+        ALTER TABLE profile_history ADD COLUMN gpu_per_slot double precision;
+        ALTER TABLE profile_history ADD COLUMN host_per_slot double precision;
         """,
     ),
 )
