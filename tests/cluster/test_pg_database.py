@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from tests.cluster.postgres import PostgresMissing, PostgresServer, find_bin_dir
-from yard.cluster.pg import DatabaseLost, PgDatabase, PgLimits, PgMigration
+from yard.cluster.pg import DatabaseBusy, DatabaseLost, PgDatabase, PgLimits, PgMigration, passing
 from yard.db import DatabaseError
 
 MIGRATIONS = (
@@ -85,8 +85,9 @@ async def test_a_transaction_that_raises_is_rolled_back(postgres_dsn: str) -> No
                 await db.transaction(insert_then_fail)
             assert await db.execute("INSERT INTO things VALUES (%s), (%s)", (2, 3)) == 2
             assert await db.fetchall("SELECT n FROM things ORDER BY n") == [(2,), (3,)]
-            with pytest.raises(DatabaseError, match="PostgreSQL: "):
+            with pytest.raises(DatabaseError, match="PostgreSQL: ") as refused:
                 await db.execute("INSERT INTO things VALUES (NULL)")
+            assert not passing(refused.value)  # refused, and would be again
             assert db.healthy
         finally:
             await db.close()
@@ -151,7 +152,7 @@ async def test_a_lock_wait_that_times_out_is_an_error_not_a_lost_server(
                 other.execute("SELECT n FROM things FOR UPDATE")
                 with pytest.raises(DatabaseError, match="lock timeout") as caught:
                     await db.transaction(wait_for_the_lock)
-                assert not isinstance(caught.value, DatabaseLost)
+                assert isinstance(caught.value, DatabaseBusy) and passing(caught.value)
                 other.rollback()
             assert db.healthy and db.statistics().lost == 0
             assert await db.fetchone("SELECT count(*) FROM things") == (1,)

@@ -15,8 +15,11 @@ Rules this module keeps (the PostgreSQL twin of :mod:`yard.db`):
   call connects afresh. Sessions are bounded (:class:`PgLimits`): a
   lock held by a node whose host vanished mid-transaction is freed by the
   server, and a call that waits too long on a lock fails instead of
-  stalling its node. :attr:`PgDatabase.healthy` says whether the last call
-  reached the server. Other SQL errors raise :class:`yard.db.DatabaseError`.
+  stalling its node (:class:`DatabaseBusy`, as are a statement timeout, a
+  deadlock and a serialization failure: nothing was written, and the same
+  call may work later). :attr:`PgDatabase.healthy` says whether the last call
+  reached the server. Other SQL errors raise :class:`yard.db.DatabaseError`:
+  the server refused the call, and will refuse it again.
 - Migrations are versioned ``(version, name, sql)`` triples, applied in
   order, each in its own transaction with its row in ``schema_migrations``,
   under ``pg_advisory_xact_lock``: several nodes starting at once apply each
@@ -38,7 +41,16 @@ import trio
 
 from yard.db import DatabaseError
 
-__all__ = ["DatabaseLost", "PgDatabase", "PgLimits", "PgMigration", "PgStatistics", "connect"]
+__all__ = [
+    "DatabaseBusy",
+    "DatabaseLost",
+    "PgDatabase",
+    "PgLimits",
+    "PgMigration",
+    "PgStatistics",
+    "connect",
+    "passing",
+]
 
 T = TypeVar("T")
 
@@ -122,6 +134,20 @@ class DatabaseLost(DatabaseError):
     """The PostgreSQL server could not be reached, or the connection broke
     during the call. Whether a write that raised this was committed is
     unknown; the next call reconnects."""
+
+
+class DatabaseBusy(DatabaseError):
+    """The call gave up on a lock or ran past the statement timeout, or the
+    server rolled it back as a deadlock or serialization failure. Its
+    transaction was rolled back; the same call may work later."""
+
+
+def passing(exc: BaseException) -> bool:
+    """Whether ``exc`` is a database error that may pass by itself
+    (:class:`DatabaseLost`, :class:`DatabaseBusy`), so the same call is worth
+    making again later; any other :class:`yard.db.DatabaseError` is the server
+    refusing the call, which it will do again."""
+    return isinstance(exc, DatabaseLost | DatabaseBusy)
 
 
 def connect(
@@ -326,6 +352,8 @@ class PgDatabase:
                     f"lost PostgreSQL ({_where(self._dsn)}): {_first_line(exc)}"
                 ) from exc
             _keep(conn, held)
+            if isinstance(exc, _BUSY):
+                raise DatabaseBusy(f"PostgreSQL: {_first_line(exc)}") from exc
             raise DatabaseError(f"PostgreSQL: {_first_line(exc)}") from exc
         except BaseException:
             # fn's own error (or a bug): its transaction was rolled back.
@@ -364,13 +392,19 @@ def _keep(conn: psycopg.Connection[Row], held: list[psycopg.Connection[Row]]) ->
         held.append(conn)
 
 
+_BUSY = (
+    psycopg.errors.QueryCanceled,  # statement_timeout
+    psycopg.errors.LockNotAvailable,  # lock_timeout
+    psycopg.errors.TransactionRollback,  # deadlock, serialization failure
+)
+
+
 def _lost(conn: psycopg.Connection[Row], exc: psycopg.Error) -> bool:
     """Whether ``exc`` means the connection (or the server) is gone, rather
     than that this one statement failed."""
     if conn.broken or conn.closed or conn.pgconn.status != psycopg.pq.ConnStatus.OK:
         return True
-    timed_out = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)
-    return isinstance(exc, psycopg.OperationalError) and not isinstance(exc, timed_out)
+    return isinstance(exc, psycopg.OperationalError) and not isinstance(exc, _BUSY)
 
 
 def _migrate(conn: psycopg.Connection[Row], migrations: Sequence[PgMigration]) -> None:
