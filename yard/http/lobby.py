@@ -190,7 +190,8 @@ class Lobby:
             return None
         if parser.buffered >= guest.length:
             return guest.request
-        self._wait(guest)  # (progress: the body's timeout starts again)
+        if data is not None:
+            self._wait(guest)  # (progress: the body's timeout starts again)
         return None
 
     def _leave(self, guest: _Guest) -> None:
