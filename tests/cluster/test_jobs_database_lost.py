@@ -105,10 +105,15 @@ class Released:
 
 @asynccontextmanager
 async def node_jobs(
-    path: Path, engine: FakeEngine, upstream: FakeUpstream
+    path: Path,
+    engine: FakeEngine,
+    upstream: FakeUpstream,
+    *,
+    store_type: type[LosingStore] = LosingStore,
 ) -> AsyncIterator[tuple[Jobs, LosingStore, Released]]:
-    """A started job service of a cluster node on a :class:`LosingStore`."""
-    store = LosingStore((await JobStore.open(path, threaded=False)).database)
+    """A started job service of a cluster node on a :class:`LosingStore`
+    (or the subclass ``store_type``)."""
+    store = store_type((await JobStore.open(path, threaded=False)).database)
     released = Released(store)
     jobs = Jobs(
         engine=engine, store=store, upstream=upstream, wall=wall, shared=True, release=released

@@ -171,6 +171,22 @@ async def test_requeue_and_rerun_flags_move_as_in_sqlite(stores: Stores) -> None
     assert await store.get("oom") is None
 
 
+async def test_a_node_cannot_mark_requeued_a_job_another_node_runs(stores: Stores) -> None:
+    # A node that wrote a requeue late (its database was lost meanwhile, and
+    # it was reaped) finds the job running elsewhere: that run is not touched.
+    one, two = await stores("n1"), await stores("n2")
+    await add(one, "oom")
+    assert await two.mark_running("oom", at=101.0, queued_s=1.0)
+    assert not await one.mark_requeued("oom")
+    job = await one.get("oom")
+    assert job is not None and (job.status, job.requeued, job.started_at) == (
+        "running",
+        False,
+        101.0,
+    )
+    assert await two.mark_requeued("oom")
+
+
 async def test_listing_filters_by_app_status_and_cursor(stores: Stores) -> None:
     store = await stores("n1")
     for job_id in ("a", "b", "c"):

@@ -263,12 +263,13 @@ class PgJobStore:
         await self._db.execute("UPDATE jobs SET requeued = true WHERE id = %s", (job_id,))
 
     async def mark_requeued(self, job_id: str) -> bool:
-        """Running -> queued (still in this node's queue): the core put it back
-        after a self-caused OOM."""
+        """Running here -> queued (still in this node's queue): the core put it
+        back after a self-caused OOM. False if it is not running on this node
+        (ended, or reaped and running on another node)."""
         changed = await self._db.execute(
             "UPDATE jobs SET status = 'queued', requeued = true, started_at = NULL "
-            "WHERE id = %s AND status = 'running'",
-            (job_id,),
+            "WHERE id = %s AND status = 'running' AND claimed_by = %s",
+            (job_id, self._node),
         )
         return changed == 1
 

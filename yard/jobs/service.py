@@ -25,9 +25,13 @@ In a cluster (``shared=True``, the store a
 :class:`~yard.cluster.jobs.PgJobStore`) a handed-in job is only stored, in
 the shared queue, unclaimed: the node that claims it
 (:mod:`yard.cluster.node`) calls :meth:`Jobs.enqueue`. Waiting for a job's end
-then also re-reads the store (another node may run it), and a result that
-cannot be written because the database is lost is kept and written once it is
-back.
+then also re-reads the store (another node may run it). A write the shared
+database does not take because it is lost or busy (:func:`yard.cluster.pg.passing`)
+is kept and made again every :attr:`Jobs.RETRY_S` until it is back, logged when
+it begins, every :attr:`Jobs.LOG_EVERY_S` while it waits and when it is done:
+a job's end; a requeue (the job leaves this node's queue unrun and goes back
+to the shared queue, its one requeue spent); a job given back unrun. A write
+the database refuses (any other error) is logged once and not made again.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -63,6 +67,8 @@ from yard.jobs.views import job_json, rfc3339
 from yard.upstream import ProxyRequest, UpstreamError, UpstreamPool
 
 log = logging.getLogger("yard.jobs")
+
+T = TypeVar("T")
 
 
 class EngineLike(Protocol):
@@ -113,6 +119,19 @@ class _Gone(Exception):
 class _Unreachable(Exception):
     """The shared database was lost as the job was about to start."""
 
+    def __init__(self, cause: DatabaseError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class _RequeueUnwritten(Exception):
+    """The core requeued the job, and the shared database was lost as that
+    was to be written."""
+
+    def __init__(self, cause: DatabaseError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
 
 @dataclass(slots=True)
 class _Running:
@@ -156,8 +175,11 @@ class Jobs:
     """
 
     RETRY_S = 1.0
-    """How often a result is written again while the shared database is lost,
-    and how often a wait for a job's end re-reads a shared store."""
+    """How often a write is made again while the shared database is lost or
+    busy, and how often a wait for a job's end re-reads a shared store."""
+
+    LOG_EVERY_S = 60.0
+    """While such a write keeps failing, how often the log says so again."""
 
     def __init__(
         self,
@@ -549,10 +571,10 @@ class Jobs:
                 started = stored is not None and await self.store.mark_running(
                     job.id, at=self._wall(), queued_s=admission.queued_s
                 )
-            except DatabaseError:
-                if not self.shared:
+            except DatabaseError as exc:
+                if not (self.shared and _passing(exc)):
                     raise
-                raise _Unreachable from None
+                raise _Unreachable(exc) from None
             if stored is None or not started:
                 # Ended (cancelled: an end drops the request) while it was
                 # being dispatched, or held by another node.
@@ -575,25 +597,53 @@ class Jobs:
                 # the core may still find that the cause was ours and requeue
                 # it (once, ever): mark the requeue spent before the verdict,
                 # so that no crash in between can grant a second one.
-                await self.store.mark_requeue_spent(job.id)
+                try:
+                    await self.store.mark_requeue_spent(job.id)
+                except DatabaseError as lost:
+                    if not (self.shared and _passing(lost)):
+                        raise
+                    # The verdict still comes, and whatever it leads to is
+                    # written before the job can run again: an end when the
+                    # database is back; a requeue as the job goes back to
+                    # the shared queue, marked spent then (requeued()).
+                    log.warning(
+                        "job %s: cannot mark its one requeue spent now (%s); "
+                        "the verdict on its lost backend is written when the database is back",
+                        job.id,
+                        lost,
+                    )
                 raise UpstreamLost(exc.detail) from None
 
         async def requeued() -> None:
             # Back in the queue: on disk too, so that a restart puts it back
             # at its place instead of ending it as interrupted.
             self._counts["requeues"] += 1
-            await self.store.mark_requeued(job.id)
+            try:
+                await self.store.mark_requeued(job.id)
+            except DatabaseError as exc:
+                if not (self.shared and _passing(exc)):
+                    raise
+                raise _RequeueUnwritten(exc) from None
 
         try:
             await run_turn(admission, attempt, on_requeued=requeued)
         except _Gone:
             admission.cancel()
             return
-        except _Unreachable:
+        except _Unreachable as exc:
             # The shared database is lost as it was about to start: it has not
             # run. It goes back to the shared queue once the database is back.
             admission.cancel()
-            await self._give_back(job.id)
+            await self._give_back(job.id, exc.cause)
+            return
+        except _RequeueUnwritten as exc:
+            # Requeued (yard's own out-of-memory), but the database, which
+            # says it is running here, is lost. It must not run again before
+            # that is written: it leaves this queue now, and once the
+            # database is back it is marked requeued (its one requeue spent)
+            # and given back to the shared queue at its old place.
+            admission.cancel()
+            await self._give_back(job.id, exc.cause, requeued=True)
             return
         except Rejected as exc:
             if exc.code != "shutting_down":
@@ -635,11 +685,12 @@ class Jobs:
                 if not self.shared:
                     raise
                 lost = exc
+        ended: Status | None = status if won else None
         if won is None:
             # Not shielded: a stop of yard ends this wait.
-            won = await self._finish_later(job_id, status, at, error, result, lost)
-        if won:
-            self._counts["succeeded" if status == "succeeded" else "failed"] += 1
+            ended = await self._finish_later(job_id, status, at, error, result, lost)
+        if ended is not None:
+            self._counts["succeeded" if ended == "succeeded" else "failed"] += 1
         self._notify(job_id)
         self._on_change()
 
@@ -651,26 +702,106 @@ class Jobs:
         error: JobError | None,
         result: StoredResult | None,
         exc: DatabaseError,
-    ) -> bool:
-        """The shared database is lost: keep the result and write it once it
-        is back (every :data:`RETRY_S`). Only yard's stop ends the wait; the job
-        then stays running in the database, and the node that reaps this one
-        ends it as interrupted."""
-        log.warning(
-            "job %s: cannot record its end (%s); kept until the database is back", job_id, exc
-        )
+    ) -> Status | None:
+        """The shared database did not take the job's end (``exc``). Lost or
+        busy: keep the end and write it once the database is back. Refused:
+        end the job as failed (``internal_error``, without its result), so
+        that it does not stay running. Returns the status written, or None
+        if the job had ended already or no end could be written (it then
+        stays running in the database until this node is reaped).
+
+        Only yard's stop ends the wait; the job then stays running in the
+        database, and the node that reaps this one ends it as interrupted."""
         self.unwritten += 1
         try:
-            while True:
-                await trio.sleep(self.RETRY_S)
-                try:
-                    return await self.store.finish(
-                        job_id, status, at=at, error=error, result=result
-                    )
-                except DatabaseError:
-                    continue
+            won = await self._when_back(
+                job_id,
+                "record its end",
+                lambda: self.store.finish(job_id, status, at=at, error=error, result=result),
+                exc,
+            )
+            if won is not None:
+                return status if won else None
+            plain = JobError(
+                code="internal_error",
+                message="yard could not store this job's end: the database refused it "
+                "(yard's log says why)",
+                status=500,
+            )
+
+            async def fail() -> bool:
+                return await self.store.finish(job_id, "failed", at=at, error=plain)
+
+            try:
+                won = await fail()
+            except DatabaseError as refused:
+                won = await self._when_back(job_id, "record that it failed", fail, refused)
+            return "failed" if won else None
         finally:
             self.unwritten -= 1
+
+    async def _when_back(
+        self,
+        job_id: str,
+        what: str,
+        write: Callable[[], Awaitable[T]],
+        exc: DatabaseError,
+    ) -> T | None:
+        """Make ``write`` (which just failed with ``exc``) again every
+        :data:`RETRY_S` while the shared database is lost or busy, and return
+        what it returns once it works. None once the database refuses it
+        (an error that is not lost or busy), logged once at error level.
+
+        Logged for people (``what`` completes "job ID: cannot ..."): when the
+        wait begins, every :data:`LOG_EVERY_S` while it lasts, with how long
+        it has waited, and when it is over."""
+        began = trio.current_time()
+        logged = began
+        if not _passing(exc):
+            log.error(
+                "job %s: cannot %s: %s (refused by the database: not retried)", job_id, what, exc
+            )
+            return None
+        log.warning(
+            "job %s: cannot %s now (%s); kept, and retried every %g s until the database is back",
+            job_id,
+            what,
+            exc,
+            self.RETRY_S,
+        )
+        while True:
+            await trio.sleep(self.RETRY_S)
+            try:
+                value = await write()
+            except DatabaseError as again:
+                waited = trio.current_time() - began
+                if not _passing(again):
+                    log.error(
+                        "job %s: cannot %s after %.0f s: %s (refused by the database: not retried)",
+                        job_id,
+                        what,
+                        waited,
+                        again,
+                    )
+                    return None
+                if trio.current_time() - logged >= self.LOG_EVERY_S:
+                    logged = trio.current_time()
+                    log.warning(
+                        "job %s: still cannot %s after %.0f s (%s); retrying every %g s",
+                        job_id,
+                        what,
+                        waited,
+                        again,
+                        self.RETRY_S,
+                    )
+                continue
+            log.info(
+                "job %s: could %s after %.0f s (the database is back)",
+                job_id,
+                what,
+                trio.current_time() - began,
+            )
+            return value
 
     async def ended_elsewhere(self, job_ids: AbstractSet[str] | None) -> None:
         """Jobs ended in the shared store, perhaps by another node (a cluster
@@ -690,15 +821,27 @@ class Jobs:
                 running.admission.cancel()
                 running.scope.cancel()
 
-    async def _give_back(self, job_id: str) -> None:
-        while self.release is not None:
-            await trio.sleep(self.RETRY_S)
-            try:
-                await self.release(job_id)
-            except DatabaseError:
-                continue
-            log.info("job %s: given back to the shared queue (the database is back)", job_id)
+    async def _give_back(self, job_id: str, exc: DatabaseError, *, requeued: bool = False) -> None:
+        """Give a job claimed here back to the shared queue, at its old place,
+        once the database is back (``exc``: why it could not be done now): one
+        that has not run, or, with ``requeued``, one the core requeued after
+        its backend was lost, marked so first (running -> queued, its one
+        requeue spent). Nothing to do without a ``release``."""
+        release = self.release
+        if release is None:
             return
+
+        async def back() -> bool:
+            if requeued:
+                await self.store.mark_requeued(job_id)
+            return await release(job_id)
+
+        what = "record its requeue and give it back" if requeued else "give it back"
+        given = await self._when_back(job_id, f"{what} to the shared queue", back, exc)
+        if given is False:
+            log.info(
+                "job %s: not given back: it ended or moved while the database was lost", job_id
+            )
 
     def _notify(self, job_id: str) -> None:
         event = self._ended.pop(job_id, None)
@@ -731,3 +874,13 @@ class Jobs:
 
 def _nothing() -> None:
     return None
+
+
+def _passing(exc: DatabaseError) -> bool:
+    """Whether the shared database may take the same write later (it is lost
+    or busy): :func:`yard.cluster.pg.passing`."""
+    # Imported here: yard.cluster imports the job store, whose package
+    # imports this module.
+    from yard.cluster.pg import passing
+
+    return passing(exc)
