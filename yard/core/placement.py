@@ -198,18 +198,29 @@ def refusal_by_key(
 ) -> str | None:
     """:func:`refusal` with the requests' :func:`~yard.core.queue.order_key`
     given (``o_key`` of ``o_head``, ``head_key`` of the request that needs the
-    room; None for none), so that one backend can be asked about many."""
+    room; None for none), so that one backend can be asked about many. For one
+    ``o``, the answer depends on ``head_key`` only through :func:`outranks`
+    and on ``taken`` only through whether it holds ``o``."""
     if o.pinned:
         return reasons.not_a_victim_pinned(o.name)
     if o.state not in LOADED:
         return reasons.not_a_victim_state(o.name, o.state.value)
     if o.name in taken:
         return reasons.not_a_victim_taken(o.name)
-    if o_key is not None and (head_key is None or o_key < head_key):  # o_head outranks
+    if outranks(o_key, head_key):
         if o_head is o.ahead:
             return o.ahead_keep_why
         return reasons.not_a_victim_outranks(o.name)
     return None
+
+
+def outranks(
+    o_key: tuple[float, float, str] | None, head_key: tuple[float, float, str] | None
+) -> bool:
+    """Whether a backend's best waiting request (order key ``o_key``; None:
+    none waits) ranks above the request that needs the room (``head_key``;
+    None: a load nobody waits for)."""
+    return o_key is not None and (head_key is None or o_key < head_key)
 
 
 def survey(devices: Iterable[str], backends: Iterable[Backend]) -> Room:

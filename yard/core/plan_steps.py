@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from yard.core import estimates
-from yard.core.lifecycle import BackendState
+from yard.core.lifecycle import LOADED, BackendState
 from yard.core.placement import Outcome, Plan, Reads, evict_key, refusal_by_key
 from yard.core.queue import Req, order_key
 from yard.core.records import Backend
@@ -65,7 +65,7 @@ class Step:
     ordered: frozenset[str] = frozenset()  # the backends in reads.orders of two or more
     # evicting: what it read of each victim when it chose them (:func:`victim_sig`),
     # and the earliest start-by waiting for it (batching holds by it)
-    victims: dict[str, VictimSig] = field(default_factory=dict)
+    victims: dict[str, VictimSig] | None = None
     start_by: float | None = None
 
 
@@ -173,7 +173,7 @@ def still_reads(
     return True
 
 
-VictimSig = tuple[bool, bool, bool | None, float, float | None]
+VictimSig = tuple[bool, bool, bool, bool | None, float, float | None]
 
 
 def victim_sig(
@@ -181,14 +181,14 @@ def victim_sig(
 ) -> VictimSig:
     """What an evicting plan for ``b`` (for ``head``) reads of its victim ``o``
     when it decides how ``o`` makes room (:func:`~yard.core.placement._evict`):
-    whether it is fresh (ready, nothing dispatched since), whether it serves
-    first (it is waited for, and fresh or batching), else whether it is busy
-    (drained or stopped), its reload time, and its high service estimate where
-    batching asks whether a request for it ends before the swap must start
-    (the clock's part is ``Reads.until``). The rest is read apart: its
-    refusal and eviction order (:func:`still_reads`), its memory and whether
-    it stops (the devices). The plan's ``free_wait_s`` (a mean service time)
-    is not in it: only fresh plans' is read
+    whether it is still loaded (ready or draining alike), fresh (ready, nothing
+    dispatched since), serves first (it is waited for, and fresh or batching),
+    else whether it is busy (drained or stopped), its reload time, and its high
+    service estimate where batching asks whether a request for it ends before
+    the swap must start (the clock's part is ``Reads.until``). The rest is
+    read apart: its refusal and eviction order (:func:`still_reads`), its
+    memory and whether it stops (the devices). The plan's ``free_wait_s`` (a
+    mean service time) is not in it: only fresh plans' is read
     (:meth:`~yard.core.state.Core.start_cost`)."""
     hi = None
     batching = False
@@ -198,7 +198,8 @@ def victim_sig(
         batching = estimates.overtake_denied(o, b, now, config) is None
     fresh = o.state is BackendState.READY and o.dispatched_since_ready == 0
     first = o.queue.size > 0 and (fresh or batching)
-    return (fresh, first, None if first else o.busy(), estimates.load_s(o, config), hi)
+    busy = None if first else o.busy()
+    return (o.state in LOADED, fresh, first, busy, estimates.load_s(o, config), hi)
 
 
 def head_changed(b: Backend, step: Step) -> bool:

@@ -62,7 +62,7 @@ from collections.abc import Iterable
 from yard.core import placement, reasons
 from yard.core.decisions import Decision
 from yard.core.lifecycle import BackendState, Move
-from yard.core.placement import Outcome, Plan, Reads, Room
+from yard.core.placement import Outcome, Plan, Reads, Room, outranks, refusal_by_key
 from yard.core.plan_steps import (
     EMPTY,
     Frontier,
@@ -82,7 +82,7 @@ from yard.core.plan_steps import (
 )
 from yard.core.queue import Req, order_key
 from yard.core.records import Backend
-from yard.core.spec import HOST
+from yard.core.spec import HOST, SchedulerConfig
 from yard.core.state import Core
 
 _WAITING_FOR_LOAD = (BackendState.STOPPED, BackendState.FAILED, BackendState.STOPPING)
@@ -93,6 +93,10 @@ _FEW_READERS = 4
 """Up to this many plans that read a touched backend are checked again
 directly (:func:`still_reads`) rather than through its signature."""
 
+_FEW_FRESH = 8
+"""Up to this many steps planned afresh in a round are indexed one by one;
+more, and the steps are indexed afresh (:meth:`Planner._keep`)."""
+
 _CLOCK_MARGIN_S = 1e-3
 """Batching is planned again this long before the clock could end it (the
 comparison in :func:`~yard.core.estimates.overtake_denied` rounds differently)."""
@@ -101,6 +105,29 @@ _NOTHING: frozenset[str] = frozenset()
 
 _LOWEST: Key = (-math.inf, -math.inf, "")
 """Below every :func:`~yard.core.queue.order_key`."""
+
+
+def _victims_changed(
+    st: Step, touched: set[str], backends: dict[str, Backend], now: float, config: SchedulerConfig
+) -> bool:
+    """Whether a touched victim of the evicting ``st`` changed in what its plan
+    read of it (:func:`~yard.core.plan_steps.victim_sig`)."""
+    if st.victims is None:
+        return not touched.isdisjoint(st.reads.victims)
+    return any(
+        victim_sig(backends[name], st.backend, st.head, now, config) != sig
+        for name, sig in st.victims.items()
+        if name in touched
+    )
+
+
+def _note(index: dict[str, set[int]], key: str, steps: list[int]) -> None:
+    """Add ``steps`` to ``index[key]``."""
+    known = index.get(key)
+    if known is None:
+        index[key] = set(steps)
+    else:
+        known.update(steps)
 
 
 def _is_waiting(b: Backend) -> bool:
@@ -193,7 +220,11 @@ class Planner:
             prev = old[k] if k is not None and k not in dirty else None
             if k is not None and prev is not None:
                 same = frontier is prev.before or frontier.same(prev.before)
-                if same and k > last_dirty and cands[i:] == self._order[k:]:
+                if (
+                    same
+                    and k > last_dirty
+                    and ((i == k and cands is self._order) or cands[i:] == self._order[k:])
+                ):
                     # The rest is as it was: replay what changed the frontier.
                     for e in self._effects:
                         if e >= k:
@@ -233,26 +264,40 @@ class Planner:
 
     def _keep(self, steps: list[Step], order: list[Backend], fresh: list[int]) -> None:
         """Remember this round's steps and the indexes into them."""
-        reindex = order is not self._order or len(steps) != len(self._steps)
+        reindex = (
+            order is not self._order
+            or len(steps) != len(self._steps)
+            or len(fresh) > _FEW_FRESH  # indexing afresh shares the told plans' reads
+        )
         old = self._steps
         self._steps = steps
         if reindex:
             self._order = list(order)
             self._index = {b.name: k for k, b in enumerate(order)}
             self._rank_list = [self._ranks[b.name] for b in order]
-            self._readers = {}
-            self._orderers = {}
-            self._weighers = {}
-            self._evicting = set()
+            # Plans told again share their reads (and what was drawn from them):
+            # index each reads once, with all the steps that share it.
+            shared: dict[Reads, tuple[Step, list[int]]] = {}
             for k, st in enumerate(steps):
+                group = shared.get(st.reads)
+                if group is None:
+                    shared[st.reads] = (st, [k])
+                else:
+                    group[1].append(k)
+            readers: dict[str, set[int]] = {}
+            orderers: dict[str, set[int]] = {}
+            weighers: dict[str, set[int]] = {}
+            self._evicting = set()
+            for st, ks in shared.values():
                 for name in st.names:
-                    self._readers.setdefault(name, set()).add(k)
+                    _note(readers, name, ks)
                 for name in st.ordered:
-                    self._orderers.setdefault(name, set()).add(k)
+                    _note(orderers, name, ks)
                 for device in st.reads.devices:
-                    self._weighers.setdefault(device, set()).add(k)
+                    _note(weighers, device, ks)
                 if st.reads.evicts:
-                    self._evicting.add(k)
+                    self._evicting.update(ks)
+            self._readers, self._orderers, self._weighers = readers, orderers, weighers
             self._effects = [k for k, st in enumerate(steps) if st.after is not None]
             return
         effects_changed = False
@@ -334,11 +379,7 @@ class Planner:
                     swap.name in touched
                     and (head_changed(swap, st) or swap.queue.earliest_start_by() != st.start_by)
                 )
-                or any(
-                    victim_sig(backends[name], swap, st.head, now, config) != sig
-                    for name, sig in st.victims.items()
-                    if name in touched
-                )
+                or _victims_changed(st, touched, backends, now, config)
             ):
                 dirty.add(k)
         boost = config.deadline_boost
@@ -381,10 +422,26 @@ class Planner:
         waiting request has order key ``key``) otherwise now: its refusal (if
         ``refused``), else its place in their eviction orders."""
         o_head = o.head()
+        name = o.name
+        if not refused:
+            for k in steps:
+                if k not in dirty and not still_reads(self._steps[k], o, o_head, key, False, True):
+                    dirty.add(k)
+            return
+        # The answer differs between plans only by whether they took o and
+        # whether o outranks their head (refusal_by_key): asked once for each.
+        answers: dict[tuple[bool, bool], str | None] = {}
         for k in steps:
-            if k not in dirty and not still_reads(
-                self._steps[k], o, o_head, key, refused, not refused
-            ):
+            st = self._steps[k]
+            if k in dirty or name not in st.why:
+                continue
+            taken = st.before.taken
+            which = (name in taken, outranks(key, st.head_key))
+            if which in answers:
+                why = answers[which]
+            else:
+                why = answers[which] = refusal_by_key(o, o_head, key, st.head_key, taken)
+            if why != st.why[name]:
                 dirty.add(k)
 
     def _between(self, readers: set[int], old: Key | None, new: Key | None) -> list[int]:
@@ -433,7 +490,11 @@ class Planner:
             known = (options, claims, claims | {HOST}, sig)
             self._devices[b.name] = known
         _, claims, books, sig = known
-        head_key = None if head is None else order_key(head, core.config.deadline_boost)
+        rank = self._ranks.get(b.name)
+        if rank is not None and rank[0] == 1:
+            head_key: Key | None = rank[1]  # its place in the order is its head's key
+        else:
+            head_key = None if head is None else order_key(head, core.config.deadline_boost)
         # A plan that stops at its first checks (claims, loads), or a blocked
         # one whose every refusal holds for a request ranked no higher, holds
         # for the backends after it with the same options, after the same
@@ -446,7 +507,9 @@ class Planner:
             best = told.plan
             assert best is not None and best.retell is not None
             need = options[told.option][1]
-            plan = Plan(b, best.gpus, best.status, best.retell(b.name), need=need)
+            # blocked or waiting, it has no victims: it shares the empty lists
+            text = best.retell(b.name)
+            plan = Plan(b, best.gpus, best.status, text, need, best.stop, best.drain, best.pending)
             plan.retell = best.retell
         else:
             reads = Reads()

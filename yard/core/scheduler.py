@@ -140,6 +140,10 @@ from yard.core.views import QueuedView, Snapshot
 __all__ = ["Scheduler"]
 
 
+_ROOM_EVENTS = (ProfileMeasured, AdminLoad, AdminUnload, AdminPin, AdminForgetProfile)
+"""The events after which every plan is made afresh (``Core.room_version``)."""
+
+
 class Scheduler:
     """The pure scheduling core. See the module docstring for its rules.
 
@@ -215,9 +219,7 @@ class Scheduler:
                     b.want_load = True
         for due in core.timers.due(now, core.timer_live):
             request_events.timer(core, due, now, out)
-        if isinstance(
-            event, ProfileMeasured | AdminLoad | AdminUnload | AdminPin | AdminForgetProfile
-        ):
+        if isinstance(event, _ROOM_EVENTS):
             core.room_version += 1  # a profile, an operator's wish
         match event:
             case RequestArrived():
@@ -331,8 +333,9 @@ class Scheduler:
         any_sent = False
         # Requests dispatched per app, only while some app has a limit.
         serving = self._serving() if self._max_concurrent else None
-        for b in core.backends.values():
-            if b.state is not BackendState.READY or not b.queue.size:
+        for name in sorted(core.ready):  # the order of core.backends (by name)
+            b = core.backends[name]
+            if not b.queue.size:
                 continue
             while len(b.running) < b.slots:
                 req = b.queue.head()

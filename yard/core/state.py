@@ -50,6 +50,7 @@ class Core:
     unsettled: the backends touched since the scheduler last settled them
         (idle timers, operator unloads), besides those in ``touched``.
     draining: the backends in the draining state.
+    ready: the backends in the ready state (dispatch visits only these).
     windows: held requests and announcements (:mod:`yard.core.windows`).
     """
 
@@ -67,6 +68,7 @@ class Core:
     touched_devices: set[str] = field(default_factory=set)
     unsettled: set[str] = field(default_factory=set)
     draining: set[str] = field(default_factory=set)
+    ready: set[str] = field(default_factory=set)
     options_cache: dict[str, Options] = field(default_factory=dict)
     fit_cache: dict[str, tuple[bool, str]] = field(default_factory=dict)
     shares: Shares | None = None  # the apps' fairness term; None: no app has a weight
@@ -132,6 +134,10 @@ class Core:
             self.draining.add(b.name)
         else:
             self.draining.discard(b.name)
+        if b.state is BackendState.READY:
+            self.ready.add(b.name)
+        else:
+            self.ready.discard(b.name)
 
     def release(self, b: Backend) -> None:
         """The instance is gone: it holds no memory and no slots."""

@@ -1,0 +1,79 @@
+"""A round plans again only what an event changed (yard.core.planning).
+
+These pin the cases where a plan is *reused*: an evicting plan whose victim
+changed in nothing its plan read, and plans that a touched backend cannot
+answer otherwise. ``test_planning.py`` and ``test_machine.py`` check that
+reuse decides and explains as a full re-plan does; these check that it
+happens (each fails if the round plans the swap afresh).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.core.harness import Harness, gpu, host
+from yard.core import BackendSpec, SchedulerConfig, StopBackend, placement
+from yard.core.placement import Plan
+from yard.core.records import Backend
+
+
+@pytest.fixture
+def plans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The backends placement.best_plan was asked about, in order."""
+    asked: list[str] = []
+    best_plan = placement.best_plan
+
+    def counted(b: Backend, *args: Any, **kwargs: Any) -> Plan | None:
+        asked.append(b.name)
+        return best_plan(b, *args, **kwargs)
+
+    monkeypatch.setattr(placement, "best_plan", counted)
+    return asked
+
+
+def _draining_chat(batch_bound: int = 0) -> Harness:
+    """chat (two slots, both busy) drains so that big can load in its place;
+    one more request waits for chat, ranked below big's."""
+    h = Harness(
+        [
+            BackendSpec(name="chat", gpus=("gpu0",), slots=2),
+            BackendSpec(name="big", gpus=("gpu0",)),
+        ],
+        devices=(gpu(gib=24), host()),
+        config=SchedulerConfig(batch_bound=batch_bound),
+        profiles={"chat": (14, 1, 5.0), "big": (14, 1, 20.0)},
+    )
+    h.load("chat", "r0", at=0)
+    h.arrive("r1", "chat", at=1)
+    h.arrive("b1", "big", priority=90, at=2)
+    h.arrive("r2", "chat", priority=10, at=3)
+    assert h.state("chat") == "draining"
+    return h
+
+
+def test_a_finish_that_leaves_the_victim_busy_does_not_plan_the_swap_again(
+    plans: list[str],
+) -> None:
+    h = _draining_chat()
+    why = h.s.explain("b1", h.now)
+    assert why is not None
+    plans.clear()
+    assert h.finish("r0", at=4) == []
+    assert plans == []  # chat is still busy and drains: the swap's plan stands
+    after = h.s.explain("b1", h.now)
+    assert after is not None and after.reason == why.reason
+    [stop] = h.finish("r1", at=5)  # now idle: the plan changes, chat stops
+    assert isinstance(stop, StopBackend) and stop.backend == "chat"
+    assert set(plans) == {"big"}
+
+
+def test_an_arrival_for_the_draining_victim_does_not_plan_the_swap_again(
+    plans: list[str],
+) -> None:
+    h = _draining_chat()
+    plans.clear()
+    h.arrive("r3", "chat", priority=10, at=4)
+    assert plans == []
+    assert h.state("chat") == "draining"
