@@ -25,7 +25,7 @@ from tests.cluster.test_jobs_database_lost import LosingStore, node_jobs
 from tests.jobs.fakes import EPOCH, Answer, FakeEngine, FakeUpstream, proxy_request
 from yard.cluster.pg import DatabaseBusy
 from yard.db import DatabaseError
-from yard.jobs.records import JobError, Status, StoredResult
+from yard.jobs.records import JobError, Status, StoredRequest, StoredResult
 from yard.jobs.service import Jobs
 from yard.upstream import UpstreamError
 
@@ -274,3 +274,35 @@ async def test_a_job_requeued_while_the_database_is_lost_goes_back_unrun_once_it
     )
     assert len(upstream.calls) == 1
     assert "runner failed" not in caplog.text
+
+
+async def test_a_refused_start_fails_the_job_and_its_refused_end_is_tried_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    class RefusesTheRequest(RefusingStore):
+        async def request(self, job_id: str) -> StoredRequest | None:
+            raise DatabaseError("PostgreSQL: permission denied for table job_requests")
+
+    engine = FakeEngine()
+    upstream = FakeUpstream()
+    async with node_jobs(
+        tmp_path / "jobs.sqlite", engine, upstream, store_type=RefusesTheRequest
+    ) as (jobs, store, released):
+        assert isinstance(store, RefusesTheRequest)
+        store.finishes = []
+        store.refusals = 100
+        job_id = str((await jobs.submit(proxy_request(), rerun_safe=False))["id"])
+        job = await store.get(job_id)
+        assert job is not None
+        with logged(job_id) as log:
+            jobs.enqueue(job, arrived_at_wall=job.created_at)
+            engine.dispatch(job_id)
+            await trio.sleep(60.0)
+
+    # Not a lost database: not given back, not retried; the end it would
+    # take instead (internal_error) is the same as the one refused.
+    assert released.ids == [] and upstream.calls == []
+    assert store.finishes == [(0.0, "failed", "internal_error")]
+    assert [(at, level) for at, level, _ in log.lines] == [(0.0, "ERROR"), (0.0, "ERROR")]
+    assert "runner failed" in log.lines[0][2]
+    assert "cannot record its end: PostgreSQL: value too long" in log.lines[1][2]

@@ -722,6 +722,8 @@ class Jobs:
             )
             if won is not None:
                 return status if won else None
+            if result is None and error is not None and error.code == "internal_error":
+                return None  # already the plainest end there is
             plain = JobError(
                 code="internal_error",
                 message="yard could not store this job's end: the database refused it "
