@@ -42,6 +42,15 @@ def test_choose_takes_the_least_wait_and_the_first_on_a_tie() -> None:
     assert choose([c]) is c
 
 
+def test_an_instance_to_be_loaded_must_save_a_quarter_of_its_start() -> None:
+    loaded = Option(name="news", wait_s=44.0, how="")
+    load = Option(name="news@2", wait_s=40.0, how="", load_s=40.0)  # counts 50 s
+    assert load.cost_s == 50.0
+    assert choose([loaded, load]) is loaded
+    busier = Option(name="news", wait_s=52.0, how="")
+    assert choose([busier, load]) is load
+
+
 # -- the core ---------------------------------------------------------------------------
 
 NEWS = BackendSpec(name="news", gpus=("gpu0", "gpu1"), instances=2)
