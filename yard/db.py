@@ -47,6 +47,26 @@ class DatabaseError(Exception):
     connection). The message names the file and what to do."""
 
 
+class DatabaseLost(DatabaseError):
+    """The PostgreSQL server could not be reached, or the connection broke
+    during the call. Whether a write that raised this was committed is
+    unknown; the next call reconnects."""
+
+
+class DatabaseBusy(DatabaseError):
+    """The call gave up on a lock or ran past the statement timeout, or the
+    server rolled it back as a deadlock or serialization failure. Its
+    transaction was rolled back; the same call may work later."""
+
+
+def passing(exc: BaseException) -> bool:
+    """Whether ``exc`` is a database error that may pass by itself
+    (:class:`DatabaseLost`, :class:`DatabaseBusy`), so the same call is worth
+    making again later; any other :class:`DatabaseError` is the server
+    refusing the call, which it will do again."""
+    return isinstance(exc, DatabaseLost | DatabaseBusy)
+
+
 class Database:
     """One SQLite file, used from Trio.
 

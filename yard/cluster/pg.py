@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import psycopg
 import trio
 
-from yard.db import DatabaseError
+from yard.db import DatabaseBusy, DatabaseError, DatabaseLost, passing
 
 __all__ = [
     "DatabaseBusy",
@@ -128,26 +128,6 @@ class PgStatistics:
     lost: int
     busy: int
     idle: int
-
-
-class DatabaseLost(DatabaseError):
-    """The PostgreSQL server could not be reached, or the connection broke
-    during the call. Whether a write that raised this was committed is
-    unknown; the next call reconnects."""
-
-
-class DatabaseBusy(DatabaseError):
-    """The call gave up on a lock or ran past the statement timeout, or the
-    server rolled it back as a deadlock or serialization failure. Its
-    transaction was rolled back; the same call may work later."""
-
-
-def passing(exc: BaseException) -> bool:
-    """Whether ``exc`` is a database error that may pass by itself
-    (:class:`DatabaseLost`, :class:`DatabaseBusy`), so the same call is worth
-    making again later; any other :class:`yard.db.DatabaseError` is the server
-    refusing the call, which it will do again."""
-    return isinstance(exc, DatabaseLost | DatabaseBusy)
 
 
 def connect(

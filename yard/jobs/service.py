@@ -26,7 +26,7 @@ In a cluster (``shared=True``, the store a
 the shared queue, unclaimed: the node that claims it
 (:mod:`yard.cluster.node`) calls :meth:`Jobs.enqueue`. Waiting for a job's end
 then also re-reads the store (another node may run it). A write the shared
-database does not take because it is lost or busy (:func:`yard.cluster.pg.passing`)
+database does not take because it is lost or busy (:func:`yard.db.passing`)
 is kept and made again every :attr:`Jobs.RETRY_S` until it is back, logged when
 it begins, every :attr:`Jobs.LOG_EVERY_S` while it waits and when it is done:
 a job's end; a requeue (the job leaves this node's queue unrun and goes back
@@ -49,7 +49,7 @@ import trio
 from yard.admission import AdmissionLike, Assignment, UpstreamLost, run_turn
 from yard.config import JobsConfig
 from yard.core.views import QueuedView
-from yard.db import DatabaseError
+from yard.db import DatabaseError, passing
 from yard.errors import Rejected
 from yard.jobs.restore import restore
 from yard.jobs.store import (
@@ -572,7 +572,7 @@ class Jobs:
                     job.id, at=self._wall(), queued_s=admission.queued_s
                 )
             except DatabaseError as exc:
-                if not (self.shared and _passing(exc)):
+                if not (self.shared and passing(exc)):
                     raise
                 raise _Unreachable(exc) from None
             if stored is None or not started:
@@ -600,7 +600,7 @@ class Jobs:
                 try:
                     await self.store.mark_requeue_spent(job.id)
                 except DatabaseError as lost:
-                    if not (self.shared and _passing(lost)):
+                    if not (self.shared and passing(lost)):
                         raise
                     # The verdict still comes, and whatever it leads to is
                     # written before the job can run again: an end when the
@@ -621,7 +621,7 @@ class Jobs:
             try:
                 await self.store.mark_requeued(job.id)
             except DatabaseError as exc:
-                if not (self.shared and _passing(exc)):
+                if not (self.shared and passing(exc)):
                     raise
                 raise _RequeueUnwritten(exc) from None
 
@@ -759,7 +759,7 @@ class Jobs:
         it has waited, and when it is over."""
         began = trio.current_time()
         logged = began
-        if not _passing(exc):
+        if not passing(exc):
             log.error(
                 "job %s: cannot %s: %s (refused by the database: not retried)", job_id, what, exc
             )
@@ -777,7 +777,7 @@ class Jobs:
                 value = await write()
             except DatabaseError as again:
                 waited = trio.current_time() - began
-                if not _passing(again):
+                if not passing(again):
                     log.error(
                         "job %s: cannot %s after %.0f s: %s (refused by the database: not retried)",
                         job_id,
@@ -876,13 +876,3 @@ class Jobs:
 
 def _nothing() -> None:
     return None
-
-
-def _passing(exc: DatabaseError) -> bool:
-    """Whether the shared database may take the same write later (it is lost
-    or busy): :func:`yard.cluster.pg.passing`."""
-    # Imported here: yard.cluster imports the job store, whose package
-    # imports this module.
-    from yard.cluster.pg import passing
-
-    return passing(exc)
