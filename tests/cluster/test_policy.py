@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import yard.cluster.policy as policy_module
-from tests.core.harness import Harness, gpu, host
+from tests.core.harness import GIB, Harness, gpu, host
 from yard.cluster.policy import (
     BackendState,
     Hunger,
@@ -24,6 +24,7 @@ from yard.cluster.policy import (
     route,
 )
 from yard.core import BackendSpec
+from yard.core.events import MemoryMeasured, ProfileMeasured
 
 # -- hungry -------------------------------------------------------------------------
 
@@ -419,3 +420,35 @@ def test_a_load_that_fits_only_after_stopping_idle_backends_is_evict() -> None:
     assert hungry(list(_local(h).values())).claim == ("chat", "image")
     elsewhere = hungry(list(_local(h).values()), room_elsewhere=frozenset({"image"}))
     assert elsewhere.claim == ("chat",)
+
+
+def test_a_stopped_backend_with_a_context_range_fits_at_its_smallest_start() -> None:
+    # Measured at 32768 tokens: 20 GiB, 4 GiB fixed + 16 GiB of KV cache.
+    per_token = 16 * GIB / 32768
+    h = Harness(
+        [BackendSpec(name="llm", gpus=("gpu0",), context=(4096, 32768))],
+        (gpu(gib=24), host()),
+    )
+    h.feed(
+        ProfileMeasured(
+            backend="llm",
+            gpu_bytes=20 * GIB,
+            host_bytes=GIB,
+            load_s=10,
+            source="stored",
+            context=32768,
+            gpu_per_token=per_token,
+            host_per_token=0.0,
+        )
+    )
+    h.feed(MemoryMeasured(device="gpu0", used_bytes=10 * GIB, backends=()), at=0.0)
+    snap = h.s.snapshot(h.now, limit=0)
+    gpus_of = {"llm": ("gpu0",)}
+    # 14 GiB free: the measured 20 GiB (x 1.1) does not fit, the required
+    # 4 GiB + 2 GiB of cache at 4096 tokens does, as the core would start it.
+    fixed = local_backends(snap, gpus_of=gpus_of, margin=1.10)
+    assert fixed[0].fits == "no"
+    ranged = local_backends(
+        snap, gpus_of=gpus_of, margin=1.10, ranges_of={"llm": ((4096, 32768), None)}
+    )
+    assert ranged[0].fits == "free"

@@ -171,6 +171,7 @@ class Node:
         self._models = {model: backend for model, backend in config.models()}
         self._slots = {b.name: b.slots for b in config.backends.values()}
         self._gpus_of = {b.name: tuple(b.gpus) for b in config.backends.values()}
+        self._ranges_of = {b.name: (b.context, b.parallel) for b in config.backends.values()}
         self._margin = config.scheduler.profile_margin
         engine.watch(self._seen)
 
@@ -436,7 +437,12 @@ class Node:
             snapshot = self.engine.snapshot(limit=0)
             loaded, room = self._elsewhere()
             hunger = hungry(
-                local_backends(snapshot, gpus_of=self._gpus_of, margin=self._margin),
+                local_backends(
+                    snapshot,
+                    gpus_of=self._gpus_of,
+                    margin=self._margin,
+                    ranges_of=self._ranges_of,
+                ),
                 loaded_elsewhere=loaded,
                 room_elsewhere=room,
                 ahead=self.cluster.claim_ahead,

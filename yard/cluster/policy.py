@@ -33,8 +33,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from yard.core import resources
 from yard.core.spec import HOST, Profile
 from yard.core.views import DeviceView, Snapshot
+
+Ranges = tuple[tuple[int, int] | None, tuple[int, int] | None]
+"""A backend's context and slot ranges (min, max), each None where fixed."""
 
 BackendState = Literal["stopped", "loading", "ready"]
 
@@ -154,9 +158,13 @@ def local_backends(
     *,
     gpus_of: Mapping[str, tuple[str, ...]],
     margin: float,
+    ranges_of: Mapping[str, Ranges] | None = None,
 ) -> list[LocalBackend]:
     """This node's backends for :func:`hungry`, from its engine's snapshot.
 
+    ranges_of: each backend's context and slot ranges (its spec; none: fixed).
+        A running backend counts at what it runs with; a stopped one at the
+        smallest start the core would make room for (its *required* part).
     gpus_of: the GPUs each backend may use (its spec; a stopped backend's view
         names none). margin: the scheduler's ``profile_margin``.
 
@@ -177,14 +185,16 @@ def local_backends(
     for b in views:
         if b.pinned:
             for where in b.gpus:
-                pinned_on[where] = pinned_on.get(where, 0) + _need(b.profile, where, margin)
+                pinned_on[where] = pinned_on.get(where, 0) + _need(
+                    b.profile, where, margin, b.context, b.parallel
+                )
     idle_on: dict[str, int] = {}
     for b in views:
         if b.state == "ready" and not b.inflight and not b.queued and not b.pinned:
             for where in (*b.gpus, HOST):
                 if where in devices:
                     dev = devices[where]
-                    need = _need(b.profile, where, margin)
+                    need = _need(b.profile, where, margin, b.context, b.parallel)
                     idle_on[where] = idle_on.get(where, 0) + max(
                         need, dev.live_bytes.get(b.name, 0)
                     )
@@ -199,9 +209,15 @@ def local_backends(
         else:
             state = "stopped"
             if b.state in ("stopped", "failed"):
+                gpus = gpus_of.get(b.name, ())
+                context, parallel = (ranges_of or {}).get(b.name, (None, None))
                 fits = _fits(
                     b.profile,
-                    gpus_of.get(b.name, ()),
+                    gpus,
+                    (
+                        resources.context_of(context, b.profile, gpus),
+                        resources.parallel_of(parallel, b.profile, gpus),
+                    ),
                     devices,
                     starting_on,
                     occupied,
@@ -222,16 +238,23 @@ def local_backends(
     return out
 
 
-def _need(profile: Profile | None, device: str, margin: float) -> int:
-    if profile is None:
-        return 0
-    raw = profile.host_bytes if device == HOST else profile.gpu_bytes
-    return int(raw * margin)
+def _need(
+    profile: Profile | None,
+    device: str,
+    margin: float,
+    context: int | None = None,
+    parallel: int | None = None,
+) -> int:
+    """The reservation on ``device`` at ``context`` and ``parallel`` slots
+    (None: as measured), as the core reckons it (:func:`resources.need_at`)."""
+    gpus = () if device == HOST else (device,)
+    return resources.need_at(profile, gpus, margin, context, parallel)[device]
 
 
 def _fits(
     profile: Profile | None,
     gpus: tuple[str, ...],
+    required: tuple[int | None, int | None],
     devices: Mapping[str, DeviceView],
     starting_on: set[str],
     occupied: set[str],
@@ -240,7 +263,7 @@ def _fits(
     margin: float,
 ) -> Fit:
     host = devices.get(HOST)
-    host_need = _need(profile, HOST, margin)
+    host_need = _need(profile, HOST, margin, *required)
     host_free = host.free_bytes if host is not None else host_need
     host_idle = idle_on.get(HOST, 0)
     order: tuple[Fit, ...] = ("free", "evict", "busy", "no")
@@ -254,7 +277,7 @@ def _fits(
             # Measured alone: an empty GPU, or one that can be emptied.
             found = "busy" if gpu in occupied else "free"
         else:
-            need = _need(profile, gpu, margin) if gpu != HOST else host_need
+            need = _need(profile, gpu, margin, *required) if gpu != HOST else host_need
             usable = dev.total_bytes - dev.reserve_bytes - dev.foreign_bytes
             if need <= dev.free_bytes and host_need <= host_free:
                 found = "free"
