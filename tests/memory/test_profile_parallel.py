@@ -23,6 +23,8 @@ async def test_the_slot_count_and_its_slopes_are_stored_and_read_back(tmp_path: 
         gpu_per_slot=float(2 << 30),
         host_per_slot=1048576.0,
     )
+    # Every field set: a field the store forgets reads back as None and fails.
+    assert all(getattr(line, name) is not None for name in Profile.__dataclass_fields__)
     try:
         await store.store("llm", line)
         assert await store.get("llm") == line
