@@ -106,6 +106,20 @@ class Plan:
         return self.stop + self.drain + self.pending
 
 
+@dataclass(frozen=True, slots=True)
+class NoRoom:
+    """The reason of a plan blocked for want of room, told of a backend by
+    name; equal ones tell the same backend the same sentence."""
+
+    device: str
+    need: int
+    free: int
+    blockers: tuple[str, ...]
+
+    def __call__(self, name: str) -> str:
+        return reasons.no_room(self.device, name, self.need, self.free, self.blockers)
+
+
 @dataclass(slots=True, eq=False)
 class Room:
     """Who holds what on each device, for one planning round.
@@ -489,7 +503,7 @@ def plan_on(
             short = max(devs, key=lambda d: deficit[d])
             at, needs, free_there = short, need[short], eventual[short]
             plan = Plan(b, gpus, Outcome.BLOCKED, "", need=need)
-            plan.retell = lambda name: reasons.no_room(at, name, needs, free_there, blockers)
+            plan.retell = NoRoom(at, needs, free_there, tuple(blockers))
             plan.reason = plan.retell(b.name)
             return plan
         # stop no more than needed: drop greedy picks that turned out spare

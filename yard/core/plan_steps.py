@@ -24,6 +24,10 @@ from yard.core.spec import HOST, SchedulerConfig
 Key = tuple[float, float, str]
 """A request's :func:`~yard.core.queue.order_key`."""
 
+CLOCK_MARGIN_S = 1e-3
+"""Batching is planned again this long before the clock could end it (the
+comparison in :func:`~yard.core.estimates.overtake_denied` rounds differently)."""
+
 
 @dataclass(slots=True, eq=False)
 class Frontier:
@@ -200,6 +204,28 @@ def victim_sig(
     first = o.queue.size > 0 and (fresh or batching)
     busy = None if first else o.busy()
     return (o.state in LOADED, fresh, first, busy, estimates.load_s(o, config), hi)
+
+
+def evicting_stale(
+    st: Step, touched: set[str], backends: dict[str, Backend], now: float, config: SchedulerConfig
+) -> bool:
+    """Whether the evicting ``st`` must be planned again: the clock has run out
+    its batching, its head or the earliest start-by waiting for it changed, or
+    a touched victim changed in what its plan read of it (:func:`victim_sig`)."""
+    swap = st.backend
+    if now >= st.reads.until - CLOCK_MARGIN_S:
+        return True
+    if swap.name in touched and (
+        head_changed(swap, st) or swap.queue.earliest_start_by() != st.start_by
+    ):
+        return True
+    if st.victims is None:
+        return not touched.isdisjoint(st.reads.victims)
+    return any(
+        victim_sig(backends[name], swap, st.head, now, config) != sig
+        for name, sig in st.victims.items()
+        if name in touched
+    )
 
 
 def head_changed(b: Backend, step: Step) -> bool:

@@ -33,22 +33,28 @@ only:
   as victims are taken.
 
 All other plans are reused as they are, with their effects on the frontier.
-Two shortcuts keep the cost of a round low with many backends:
+Shortcuts keep the cost of a round low with many backends:
 
 - A touched backend is read again only where what plans may read of it (its
   refusal inputs, its eviction key: :func:`read_sig`) changed since the steps
-  last agreed with it.
+  last agreed with it; when only its best waiting request changed, only by the
+  plans whose head ranks between the old and the new one (the others' refusal
+  cannot change: :meth:`Planner._between`), and its place in eviction orders
+  only by the plans whose orders held it. Plans that took it, or that it
+  outranks, get the same refusal: it is worked out once for each kind.
 - Within a round, a plan that stopped at its first checks (claims, another
   load), or a blocked one whose every considered victim refused, is *told
   again* to the backends after it with the same options and the same frontier
   instead of being worked out again: candidates come best head first, and a
   victim that refuses a request (pinned, not loaded, taken, or outranking it)
   refuses every request ranked lower, so the checks come out the same and
-  only the name in the reason differs.
+  only the name in the reason differs (and where the backend was told the
+  same last round, not even that: its sentence is kept).
 
 The result is the same as planning every backend afresh on every event:
 ``tests/core/test_machine.py`` (Hypothesis) and ``tests/core/test_planning.py``
-(a seeded busy GPU of eight models) check exactly that after every event,
+(a seeded busy GPU of eight models, model zoos of twelve and thirty on two
+GPUs) check exactly that after every event,
 against a scheduler made with ``replan_everything=True``.
 """
 
@@ -70,6 +76,7 @@ from yard.core.plan_steps import (
     Sig,
     Step,
     Told,
+    evicting_stale,
     frontier_after,
     head_changed,
     only_key,
@@ -82,7 +89,7 @@ from yard.core.plan_steps import (
 )
 from yard.core.queue import Req, order_key
 from yard.core.records import Backend
-from yard.core.spec import HOST, SchedulerConfig
+from yard.core.spec import HOST
 from yard.core.state import Core
 
 _WAITING_FOR_LOAD = (BackendState.STOPPED, BackendState.FAILED, BackendState.STOPPING)
@@ -97,28 +104,10 @@ _FEW_FRESH = 8
 """Up to this many steps planned afresh in a round are indexed one by one;
 more, and the steps are indexed afresh (:meth:`Planner._keep`)."""
 
-_CLOCK_MARGIN_S = 1e-3
-"""Batching is planned again this long before the clock could end it (the
-comparison in :func:`~yard.core.estimates.overtake_denied` rounds differently)."""
-
 _NOTHING: frozenset[str] = frozenset()
 
 _LOWEST: Key = (-math.inf, -math.inf, "")
 """Below every :func:`~yard.core.queue.order_key`."""
-
-
-def _victims_changed(
-    st: Step, touched: set[str], backends: dict[str, Backend], now: float, config: SchedulerConfig
-) -> bool:
-    """Whether a touched victim of the evicting ``st`` changed in what its plan
-    read of it (:func:`~yard.core.plan_steps.victim_sig`)."""
-    if st.victims is None:
-        return not touched.isdisjoint(st.reads.victims)
-    return any(
-        victim_sig(backends[name], st.backend, st.head, now, config) != sig
-        for name, sig in st.victims.items()
-        if name in touched
-    )
 
 
 def _note(index: dict[str, set[int]], key: str, steps: list[int]) -> None:
@@ -371,16 +360,7 @@ class Planner:
         config = self._core.config
         backends = self._core.backends
         for k in self._evicting:
-            st = steps[k]
-            swap = st.backend
-            if (
-                now >= st.reads.until - _CLOCK_MARGIN_S
-                or (
-                    swap.name in touched
-                    and (head_changed(swap, st) or swap.queue.earliest_start_by() != st.start_by)
-                )
-                or _victims_changed(st, touched, backends, now, config)
-            ):
+            if evicting_stale(steps[k], touched, backends, now, config):
                 dirty.add(k)
         boost = config.deadline_boost
         seen = self._seen
@@ -508,7 +488,12 @@ class Planner:
             assert best is not None and best.retell is not None
             need = options[told.option][1]
             # blocked or waiting, it has no victims: it shares the empty lists
-            text = best.retell(b.name)
+            k = self._index.get(b.name)
+            last = self._steps[k].plan if k is not None and k < len(self._steps) else None
+            if last is not None and last.backend is b and last.retell == best.retell:
+                text = last.reason  # told the same before: the same sentence
+            else:
+                text = best.retell(b.name)
             plan = Plan(b, best.gpus, best.status, text, need, best.stop, best.drain, best.pending)
             plan.retell = best.retell
         else:

@@ -33,6 +33,7 @@ Options = list[tuple[tuple[str, ...], Mapping[str, int]]]
 class Core:
     """Everything the scheduler knows, and the moves its parts share.
 
+    backends: by name; every visit of them keeps that order (dispatch, surveys).
     victim_of: per backend a swap will evict, the waiting request the swap is for.
     inflation: GreedyDual-Size "L", the credit of the last backend evicted.
     room_version: moves whenever the machine changes in a way every plan may
@@ -51,6 +52,8 @@ class Core:
         (idle timers, operator unloads), besides those in ``touched``.
     draining: the backends in the draining state.
     ready: the backends in the ready state (dispatch visits only these).
+    occupying: the backends that hold or take memory (starting, ready, draining,
+        stopping): surveys and occupants visit only these.
     windows: held requests and announcements (:mod:`yard.core.windows`).
     """
 
@@ -69,6 +72,7 @@ class Core:
     unsettled: set[str] = field(default_factory=set)
     draining: set[str] = field(default_factory=set)
     ready: set[str] = field(default_factory=set)
+    occupying: set[str] = field(default_factory=set)
     options_cache: dict[str, Options] = field(default_factory=dict)
     fit_cache: dict[str, tuple[bool, str]] = field(default_factory=dict)
     shares: Shares | None = None  # the apps' fairness term; None: no app has a weight
@@ -138,6 +142,10 @@ class Core:
             self.ready.add(b.name)
         else:
             self.ready.discard(b.name)
+        if b.state in OCCUPYING:
+            self.occupying.add(b.name)
+        else:
+            self.occupying.discard(b.name)
 
     def release(self, b: Backend) -> None:
         """The instance is gone: it holds no memory and no slots."""
@@ -151,9 +159,13 @@ class Core:
         self.victim_of.pop(b.name, None)
 
     def occupants(self, device: str) -> Iterable[Backend]:
-        for b in self.backends.values():
-            if b.state in OCCUPYING and device in b.devices:
+        for b in self._occupying():
+            if device in b.devices:
                 yield b
+
+    def _occupying(self) -> list[Backend]:
+        """The occupying backends in the order of ``backends`` (by name)."""
+        return [self.backends[name] for name in sorted(self.occupying)]
 
     def need(self, b: Backend, gpus: tuple[str, ...]) -> Mapping[str, int]:
         """Reservation on each device of a placement (0s while unmeasured)."""
@@ -214,7 +226,7 @@ class Core:
         out.append(StopBackend(backend=b.name, reason=f"stopping {b.name}: {reason}"))
 
     def survey(self) -> Room:
-        return placement.survey(self.devices, self.backends.values())
+        return placement.survey(self.devices, self._occupying())
 
     def best_plan(
         self,
