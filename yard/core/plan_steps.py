@@ -197,9 +197,13 @@ def victim_sig(
     hi = None
     batching = False
     if head is not None and not head.urgent and head.overtakes < config.batch_bound:
-        if b.queue.earliest_start_by() is not None:
+        start_by = b.queue.earliest_start_by()
+        if start_by is None:
+            batching = True
+        else:
+            # the test of estimates.overtake_denied, without its sentence
             hi = estimates.service_hi(o, config)
-        batching = estimates.overtake_denied(o, b, now, config) is None
+            batching = now + hi <= start_by - estimates.load_s(b, config)
     fresh = o.state is BackendState.READY and o.dispatched_since_ready == 0
     first = o.queue.size > 0 and (fresh or batching)
     busy = None if first else o.busy()

@@ -535,7 +535,10 @@ class Planner:
         if plan is None:
             b.wait_reason = reasons.no_place(b.name)
             return step, room
-        if told.reads.evicts:  # before the plan is carried out: as it read them
+        if plan.status == Outcome.EVICT and not plan.stop:
+            # As it read them, before it is carried out. (A plan that starts,
+            # or stops a victim, is planned again when a victim is touched:
+            # the stop changes it anyway.)
             step.start_by = b.queue.earliest_start_by()
             step.victims = {
                 name: victim_sig(core.backends[name], b, head, now, core.config)
