@@ -388,8 +388,15 @@ class Planner:
                     o = backends[name]
                     o_head = o.head()
                     key = None if o_head is None else order_key(o_head, boost)
-                    self._reread(o, key, readers, dirty, refused=True)
-                    self._reread(o, key, self._orderers.get(name, ()), dirty, refused=False)
+                    if len(readers) > _FEW_READERS:
+                        self._reread(o, key, readers, dirty, refused=True)
+                        self._reread(o, key, self._orderers.get(name, ()), dirty, refused=False)
+                    else:  # a few: each asked everything at once
+                        for k in readers:
+                            if k not in dirty and not still_reads(
+                                steps[k], o, o_head, key, True, True
+                            ):
+                                dirty.add(k)
             own = self._index.get(name)
             if own is not None and head_changed(steps[own].backend, steps[own]):
                 dirty.add(own)
