@@ -34,11 +34,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
 
+from bench.context_fit import get, post
 from yard.core.resources import need_at
 from yard.core.spec import HOST, Profile
 from yard.supervisor.launcher import free_port
@@ -80,19 +80,6 @@ FIXED = """command = [
     "--model", "{model}", "--alias", "m", "-c", "{c}", "-np", "{p}", "--threads", "2",
 ]
 """
-
-
-def get(url: str) -> object:
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return json.loads(response.read())
-
-
-def post(url: str, body: object) -> object:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=300) as response:
-        return json.loads(response.read())
 
 
 def probe(config: Path, store: bool) -> dict[str, object]:
