@@ -7,7 +7,8 @@ Layout:
 - ``records``: a file, a batch and a batch line as stored; ``validate``: the
   input file checked line by line, with OpenAI's error codes (pure);
 - ``store``: the SQLite side (a cluster's is
-  :class:`yard.cluster.batches.PgBatchStore`, in PostgreSQL); ``service``:
+  :class:`yard.cluster.batches.PgBatchStore`, in PostgreSQL); ``rows``: the
+  column lists both read and their rows as records; ``service``:
   :class:`~yard.batches.service.Batches`, which validates a batch, turns its
   lines into jobs, watches them end and writes the output and error files;
   ``views``: the JSON shapes;

@@ -27,18 +27,17 @@ from yard.batches.records import (
     LineRecord,
     ParsedLine,
 )
+from yard.batches.rows import (
+    BATCH_COLUMNS,
+    FILE_COLUMNS,
+    LINE_COLUMNS,
+    UNENDED,
+    batch_from_row,
+    file_from_row,
+    line_from_row,
+)
 from yard.db import Database
 from yard.jobs.store import JobRecord, JobStore, StoredRequest, insert_job
-
-_FILE_COLUMNS = "seq, id, app, purpose, filename, bytes, created_at"
-_BATCH_COLUMNS = (
-    "seq, id, app, endpoint, input_file_id, completion_window, metadata, priority, "
-    "rerun_safe, status, created_at, expires_at, in_progress_at, finalizing_at, "
-    "completed_at, failed_at, expired_at, cancelling_at, cancelled_at, errors, "
-    "output_file_id, error_file_id, total, completed, failed"
-)
-_LINE_COLUMNS = "batch_id, idx, line, custom_id, model, backend, job_id, outcome"
-_UNENDED = "('validating', 'in_progress', 'finalizing', 'cancelling')"
 
 
 class FileLimit(Exception):
@@ -183,8 +182,8 @@ class BatchStore:
         return record
 
     async def file(self, file_id: str) -> FileRecord | None:
-        row = await self._db.fetchone(f"SELECT {_FILE_COLUMNS} FROM files WHERE id = ?", (file_id,))
-        return None if row is None else _file(row)
+        row = await self._db.fetchone(f"SELECT {FILE_COLUMNS} FROM files WHERE id = ?", (file_id,))
+        return None if row is None else file_from_row(row)
 
     async def content(self, file_id: str) -> bytes | None:
         row = await self._db.fetchone(
@@ -215,10 +214,10 @@ class BatchStore:
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         order = "ASC" if ascending else "DESC"
         rows = await self._db.fetchall(
-            f"SELECT {_FILE_COLUMNS} FROM files {clause} ORDER BY seq {order} LIMIT ?",
+            f"SELECT {FILE_COLUMNS} FROM files {clause} ORDER BY seq {order} LIMIT ?",
             (*params, limit),
         )
-        return [_file(row) for row in rows]
+        return [file_from_row(row) for row in rows]
 
     async def delete_file(self, file_id: str) -> bool:
         changed = await self._db.execute("DELETE FROM files WHERE id = ?", (file_id,), durable=True)
@@ -265,9 +264,9 @@ class BatchStore:
 
     async def batch(self, batch_id: str) -> BatchRecord | None:
         row = await self._db.fetchone(
-            f"SELECT {_BATCH_COLUMNS} FROM batches WHERE id = ?", (batch_id,)
+            f"SELECT {BATCH_COLUMNS} FROM batches WHERE id = ?", (batch_id,)
         )
-        return None if row is None else _batch(row)
+        return None if row is None else batch_from_row(row)
 
     async def list_batches(
         self, *, app: str | None, limit: int, before_seq: int | None
@@ -283,17 +282,17 @@ class BatchStore:
             params.append(before_seq)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         rows = await self._db.fetchall(
-            f"SELECT {_BATCH_COLUMNS} FROM batches {clause} ORDER BY seq DESC LIMIT ?",
+            f"SELECT {BATCH_COLUMNS} FROM batches {clause} ORDER BY seq DESC LIMIT ?",
             (*params, limit),
         )
-        return [_batch(row) for row in rows]
+        return [batch_from_row(row) for row in rows]
 
     async def unended(self) -> list[BatchRecord]:
         """Batches that have not ended, oldest first (for a restart)."""
         rows = await self._db.fetchall(
-            f"SELECT {_BATCH_COLUMNS} FROM batches WHERE status IN {_UNENDED} ORDER BY seq"
+            f"SELECT {BATCH_COLUMNS} FROM batches WHERE status IN {UNENDED} ORDER BY seq"
         )
-        return [_batch(row) for row in rows]
+        return [batch_from_row(row) for row in rows]
 
     async def fail(self, batch_id: str, errors: Sequence[BatchError], *, at: float) -> bool:
         """validating -> failed, with ``errors``."""
@@ -384,7 +383,7 @@ class BatchStore:
                 f"UPDATE batches SET status = ?, {stamp} = ?, "
                 "finalizing_at = COALESCE(finalizing_at, ?), output_file_id = ?, "
                 "error_file_id = ?, completed = ?, failed = ? "
-                f"WHERE id = ? AND status IN {_UNENDED}",
+                f"WHERE id = ? AND status IN {UNENDED}",
                 (
                     status,
                     at,
@@ -416,10 +415,10 @@ class BatchStore:
     async def lines(self, batch_id: str) -> list[LineRecord]:
         """A batch's lines in submission order (without bodies)."""
         rows = await self._db.fetchall(
-            f"SELECT {_LINE_COLUMNS} FROM batch_lines WHERE batch_id = ? ORDER BY idx",
+            f"SELECT {LINE_COLUMNS} FROM batch_lines WHERE batch_id = ? ORDER BY idx",
             (batch_id,),
         )
-        return [_line(row) for row in rows]
+        return [line_from_row(row) for row in rows]
 
     async def counts(self, batch_id: str) -> tuple[int, int, int]:
         """(completed, failed, expired) lines of a running batch so far; the
@@ -524,105 +523,3 @@ def _insert_file(
         (file_id, app, purpose, filename, len(content), created_at),
     )
     conn.execute("INSERT INTO file_contents (file_id, body) VALUES (?, ?)", (file_id, content))
-
-
-def _opt(value: object) -> float | None:
-    return None if value is None else float(cast(float, value))
-
-
-def _file(row: tuple[object, ...]) -> FileRecord:
-    seq, file_id, app, purpose, filename, size, created_at = row
-    return FileRecord(
-        seq=int(cast(int, seq)),
-        id=str(file_id),
-        app=str(app),
-        purpose=str(purpose),
-        filename=str(filename),
-        bytes=int(cast(int, size)),
-        created_at=float(cast(float, created_at)),
-    )
-
-
-def _errors(text: object) -> tuple[BatchError, ...]:
-    if text is None:
-        return ()
-    return tuple(
-        BatchError(
-            code=str(e["code"]),
-            message=str(e["message"]),
-            line=e.get("line"),
-            param=e.get("param"),
-        )
-        for e in json.loads(str(text))
-    )
-
-
-def _batch(row: tuple[object, ...]) -> BatchRecord:
-    (
-        seq,
-        batch_id,
-        app,
-        endpoint,
-        input_file_id,
-        window,
-        metadata,
-        priority,
-        rerun_safe,
-        status,
-        created_at,
-        expires_at,
-        in_progress_at,
-        finalizing_at,
-        completed_at,
-        failed_at,
-        expired_at,
-        cancelling_at,
-        cancelled_at,
-        errors,
-        output_file_id,
-        error_file_id,
-        total,
-        completed,
-        failed,
-    ) = row
-    return BatchRecord(
-        seq=int(cast(int, seq)),
-        id=str(batch_id),
-        app=str(app),
-        endpoint=str(endpoint),
-        input_file_id=str(input_file_id),
-        completion_window=str(window),
-        metadata=None if metadata is None else dict(json.loads(str(metadata))),
-        priority=float(cast(float, priority)),
-        rerun_safe=bool(rerun_safe),
-        status=cast(BatchStatus, str(status)),
-        created_at=float(cast(float, created_at)),
-        expires_at=float(cast(float, expires_at)),
-        in_progress_at=_opt(in_progress_at),
-        finalizing_at=_opt(finalizing_at),
-        completed_at=_opt(completed_at),
-        failed_at=_opt(failed_at),
-        expired_at=_opt(expired_at),
-        cancelling_at=_opt(cancelling_at),
-        cancelled_at=_opt(cancelled_at),
-        errors=_errors(errors),
-        output_file_id=None if output_file_id is None else str(output_file_id),
-        error_file_id=None if error_file_id is None else str(error_file_id),
-        total=int(cast(int, total)),
-        completed=int(cast(int, completed)),
-        failed=int(cast(int, failed)),
-    )
-
-
-def _line(row: tuple[object, ...]) -> LineRecord:
-    batch_id, idx, line, custom_id, model, backend, job_id, outcome = row
-    return LineRecord(
-        batch_id=str(batch_id),
-        idx=int(cast(int, idx)),
-        line=int(cast(int, line)),
-        custom_id=str(custom_id),
-        model=str(model),
-        backend=str(backend),
-        job_id=None if job_id is None else str(job_id),
-        outcome=None if outcome is None else str(outcome),
-    )

@@ -36,7 +36,8 @@ from yard.batches.records import (
     LineRecord,
     ParsedLine,
 )
-from yard.batches.store import FileLimit, _batch, _file, _line
+from yard.batches.rows import batch_from_row, file_from_row, line_from_row
+from yard.batches.store import FileLimit
 from yard.cluster.jobs import PgJobStore, rank_of
 from yard.cluster.pg import PgDatabase, Row
 from yard.cluster.schema import JOBS_CHANNEL
@@ -111,7 +112,7 @@ class PgBatchStore:
         row = await self._db.fetchone(
             f"SELECT {_FILE_COLUMNS} FROM files WHERE id = %s", (file_id,)
         )
-        return None if row is None else _file(row)
+        return None if row is None else file_from_row(row)
 
     async def content(self, file_id: str) -> bytes | None:
         row = await self._db.fetchone(
@@ -145,7 +146,7 @@ class PgBatchStore:
             f"SELECT {_FILE_COLUMNS} FROM files {clause} ORDER BY seq {order} LIMIT %s",
             (*params, limit),
         )
-        return [_file(row) for row in rows]
+        return [file_from_row(row) for row in rows]
 
     async def delete_file(self, file_id: str) -> bool:
         changed = await self._db.execute("DELETE FROM files WHERE id = %s", (file_id,))
@@ -194,7 +195,7 @@ class PgBatchStore:
         row = await self._db.fetchone(
             f"SELECT {_BATCH_COLUMNS} FROM batches WHERE id = %s", (batch_id,)
         )
-        return None if row is None else _batch(row)
+        return None if row is None else batch_from_row(row)
 
     async def list_batches(
         self, *, app: str | None, limit: int, before_seq: int | None
@@ -213,7 +214,7 @@ class PgBatchStore:
             f"SELECT {_BATCH_COLUMNS} FROM batches {clause} ORDER BY seq DESC LIMIT %s",
             (*params, limit),
         )
-        return [_batch(row) for row in rows]
+        return [batch_from_row(row) for row in rows]
 
     async def unended(self) -> list[BatchRecord]:
         """The batches that have not ended and that this node may drive
@@ -223,7 +224,7 @@ class PgBatchStore:
             f"{_FREE} ORDER BY seq",
             (self.node,),
         )
-        return [_batch(row) for row in rows]
+        return [batch_from_row(row) for row in rows]
 
     async def adopt(self, batch_id: str) -> bool:
         """Make this node the batch's driver, if it has not ended and nobody
@@ -367,7 +368,7 @@ class PgBatchStore:
             f"SELECT {_LINE_COLUMNS} FROM batch_lines WHERE batch_id = %s ORDER BY idx",
             (batch_id,),
         )
-        return [_line(row) for row in rows]
+        return [line_from_row(row) for row in rows]
 
     async def counts(self, batch_id: str) -> tuple[int, int, int]:
         """(completed, failed, expired) lines of a running batch so far; the
