@@ -9,7 +9,9 @@
   kernel is ready (the hot path's largest cost after parsing).
 - ``gateway``: the data plane: ``/v1/*`` and ``/backends/NAME/PATH`` as a raw
   ASGI app that reads, checks, schedules and streams requests.
-- ``intake``: reading a request: API key, priority, deadline, ``model``.
+- ``intake``: reading a request's headers: API key, priority, deadline.
+- ``model_scan``: the ``model`` a request's body names, found at a cost the
+  event loop can bear (large bodies are scanned in steps, never parsed whole).
 (The upstream client, :func:`yard.upstream.forward` and its keep-alive pool,
 lives outside this package: the job service uses it too.)
 - ``app``: the whole ASGI app (data plane in front of the Quart control plane:

@@ -9,7 +9,8 @@ metrics) goes on to the Quart control plane behind it.
 One request, in order:
 
 1. read: API key -> app, scheduling headers, body (413 above the limit),
-   with the helpers of :mod:`yard.http.intake`;
+   with the helpers of :mod:`yard.http.intake` and
+   :mod:`yard.http.model_scan`;
 2. route: ``model`` (JSON body or multipart form field) -> backend, or the
    backend named in ``/backends/NAME/...``;
 3. ``Prefer: respond-async`` -> hand it to the job service (202), else
@@ -45,21 +46,18 @@ from yard.core.spec import instance_name
 from yard.engine import Rejected
 from yard.http.errors import ApiError, error_body, error_headers
 from yard.http.intake import (
-    INLINE_LIMIT,
-    Steps,
     authenticate,
     check_window,
     clamp_priority,
     flag,
     local_app,
-    model_of,
-    model_steps,
     new_request_id,
     parse_not_before,
     parse_start_by,
     too_large,
     without_connection_options,
 )
+from yard.http.model_scan import INLINE_LIMIT, Steps, model_of, model_steps
 from yard.http.runtime import RequestHook, Runtime
 from yard.observe.auth import COOKIE as SESSION_COOKIE
 from yard.upstream import HOP_BY_HOP, Headers, ProxyRequest, UpstreamError
@@ -458,7 +456,7 @@ class Gateway:
             if len(body) <= INLINE_LIMIT:
                 model = model_of(method, content_type, body)
             else:
-                # On the loop, in turns: see yard.http.intake for why not
+                # On the loop, in turns: see yard.http.model_scan for why not
                 # in a worker thread.
                 model = await _in_turns(model_steps(method, content_type, body))
             backend_config = config.backend_for_model(model)
@@ -625,7 +623,7 @@ def _response_headers(headers: Headers) -> Headers:
 
 
 async def _in_turns(steps: Steps[T]) -> T:
-    """Run ``steps`` (a scan, see :data:`yard.http.intake.Steps`) on the
+    """Run ``steps`` (a scan, see :data:`yard.http.model_scan.Steps`) on the
     loop, letting the other tasks run every :data:`_TURN_S` seconds; its
     value (or what it raised)."""
     turn_ends = time.perf_counter() + _TURN_S

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.http.conftest import Gateway
-from yard.http import intake
+from yard.http import model_scan
 from yard.http.errors import ApiError
-from yard.http.intake import model_of
+from yard.http.model_scan import model_of
 
 FORM = b"application/x-www-form-urlencoded"
 PADDING = 200 * 1024  # over the size read inline
@@ -65,7 +65,7 @@ def big_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         return parse(text, **kwargs)
 
     monkeypatch.setattr(json, "loads", counted_loads)
-    monkeypatch.setattr(intake, "parse_qs", counted_parse, raising=False)
+    monkeypatch.setattr(model_scan, "parse_qs", counted_parse, raising=False)
     return sizes
 
 
@@ -92,13 +92,13 @@ async def test_the_gateway_scans_a_large_body_on_the_loop_in_turns(
     # Not in a worker thread (there the scan held the GIL, and the loop
     # waited for it at each of its system calls), and not in one go: other
     # tasks run between the scan's steps.
-    monkeypatch.setattr(intake, "_STEP", 4096)
+    monkeypatch.setattr(model_scan, "_STEP", 4096)
     monkeypatch.setattr("yard.http.gateway._TURN_S", 0.0)
     turns = 0
     scans: list[tuple[bool, int]] = []
-    real = intake.model_steps
+    real = model_scan.model_steps
 
-    def watched(method: str, content_type: bytes | None, body: bytes) -> intake.Steps[str]:
+    def watched(method: str, content_type: bytes | None, body: bytes) -> model_scan.Steps[str]:
         before = turns
         model = yield from real(method, content_type, body)
         scans.append((threading.current_thread() is threading.main_thread(), turns - before))
@@ -168,7 +168,7 @@ async def test_the_gateway_answers_json_nested_1000_deep_with_400(gw: Gateway) -
     ],
 )
 def test_the_json_scanner_reads_the_top_level_model(body: bytes, expected: str) -> None:
-    assert _outcome(lambda: intake._json_model(body)) == expected
+    assert _outcome(lambda: model_scan._json_model(body)) == expected
     assert _reference_json(body) == expected
 
 
@@ -223,8 +223,8 @@ def json_bodies(draw: st.DrawFn) -> bytes:
 @given(body=json_bodies(), step=st.integers(1, 40))
 def test_the_json_scanner_agrees_with_json_loads(body: bytes, step: int) -> None:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(intake, "_STEP", step)
-        ours = _outcome(lambda: intake._json_model(body))
+        patch.setattr(model_scan, "_STEP", step)
+        ours = _outcome(lambda: model_scan._json_model(body))
     assert ours == _reference_json(body), body
 
 
@@ -246,7 +246,7 @@ def test_the_form_scanner_agrees_with_parse_qs(
     if body.lstrip().startswith(b"{"):
         return
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(intake, "_STEP", step)
+        patch.setattr(model_scan, "_STEP", step)
         ours = _outcome(lambda: model_of("POST", FORM, body))
     assert ours == _reference_form(body), body
 
