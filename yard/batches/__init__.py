@@ -9,9 +9,11 @@ Layout:
 - ``store``: the SQLite side (a cluster's is
   :class:`yard.cluster.batches.PgBatchStore`, in PostgreSQL); ``rows``: the
   column lists both read and their rows as records; ``service``:
-  :class:`~yard.batches.service.Batches`, which validates a batch, turns its
-  lines into jobs, watches them end and writes the output and error files;
-  ``views``: the JSON shapes;
+  :class:`~yard.batches.service.Batches`, which takes files and batches,
+  cancels, and keeps a driver running for every batch that has not ended;
+  ``driver``: :class:`~yard.batches.driver.BatchDriver`, which validates a
+  batch, turns its lines into jobs, watches them end and writes the output
+  and error files; ``views``: the JSON shapes;
 - ``api``: the Quart blueprints and the router that sends ``/v1/files`` and
   ``/v1/batches`` to them.
 
