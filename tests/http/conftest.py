@@ -26,7 +26,7 @@ from yard.config import AppConfig, BackendConfig, Config, ServerConfig
 from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
 from yard.http.app import create_app, create_control_app, serve_app
-from yard.http.gateway import ASGIApp
+from yard.http.asgi import ASGIApp
 from yard.http.gateway import Gateway as GatewayApp
 from yard.http.runtime import JobService, RequestHook, Runtime
 from yard.http.server import Server

@@ -93,7 +93,7 @@ async def test_the_gateway_scans_a_large_body_on_the_loop_in_turns(
     # waited for it at each of its system calls), and not in one go: other
     # tasks run between the scan's steps.
     monkeypatch.setattr(model_scan, "_STEP", 4096)
-    monkeypatch.setattr("yard.http.gateway._TURN_S", 0.0)
+    monkeypatch.setattr("yard.http.reader._TURN_S", 0.0)
     turns = 0
     scans: list[tuple[bool, int]] = []
     real = model_scan.model_steps
@@ -104,7 +104,7 @@ async def test_the_gateway_scans_a_large_body_on_the_loop_in_turns(
         scans.append((threading.current_thread() is threading.main_thread(), turns - before))
         return model
 
-    monkeypatch.setattr("yard.http.gateway.model_steps", watched)
+    monkeypatch.setattr("yard.http.reader.model_steps", watched)
 
     async def count_turns() -> None:
         nonlocal turns

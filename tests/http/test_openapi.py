@@ -30,7 +30,8 @@ from tests.http.conftest import make_config
 from tests.http.fakes import FakeEngine
 from yard.engine import Engine
 from yard.http.app import create_control_app
-from yard.http.gateway import Gateway, Message, Scope
+from yard.http.asgi import Message, Scope
+from yard.http.gateway import Gateway
 from yard.http.openapi import OPENAI_ROUTES, PROXY_METHODS, document
 from yard.http.runtime import Runtime
 

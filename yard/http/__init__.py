@@ -9,6 +9,8 @@
   kernel is ready (the hot path's largest cost after parsing).
 - ``gateway``: the data plane: ``/v1/*`` and ``/backends/NAME/PATH`` as a raw
   ASGI app that reads, checks, schedules and streams requests.
+- ``reader``: the gateway's first steps: one request read and routed to a
+  backend (or to another node of the cluster).
 - ``intake``: reading a request's headers: API key, priority, deadline.
 - ``model_scan``: the ``model`` a request's body names, found at a cost the
   event loop can bear (large bodies are scanned in steps, never parsed whole).

@@ -22,8 +22,9 @@ from yard.announce.metrics import AnnouncementCollector
 from yard.batches import api as batch_api
 from yard.config import ServerConfig
 from yard.http import openapi, server
+from yard.http.asgi import ASGIApp
 from yard.http.errors import error_body
-from yard.http.gateway import ASGIApp, Gateway
+from yard.http.gateway import Gateway
 from yard.http.guard import Guard, guard
 from yard.http.runtime import RUNTIME_KEY, Runtime
 from yard.jobs.api import blueprint as jobs_blueprint

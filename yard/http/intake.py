@@ -1,10 +1,11 @@
 """Reading a data-plane request's headers: who sent it, when it may and must
 start, and what yard keeps of them.
 
-The gateway calls these once per request, before it is scheduled:
-:func:`authenticate` (API key -> app), :func:`clamp_priority`,
-:func:`parse_start_by`, :func:`parse_not_before`, :func:`flag`; the jobs,
-Batch and announcement APIs use some of them too. Each raises
+The request reader (:mod:`yard.http.reader`) calls these once per request,
+before it is scheduled: :func:`authenticate` (API key -> app),
+:func:`clamp_priority`, :func:`parse_start_by`, :func:`parse_not_before`,
+:func:`flag`; the gateway's ``/v1/models`` and the jobs, Batch and
+announcement APIs use some of them too. Each raises
 :class:`~yard.http.errors.ApiError` with a stable code and a message that
 says what to do; none of them does I/O. The ``model`` a body names is found
 by :mod:`yard.http.model_scan`.

@@ -10,7 +10,7 @@ thread, so what it costs is bounded:
   small objects held the loop for 2-6 s, ``parse_qs`` of 60 MiB of ``a=b&``
   for 22-34 s. The scanners below are made of C calls that each look at no
   more than ``_STEP`` bytes, and they are generators that yield between
-  steps (:data:`Steps`): :mod:`yard.http.gateway` runs them on the loop and
+  steps (:data:`Steps`): :mod:`yard.http.reader` runs them on the loop and
   lets other tasks run every millisecond or so. Not in a worker thread:
   there the scan held the GIL for all but the moments between its steps,
   and the loop, which lets go of the GIL at every system call, waited for it
@@ -42,7 +42,7 @@ over at most _STEP bytes, or a few Python steps) and the value comes with
 StopIteration (:func:`complete` runs one to its end at once)."""
 
 INLINE_LIMIT = 64 * 1024
-"""Bodies up to this size are read at once; for larger ones the gateway runs
+"""Bodies up to this size are read at once; for larger ones the reader runs
 :func:`model_steps` a step at a time."""
 
 _STEP = 256 * 1024  # bytes one C call (a find, a regex match) may look at
