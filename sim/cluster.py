@@ -46,7 +46,14 @@ import trio
 import trio.testing
 
 from sim import scenarios
-from sim.runner import RequestRecord, SimResult, _deterministic_trio, _Recorder, make_policy
+from sim.runner import (
+    RequestRecord,
+    SimResult,
+    _deterministic_trio,
+    _Recorder,
+    make_policy,
+    stored_profile,
+)
 from sim.workload import Arrival, Scenario
 from sim.world import MiB, SimWorld
 from yard.cluster.policy import Hunger, Peer, hungry, local_backends, route
@@ -341,10 +348,7 @@ async def _simulate(
     latency: Latency,
     keep_log: bool,
 ) -> ClusterRun:
-    stored = {
-        m.name: Profile(gpu_bytes=m.peak_gpu_bytes, host_bytes=m.host_bytes, load_s=m.load_s)
-        for m in scenario.models
-    }
+    stored = {m.name: stored_profile(m) for m in scenario.models}
     gpus = [name for name, _ in scenario.machine.gpus]
     hosts = [
         Host(chr(ord("a") + i), gpu, scenario, random.Random(rng.getrandbits(64)), stored, keep_log)

@@ -22,7 +22,7 @@ import trio.testing
 
 from sim.baselines import BASELINES
 from sim.workload import Announcement, Arrival, Scenario
-from sim.world import Fault, OomKill, SimWorld
+from sim.world import Fault, ModelSpec, OomKill, SimWorld
 from yard.core.decisions import AnnouncementEnded, Decision, Dispatch
 from yard.core.events import AnnouncementMade, Event
 from yard.core.spec import Profile
@@ -144,8 +144,31 @@ def make_policy(name: str, scenario: Scenario) -> Policy:
             weights=apps.weights if apps else None,
         )
         return policy
+    # A baseline runs each server with a fixed configuration: a slot range as its
+    # maximum (llama-swap's command, OLLAMA_NUM_PARALLEL), told the size at it.
+    fixed = [m.fixed() for m in scenario.models]
     factory = BASELINES[name]
-    return factory(devices, backends, {m.name: m.gpu_bytes for m in scenario.models})
+    return factory(
+        devices, [m.backend_spec() for m in fixed], {m.name: m.declared_bytes for m in fixed}
+    )
+
+
+def stored_profile(model: ModelSpec) -> Profile:
+    """What ``yard probe`` (or an earlier day) measured of ``model``: its peak and
+    mean load time; with a slot range, at its fewest slots with the slot slope
+    (the KV cache of each further slot; no host memory per slot)."""
+    if model.parallel is None:
+        return Profile(
+            gpu_bytes=model.peak_gpu_bytes, host_bytes=model.host_bytes, load_s=model.load_s
+        )
+    return Profile(
+        gpu_bytes=model.peak_gpu_bytes,
+        host_bytes=model.host_bytes,
+        load_s=model.load_s,
+        parallel=model.base_slots,
+        gpu_per_slot=float(model.slot_bytes),
+        host_per_slot=0.0,
+    )
 
 
 def _deterministic_trio(seed: int) -> None:
@@ -227,10 +250,7 @@ async def _simulate(
     if scenario.profiles is not None:
         stored = dict(scenario.profiles)
     elif scenario.stored_profiles:
-        stored = {
-            m.name: Profile(gpu_bytes=m.peak_gpu_bytes, host_bytes=m.host_bytes, load_s=m.load_s)
-            for m in scenario.models
-        }
+        stored = {m.name: stored_profile(m) for m in scenario.models}
     world = SimWorld(scenario.machine, scenario.models, rng, faults=faults, stored_profiles=stored)
     recorder = _Recorder(make_policy(policy_name, scenario), keep_log)
     load_s = {m.name: m.load_s for m in scenario.models}

@@ -30,6 +30,18 @@ from yard.ports import BackendStartError, DeviceReading, ExitStatus
 GiB = 1 << 30
 MiB = 1 << 20
 
+SLOTS_INDEPENDENT = None
+"""A model's ``speedup`` where each slot runs at full speed whatever the others do
+(every scenario before slot ranges: chat's four slots, TTS's two)."""
+
+LLAMA_CPP_SPEEDUP = (1.0, 1.2, 1.5, 1.8)
+"""Aggregate decode throughput of llama.cpp serving k = 1..4 sequences at once,
+relative to one: llama.cpp's own ``batched-bench`` sample (LLaMA 7B F16, 128 prompt
++ 128 generated tokens per sequence, ``examples/batched-bench/README.md``):
+41.6, 50.9 and 74.4 tokens/s at 1, 2 and 4 sequences (1.22x, 1.79x), rounded down,
+with 3 between. Conservative: quantized weights on recent CUDA kernels gain more
+(decoding is bound by reading the weights, which every sequence of a batch shares)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
@@ -44,8 +56,22 @@ class ModelSpec:
         warm-up request exercising the longest context), then released.
     growth_bytes: allocated on each GPU when the first request is served (caches,
         fragmentation), and kept.
+    slots: how many requests one process serves at once (llama-server's ``-np``);
+        a request handed to a process whose slots are all busy waits inside it,
+        first come first served, as llama-server queues its tasks.
     instances, instance_of: as :class:`~yard.core.spec.BackendSpec`'s; a scenario
         lists every instance (:func:`with_instances`), each a process of its own.
+    parallel: a slot range (min, max) yard chooses the slot count in at each start
+        (``parallel = { min, max }``; ``slots`` is then only yard's estimate before
+        a start). A process launched without a count runs the maximum: what a
+        configured fixed ``-np`` gives (:meth:`fixed`).
+    slot_bytes: what each slot beyond the first adds on each GPU (its KV cache,
+        allocated at load); ``gpu_bytes`` is the size at one slot.
+    speedup: the aggregate throughput of ``k`` requests served at once, relative to
+        one alone, for k = 1, 2, ... (the last entry holds beyond): each of the
+        ``k`` runs at ``speedup[k-1] / k`` of its speed alone, recomputed whenever
+        one starts or ends (processor sharing; ``service_s`` is the time alone).
+        None: every slot runs at full speed, independently (:data:`SLOTS_INDEPENDENT`).
     """
 
     name: str
@@ -62,6 +88,15 @@ class ModelSpec:
     pinned: bool = False
     instances: int = 1
     instance_of: str | None = None
+    parallel: tuple[int, int] | None = None
+    slot_bytes: int = 0
+    speedup: tuple[float, ...] | None = SLOTS_INDEPENDENT
+
+    def __post_init__(self) -> None:
+        if self.speedup is not None and (
+            not self.speedup or self.speedup[0] != 1.0 or min(self.speedup) <= 0
+        ):
+            raise ValueError(f"{self.name}: speedup starts at 1.0 (one request alone), all > 0")
 
     def backend_spec(self) -> BackendSpec:
         return BackendSpec(
@@ -73,12 +108,51 @@ class ModelSpec:
             pinned=self.pinned,
             instances=self.instances,
             instance_of=self.instance_of,
+            parallel=self.parallel,
         )
+
+    def slots_at(self, parallel: int | None) -> int:
+        """The slots a process launched with ``parallel`` runs (None: no count was
+        given: the range's maximum, else ``slots``)."""
+        if parallel is not None:
+            return parallel
+        return self.parallel[1] if self.parallel is not None else self.slots
+
+    def gpu_bytes_at(self, slots: int) -> int:
+        """Resident on each GPU once loaded, with ``slots`` slots."""
+        return self.gpu_bytes + self.slot_bytes * (slots - 1)
+
+    @property
+    def base_slots(self) -> int:
+        """The slot count its stored profile is measured at: the range's minimum,
+        else ``slots``."""
+        return self.parallel[0] if self.parallel is not None else self.slots
 
     @property
     def peak_gpu_bytes(self) -> int:
-        """The most it ever holds on one GPU (after growth or during warm-up)."""
-        return self.gpu_bytes + max(self.warmup_extra_bytes, self.growth_bytes)
+        """The most it ever holds on one GPU (after growth or during warm-up), at
+        :attr:`base_slots`."""
+        return self.gpu_bytes_at(self.base_slots) + max(self.warmup_extra_bytes, self.growth_bytes)
+
+    @property
+    def declared_bytes(self) -> int:
+        """The size a user would write down for the process a fixed configuration
+        runs (:meth:`slots_at` None): what the baselines are told."""
+        return self.gpu_bytes_at(self.slots_at(None))
+
+    def fixed(self) -> ModelSpec:
+        """The same server configured with a fixed slot count (the range's maximum),
+        as llama-swap's command, Ollama's ``OLLAMA_NUM_PARALLEL`` or any fixed
+        configuration would run it."""
+        if self.parallel is None:
+            return self
+        return replace(self, parallel=None, slots=self.parallel[1])
+
+    def speed(self, k: int) -> float:
+        """The fraction of its speed alone each of ``k`` concurrent requests runs at."""
+        if self.speedup is None or k <= 1:
+            return 1.0
+        return self.speedup[min(k, len(self.speedup)) - 1] / k
 
 
 def with_instances(model: ModelSpec, count: int) -> tuple[ModelSpec, ...]:
@@ -260,16 +334,33 @@ class SimDevice:
 class SimProcess:
     """One simulated backend process (implements :class:`~yard.ports.BackendProcess`)."""
 
-    def __init__(self, world: SimWorld, model: ModelSpec, gpus: tuple[str, ...], serial: int):
+    def __init__(
+        self,
+        world: SimWorld,
+        model: ModelSpec,
+        gpus: tuple[str, ...],
+        serial: int,
+        slots: int | None = None,
+    ):
         self._world = world
         self.model = model
         self.gpus = gpus
         self.serial = serial
+        self.slots = model.slots if slots is None else slots
         self.state = "loading"
         self.usage: dict[str, int] = {}
         self.active = 0
+        self.most_active = 0  # the most requests it ever served at once
         self.served = 0
         self.stopping = False
+        # Requests handed to it while every slot was busy, first come first served.
+        self.waiting: list[object] = []
+        self._slot_freed = trio.Event()
+        # Processor sharing (``model.speedup``): each running request's work left,
+        # in seconds at its speed alone, as of ``_shared_at``.
+        self._left: dict[object, float] = {}
+        self._shared_at = 0.0
+        self._shared_changed = trio.Event()
         self._settled = trio.Event()
         self._dead = trio.Event()
         self._status = ExitStatus(code=None)
@@ -329,6 +420,8 @@ class SimProcess:
             del world.running[self.name]
         self._settled.set()
         self._dead.set()
+        self._slot_freed.set()
+        self._shared_changed.set()
 
     def allocate(self, device: str, amount: int, phase: str) -> bool:
         """Take ``amount`` more bytes on ``device``; die of OOM if it does not fit."""
@@ -358,6 +451,61 @@ class SimProcess:
         self._world.devices[device].used -= amount
         self.usage[device] -= amount
 
+    # -- serving ---------------------------------------------------------------------
+
+    async def wait_for_slot(self) -> bool:
+        """Wait, behind earlier ones, until a slot is free (False: it died meanwhile)."""
+        self._world.queued_in_process += 1
+        me = object()
+        self.waiting.append(me)
+        try:
+            while self.state != "dead" and (self.waiting[0] is not me or self.active >= self.slots):
+                await self._slot_freed.wait()
+        finally:
+            self.waiting.remove(me)
+            self.free_slot()
+        return self.state != "dead"
+
+    def free_slot(self) -> None:
+        """Wake the requests waiting for a slot (the first of them takes it)."""
+        self._slot_freed.set()
+        self._slot_freed = trio.Event()
+
+    def _share_until_now(self) -> None:
+        """Take the work done since ``_shared_at`` off every running request."""
+        now = trio.current_time()
+        if self._left:
+            done = (now - self._shared_at) * self.model.speed(len(self._left))
+            for key in self._left:
+                self._left[key] -= done
+        self._shared_at = now
+
+    def _shared_change(self) -> None:
+        self._shared_changed.set()
+        self._shared_changed = trio.Event()
+
+    async def share(self, service_s: float) -> None:
+        """Serve ``service_s`` seconds of work (its time alone) at the speed the
+        requests running beside it leave it, until done or the process dies."""
+        me = object()
+        self._share_until_now()
+        self._left[me] = service_s
+        self._shared_change()
+        try:
+            while self.state != "dead":
+                left = self._left[me]
+                if left <= 1e-9 * max(1.0, service_s):
+                    break
+                changed = self._shared_changed
+                ends = self._shared_at + left / self.model.speed(len(self._left))
+                with trio.move_on_at(ends):
+                    await changed.wait()
+                self._share_until_now()
+        finally:
+            self._share_until_now()
+            del self._left[me]
+            self._shared_change()
+
     async def life(self, load_s: float, crash: bool, hang: bool) -> None:
         """Load: host memory and half the weights at once, the rest halfway, the
         warm-up's extra during the second half; then ready."""
@@ -365,8 +513,10 @@ class SimProcess:
         if not self.allocate(HOST, model.host_bytes, "loading"):
             return
         half = model.gpu_bytes // 2
+        # The slots beyond the first (their KV cache) are allocated at start.
+        extra = model.gpu_bytes_at(self.slots) - model.gpu_bytes
         for gpu in self.gpus:
-            if not self.allocate(gpu, half, "loading"):
+            if not self.allocate(gpu, half + extra, "loading"):
                 return
         await trio.sleep(load_s / 2)
         if self.state == "dead":
@@ -422,6 +572,9 @@ class SimWorld:
         self.load_counts: dict[str, int] = {}
         self.ooms: list[OomKill] = []
         self.fault_log: list[str] = []
+        # Requests that found every slot of their process busy and waited inside it
+        # (a policy never does that on purpose: its dispatch counts the slots).
+        self.queued_in_process = 0
         self.ledger = Ledger([name for name, _ in machine.gpus], {m.name: m.gpus for m in models})
         self._nursery: trio.Nursery | None = None
         self._serial = 0
@@ -476,7 +629,7 @@ class SimWorld:
         jitter = model.load_jitter * (2 * self.rng.random() - 1)
         load_s = model.load_s * (1 + jitter) * factor
         self._serial += 1
-        process = SimProcess(self, model, gpus, self._serial)
+        process = SimProcess(self, model, gpus, self._serial, model.slots_at(parallel))
         self.launches.append((trio.current_time(), backend, gpus))
         self.running[backend] = process
         self._last[backend] = process
@@ -544,13 +697,25 @@ class SimWorld:
                 if not process.allocate(gpu, process.model.growth_bytes, "serving"):
                     await trio.lowlevel.checkpoint()
                     return False
+        full = process.active >= process.slots or bool(process.waiting)
+        if full and not await process.wait_for_slot():
+            return False
         process.served += 1
         process.active += 1
+        process.most_active = max(process.most_active, process.active)
         self.ledger.serve(process.gpus, +1)
-        with trio.move_on_after(service_s):
-            await process._dead.wait()
-        process.active -= 1
-        self.ledger.serve(process.gpus, -1)
+        try:
+            if process.model.speedup is None:
+                with trio.move_on_after(service_s):
+                    await process._dead.wait()
+            else:
+                await process.share(service_s)
+        finally:
+            # Also when the client gives up meanwhile: the server stops its work.
+            process.active -= 1
+            self.ledger.serve(process.gpus, -1)
+            if process.waiting:
+                process.free_slot()
         return process.state != "dead"
 
     # -- faults ------------------------------------------------------------------------
