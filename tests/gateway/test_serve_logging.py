@@ -20,14 +20,14 @@ from yard.core.decisions import (
     StopBackend,
 )
 from yard.engine import Engine, LoggedDecision
-from yard.ports import BackendStartError, ExitStatus
-from yard.serve import (
+from yard.observe.activity import (
     LOG_PAUSE_S,
     LoggingLauncher,
     describe_decision,
     log_decisions,
     logged_kinds,
 )
+from yard.ports import BackendStartError, ExitStatus
 
 
 def test_decisions_are_logged_with_the_cores_reason_naming_their_subject_once() -> None:
