@@ -42,7 +42,7 @@ from yard.cluster.jobs import PgJobStore, rank_of
 from yard.cluster.pg import PgDatabase, Row
 from yard.cluster.schema import JOBS_CHANNEL
 from yard.jobs.records import JobRecord
-from yard.jobs.store import _dump_headers
+from yard.jobs.rows import dump_headers as _dump_headers
 
 __all__ = ["PgBatchStore"]
 

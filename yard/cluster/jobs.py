@@ -59,7 +59,9 @@ from yard.jobs.records import (
     Usage,
 )
 from yard.jobs.restore import INTERRUPTED
-from yard.jobs.store import _dump_headers, _load_headers, _record
+from yard.jobs.rows import dump_headers as _dump_headers
+from yard.jobs.rows import job_record as _record
+from yard.jobs.rows import load_headers as _load_headers
 
 __all__ = ["PgJobStore", "ReapSummary", "rank_of"]
 

@@ -12,23 +12,22 @@ Rules this module keeps:
 - Request and result bytes live in their own tables, so that listing and
   reading jobs never touches the blobs; they are deleted when the job
   expires.
+
+The tables are :data:`yard.jobs.schema.MIGRATIONS`; a row becomes a record
+in :mod:`yard.jobs.rows`.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, cast
+from typing import Protocol, cast
 
-from yard.announce.schema import MIGRATIONS as ANNOUNCE_MIGRATIONS
-from yard.batches.schema import MIGRATIONS as BATCH_MIGRATIONS
-from yard.db import Database, Migration
+from yard.db import Database
 from yard.jobs.records import (
     STATUSES,
     UNFINISHED,
-    Headers,
     JobError,
     JobRecord,
     Quota,
@@ -38,9 +37,10 @@ from yard.jobs.records import (
     StoredResult,
     Usage,
 )
+from yard.jobs.rows import COLUMNS, dump_headers, job_record, load_headers
+from yard.jobs.schema import MIGRATIONS
 
 __all__ = [
-    "MIGRATIONS",
     "STATUSES",
     "UNFINISHED",
     "JobError",
@@ -55,79 +55,6 @@ __all__ = [
     "Usage",
     "insert_job",
 ]
-
-T = TypeVar("T")
-
-MIGRATIONS: tuple[Migration, ...] = (
-    (
-        "jobs/1 create jobs, requests and results",
-        """
-        CREATE TABLE jobs (
-            seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- arrival order, never reused
-            id TEXT NOT NULL UNIQUE,
-            app TEXT NOT NULL,
-            model TEXT NOT NULL,
-            backend TEXT NOT NULL,
-            priority REAL NOT NULL,
-            start_by REAL,                          -- epoch, or NULL
-            allow_late INTEGER NOT NULL DEFAULT 0,
-            rerun_safe INTEGER NOT NULL DEFAULT 0,
-            rerun_used INTEGER NOT NULL DEFAULT 0,  -- put back once after a restart
-            requeued INTEGER NOT NULL DEFAULT 0,    -- put back once after a self-caused OOM
-            status TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            started_at REAL,
-            finished_at REAL,
-            queued_s REAL,
-            error_code TEXT,
-            error_message TEXT,
-            error_status INTEGER,
-            result_status INTEGER,
-            result_bytes INTEGER,
-            result_type TEXT
-        );
-        CREATE INDEX jobs_by_app ON jobs (app, seq);
-        CREATE INDEX jobs_by_status ON jobs (status, finished_at);
-        CREATE TABLE job_requests (
-            job_id TEXT PRIMARY KEY REFERENCES jobs (id) ON DELETE CASCADE,
-            method TEXT NOT NULL,
-            path TEXT NOT NULL,
-            query TEXT NOT NULL,
-            headers TEXT NOT NULL,                  -- JSON [[name, value], ...] (latin-1)
-            body BLOB NOT NULL
-        );
-        CREATE TABLE job_results (
-            job_id TEXT PRIMARY KEY REFERENCES jobs (id) ON DELETE CASCADE,
-            status INTEGER NOT NULL,
-            headers TEXT NOT NULL,
-            body BLOB NOT NULL
-        );
-        """,
-    ),
-    (
-        "jobs/2 request bytes kept on the job, for the per-app quota",
-        """
-        ALTER TABLE jobs ADD COLUMN request_bytes INTEGER NOT NULL DEFAULT 0;
-        UPDATE jobs SET request_bytes =
-            COALESCE((SELECT length(body) FROM job_requests WHERE job_id = jobs.id), 0);
-        """,
-    ),
-    # The Batch API's files, batches and lines (yard.batches) live in this
-    # file too: a line becomes a job in the same transaction.
-    *BATCH_MIGRATIONS,
-    (
-        "jobs/3 a time window's opening kept on the job (X-Yard-Not-Before)",
-        "ALTER TABLE jobs ADD COLUMN not_before REAL;  -- epoch, or NULL",
-    ),
-    # Announcements (yard.announce) are kept with the jobs they announce.
-    *ANNOUNCE_MIGRATIONS,
-)
-
-_COLUMNS = (
-    "seq, id, app, model, backend, priority, start_by, allow_late, rerun_safe, rerun_used, "
-    "requeued, status, created_at, started_at, finished_at, queued_s, error_code, "
-    "error_message, error_status, result_status, result_bytes, result_type, not_before"
-)
 
 
 class JobStoreLike(Protocol):
@@ -359,7 +286,7 @@ class JobStore:
             if result is not None:
                 conn.execute(
                     "INSERT INTO job_results (job_id, status, headers, body) VALUES (?, ?, ?, ?)",
-                    (job_id, result.status, _dump_headers(result.headers), result.body),
+                    (job_id, result.status, dump_headers(result.headers), result.body),
                 )
             return True
 
@@ -414,8 +341,8 @@ class JobStore:
     # -- reads ---------------------------------------------------------------
 
     async def get(self, job_id: str) -> JobRecord | None:
-        row = await self._db.fetchone(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
-        return None if row is None else _record(row)
+        row = await self._db.fetchone(f"SELECT {COLUMNS} FROM jobs WHERE id = ?", (job_id,))
+        return None if row is None else job_record(row)
 
     async def list_jobs(
         self,
@@ -440,16 +367,16 @@ class JobStore:
             params.append(before_seq)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         rows = await self._db.fetchall(
-            f"SELECT {_COLUMNS} FROM jobs {clause} ORDER BY seq DESC LIMIT ?", (*params, limit)
+            f"SELECT {COLUMNS} FROM jobs {clause} ORDER BY seq DESC LIMIT ?", (*params, limit)
         )
-        return [_record(row) for row in rows]
+        return [job_record(row) for row in rows]
 
     async def unfinished(self) -> list[JobRecord]:
         """Queued and running jobs, in arrival order (for a restart)."""
         rows = await self._db.fetchall(
-            f"SELECT {_COLUMNS} FROM jobs WHERE status IN ('queued', 'running') ORDER BY seq"
+            f"SELECT {COLUMNS} FROM jobs WHERE status IN ('queued', 'running') ORDER BY seq"
         )
-        return [_record(row) for row in rows]
+        return [job_record(row) for row in rows]
 
     async def request(self, job_id: str) -> StoredRequest | None:
         row = await self._db.fetchone(
@@ -463,7 +390,7 @@ class JobStore:
             method=str(method),
             path=str(path),
             query=str(query),
-            headers=_load_headers(str(headers)),
+            headers=load_headers(str(headers)),
             body=bytes(cast(bytes, body)),
         )
 
@@ -476,7 +403,7 @@ class JobStore:
         status, headers, body = row
         return StoredResult(
             status=int(cast(int, status)),
-            headers=_load_headers(str(headers)),
+            headers=load_headers(str(headers)),
             body=bytes(cast(bytes, body)),
         )
 
@@ -530,7 +457,7 @@ def insert_job(
             request.method,
             request.path,
             request.query,
-            _dump_headers(request.headers),
+            dump_headers(request.headers),
             request.body,
         ),
     )
@@ -553,101 +480,3 @@ def _float_or_none(value: object) -> float | None:
         return None if value is None else float(cast(float, value))
     except (TypeError, ValueError):
         return None
-
-
-def _dump_headers(headers: Headers) -> str:
-    return json.dumps([[n.decode("latin-1"), v.decode("latin-1")] for n, v in headers])
-
-
-def _load_headers(text: str) -> Headers:
-    return tuple((str(n).encode("latin-1"), str(v).encode("latin-1")) for n, v in json.loads(text))
-
-
-class _Fields:
-    """Reads one stored row field by field: a value that does not convert
-    becomes None (or the given fallback) with a note, so that one bad field
-    (an older yard's, a damaged disk's) never makes the whole job unreadable."""
-
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
-    def get(self, name: str, value: object, convert: Callable[[Any], T]) -> T | None:
-        if value is None:
-            return None
-        try:
-            return convert(value)
-        except (TypeError, ValueError, OverflowError):
-            self.notes.append(
-                f"{name}: the stored value {_short(value)} is unreadable; shown as null"
-            )
-            return None
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _record(row: tuple[object, ...]) -> JobRecord:
-    (
-        seq,
-        job_id,
-        app,
-        model,
-        backend,
-        priority,
-        start_by,
-        allow_late,
-        rerun_safe,
-        rerun_used,
-        requeued,
-        status,
-        created_at,
-        started_at,
-        finished_at,
-        queued_s,
-        error_code,
-        error_message,
-        error_status,
-        result_status,
-        result_bytes,
-        result_type,
-        not_before,
-    ) = row
-    f = _Fields()
-    error = (
-        None
-        if error_code is None
-        else JobError(
-            code=str(error_code),
-            message=str(error_message or ""),
-            status=f.get("error_status", error_status, int),
-        )
-    )
-    base_priority = f.get("priority", priority, float)
-    if base_priority is None:
-        f.notes.append("priority: none stored; the job runs at priority 0")
-    return JobRecord(
-        seq=int(cast(int, seq)),
-        id=str(job_id),
-        app=str(app),
-        model=str(model),
-        backend=str(backend),
-        priority=base_priority or 0.0,
-        start_by=f.get("start_by", start_by, float),
-        allow_late=bool(allow_late),
-        rerun_safe=bool(rerun_safe),
-        rerun_used=bool(rerun_used),
-        requeued=bool(requeued),
-        status=cast(Status, str(status)),
-        created_at=f.get("created_at", created_at, float),
-        started_at=f.get("started_at", started_at, float),
-        finished_at=f.get("finished_at", finished_at, float),
-        queued_s=f.get("queued_s", queued_s, float),
-        error=error,
-        result_status=f.get("result_status", result_status, int),
-        result_bytes=f.get("result_bytes", result_bytes, int),
-        result_type=None if result_type is None else str(result_type),
-        not_before=f.get("not_before", not_before, float),
-        notes=tuple(f.notes),
-    )
