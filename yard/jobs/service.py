@@ -4,10 +4,10 @@ Theory of operation. A job is a proxied request that does not hold its HTTP
 connection. :meth:`Jobs.submit` writes it to the store (synced to disk) and
 only then enqueues it into the engine, exactly like a synchronous request
 (same queue, same priority order); the proxy answers 202. A runner task per
-job holds its :class:`~yard.engine.Admission`: it waits for the dispatch,
-marks the job running (durably, before a byte goes upstream), forwards the
-request with the gateway's :func:`~yard.upstream.forward`, reads the whole
-answer (up to ``max_result_bytes``), stores it and reports the outcome.
+job (:mod:`yard.jobs.runner`) holds its :class:`~yard.engine.Admission`: it
+waits for the dispatch, marks the job running (durably, before a byte goes
+upstream), forwards the request, reads the whole answer (up to
+``max_result_bytes``), stores it and reports the outcome.
 
 Rules it keeps:
 
@@ -26,12 +26,10 @@ In a cluster (``shared=True``, the store a
 the shared queue, unclaimed: the node that claims it
 (:mod:`yard.cluster.node`) calls :meth:`Jobs.enqueue`. Waiting for a job's end
 then also re-reads the store (another node may run it). A write the shared
-database does not take because it is lost or busy (:func:`yard.db.passing`)
-is kept and made again every :attr:`Jobs.RETRY_S` until it is back, logged when
-it begins, every :attr:`Jobs.LOG_EVERY_S` while it waits and when it is done:
+database does not take because it is lost or busy is kept and made again
+every :attr:`Jobs.RETRY_S` until it is back (:mod:`yard.jobs.kept_writes`):
 a job's end; a requeue (the job leaves this node's queue unrun and goes back
-to the shared queue, its one requeue spent); a job given back unrun. A write
-the database refuses (any other error) is logged once and not made again.
+to the shared queue, its one requeue spent); a job given back unrun.
 """
 
 from __future__ import annotations
@@ -42,16 +40,19 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import trio
 
-from yard.admission import AdmissionLike, Assignment, UpstreamLost, run_turn
+from yard.admission import AdmissionLike
 from yard.config import JobsConfig
 from yard.core.views import QueuedView
-from yard.db import DatabaseError, passing
+from yard.db import DatabaseError
 from yard.errors import Rejected
+from yard.jobs import refusals
+from yard.jobs.kept_writes import KeptWrites
 from yard.jobs.restore import restore
+from yard.jobs.runner import Runner, Running
 from yard.jobs.store import (
     JobError,
     JobRecord,
@@ -62,13 +63,11 @@ from yard.jobs.store import (
     StoredRequest,
     StoredResult,
 )
-from yard.jobs.upstream import ResultTooLarge, Upstream, fetch, pooled
+from yard.jobs.upstream import Upstream, pooled
 from yard.jobs.views import job_json, rfc3339
-from yard.upstream import ProxyRequest, UpstreamError, UpstreamPool
+from yard.upstream import ProxyRequest, UpstreamPool
 
 log = logging.getLogger("yard.jobs")
-
-T = TypeVar("T")
 
 
 class EngineLike(Protocol):
@@ -110,34 +109,6 @@ class JobNotFinished(Exception):
     def __init__(self, job: JobRecord) -> None:
         super().__init__(f"job {job.id} is {job.status}; it has no result yet")
         self.job = job
-
-
-class _Gone(Exception):
-    """The job was cancelled while it was being dispatched."""
-
-
-class _Unreachable(Exception):
-    """The shared database was lost as the job was about to start."""
-
-    def __init__(self, cause: DatabaseError) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-class _RequeueUnwritten(Exception):
-    """The core requeued the job, and the shared database was lost as that
-    was to be written."""
-
-    def __init__(self, cause: DatabaseError) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-@dataclass(slots=True)
-class _Running:
-    admission: AdmissionLike
-    scope: trio.CancelScope
-    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -198,16 +169,27 @@ class Jobs:
         self.store = store
         self.shared = shared
         self._on_change = on_change or _nothing
-        self.release = release
-        self.unwritten = 0
         self.config = config or JobsConfig()
-        self._upstream: Upstream = upstream or pooled(pool)
         self._wall = wall
+        self._kept = KeptWrites(
+            store, release=release, retry_s=self.RETRY_S, log_every_s=self.LOG_EVERY_S
+        )
+        self._runner = Runner(
+            store=store,
+            upstream=upstream or pooled(pool),
+            kept=self._kept,
+            wall=wall,
+            shared=shared,
+            max_result_bytes=self.config.max_result_bytes,
+            on_dispatched=self._on_change,
+            on_requeued=self._requeued,
+            on_ended=self._ended_here,
+        )
         self._nursery: trio.Nursery | None = None
         self._run_started = False
         self._run_scope = trio.CancelScope()
         self._run_ended = trio.Event()
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, Running] = {}
         self._ended: dict[str, trio.Event] = {}
         self._counts = dict.fromkeys(
             (
@@ -264,6 +246,12 @@ class Jobs:
     def statistics(self) -> JobsStatistics:
         return JobsStatistics(active=len(self._running), **self._counts)
 
+    @property
+    def unwritten(self) -> int:
+        """How many jobs' ends are kept for the shared database now, waiting
+        for it to be back."""
+        return self._kept.unwritten
+
     def now(self) -> float:
         """The wall-clock time, as the service sees it."""
         return self._wall()
@@ -280,32 +268,16 @@ class Jobs:
         """
         limit = self.config.max_request_bytes
         if limit is not None and len(request.body) > limit:
-            raise Rejected(
-                status=413,
-                code="job_too_large",
-                message=f"the request body is {len(request.body)} bytes; jobs store at most "
-                f"{limit} bytes ([jobs] max_request_bytes)",
-            )
+            raise refusals.too_large(len(request.body), limit)
         if self._nursery is None:
-            raise Rejected(
-                status=503,
-                code="jobs_unavailable",
-                message="the job service is not running (yard is starting or stopping); "
-                "try again shortly",
-                retry_after_s=1.0,
-            )
+            raise refusals.not_running()
         job_id = f"job_{uuid.uuid4().hex}"
         now_wall = self._wall()
         start_by = None
         if request.start_by is not None:
             start_by = now_wall + (request.start_by - self.engine.now())
             if rfc3339(start_by) is None:
-                raise Rejected(
-                    status=400,
-                    code="invalid_deadline",
-                    message="the deadline is out of range: it must fall between the years "
-                    "0001 and 9999 (UTC)",
-                )
+                raise refusals.deadline_out_of_range()
         not_before = None
         if request.not_before is not None:
             # The window is kept on the wall clock, like the deadline: it survives restarts.
@@ -319,7 +291,9 @@ class Jobs:
                 job_id, request, start_by, rerun_safe, now_wall, quota, not_before
             )
         except QuotaExceeded as exc:
-            raise self._over_quota(request.app, exc, now_wall) from None
+            raise refusals.over_quota(
+                request.app, exc, now_wall=now_wall, result_ttl_s=self.config.result_ttl_s
+            ) from None
         # On disk first, then into the queue: a crash in between leaves a
         # queued job that the next start enqueues. So does a stop that began
         # while it was being written: it is accepted, and waits for the restart.
@@ -368,34 +342,6 @@ class Jobs:
             quota=quota,
         )
 
-    def _over_quota(self, app: str, exc: QuotaExceeded, now_wall: float) -> Rejected:
-        usage, quota = exc.usage, exc.quota
-        free = (
-            "Fetch the results you need and delete them (DELETE /v1/jobs/ID/result), cancel "
-            "queued jobs you no longer need (DELETE /v1/jobs/ID), or wait until results "
-            f"expire ([jobs] result_ttl_s = {self.config.result_ttl_s:g} s after each ends)"
-        )
-        retry = None
-        if usage.oldest_finished_at is not None:
-            retry = max(1.0, usage.oldest_finished_at + self.config.result_ttl_s - now_wall)
-        if usage.jobs >= quota.max_jobs:
-            return Rejected(
-                status=429,
-                code="too_many_jobs",
-                message=f"app {app!r} keeps {usage.jobs} jobs (queued, running, or ended with "
-                f"a result not yet expired), the most [jobs] max_jobs_per_app = "
-                f"{quota.max_jobs} allows. {free}.",
-                retry_after_s=retry,
-            )
-        return Rejected(
-            status=507,
-            code="job_storage_full",
-            message=f"app {app!r} keeps {usage.bytes} bytes of job requests and results; "
-            f"this request's {exc.size} bytes would go past [jobs] max_stored_bytes_per_app "
-            f"= {quota.max_bytes}. {free}.",
-            retry_after_s=retry,
-        )
-
     def enqueue(self, job: JobRecord, *, arrived_at_wall: float | None = None) -> None:
         """Put a stored queued job into the engine and start its runner.
 
@@ -425,7 +371,7 @@ class Jobs:
             requeued=job.requeued,
             **window,
         )
-        running = _Running(admission=admission, scope=trio.CancelScope())
+        running = Running(admission=admission, scope=trio.CancelScope())
         self._running[job.id] = running
         nursery.start_soon(self._run_job, job, running)
 
@@ -472,9 +418,7 @@ class Jobs:
         self._counts["cancelled"] += 1
         running = self._running.get(job_id)
         if running is not None:
-            running.cancelled = True
-            running.admission.cancel()
-            running.scope.cancel()
+            running.cancel()
         self._notify(job_id)
         return await self.get(job_id, app=app)
 
@@ -532,278 +476,21 @@ class Jobs:
 
     # -- runners -------------------------------------------------------------
 
-    async def _run_job(self, job: JobRecord, running: _Running) -> None:
+    async def _run_job(self, job: JobRecord, running: Running) -> None:
         try:
-            with running.scope:
-                await self._drive(job, running)
-        except Exception:
-            # A bug or a broken disk must not take yard down with it; the job
-            # ends as failed if the store still works, and frees its slot.
-            log.exception("job %s: runner failed", job.id)
-            running.admission.cancel()
-            try:
-                await self._end(
-                    job.id,
-                    "failed",
-                    JobError(
-                        code="internal_error", message="yard failed running this job", status=500
-                    ),
-                )
-            except Exception:
-                log.exception("job %s: cannot record that it failed", job.id)
+            await self._runner.run(job, running)
         finally:
             self._running.pop(job.id, None)
             self._notify(job.id)
 
-    async def _drive(self, job: JobRecord, running: _Running) -> None:
-        admission = running.admission
-        # The backend's answer (or why it is not kept), once it has answered.
-        answer: list[StoredResult | ResultTooLarge] = []
+    def _requeued(self) -> None:
+        self._counts["requeues"] += 1
 
-        async def attempt(assignment: Assignment) -> None:
-            # The request is read before the job is marked running: from
-            # then on nothing stands between it and the backend, so a shared
-            # database lost at that moment (a client may have just seen it
-            # running) only delays the writing of its end, instead of
-            # failing a job that never ran.
-            try:
-                stored = await self.store.request(job.id)
-                started = stored is not None and await self.store.mark_running(
-                    job.id, at=self._wall(), queued_s=admission.queued_s
-                )
-            except DatabaseError as exc:
-                if not (self.shared and passing(exc)):
-                    raise
-                raise _Unreachable(exc) from None
-            if stored is None or not started:
-                # Ended (cancelled: an end drops the request) while it was
-                # being dispatched, or held by another node.
-                raise _Gone
-            self._on_change()
-            try:
-                answer.append(
-                    await fetch(
-                        self._upstream,
-                        job,
-                        stored,
-                        assignment.base_url,
-                        limit=self.config.max_result_bytes,
-                    )
-                )
-            except ResultTooLarge as exc:
-                answer.append(exc)  # it answered: an ok turn, a failed job
-            except UpstreamError as exc:
-                # Nothing reached a client (a job reads the whole answer), so
-                # the core may still find that the cause was ours and requeue
-                # it (once, ever): mark the requeue spent before the verdict,
-                # so that no crash in between can grant a second one.
-                try:
-                    await self.store.mark_requeue_spent(job.id)
-                except DatabaseError as lost:
-                    if not (self.shared and passing(lost)):
-                        raise
-                    # The verdict still comes, and whatever it leads to is
-                    # written before the job can run again: an end when the
-                    # database is back; a requeue as the job goes back to
-                    # the shared queue, marked spent then (requeued()).
-                    log.warning(
-                        "job %s: cannot mark its one requeue spent now (%s); "
-                        "the verdict on its lost backend is written when the database is back",
-                        job.id,
-                        lost,
-                    )
-                raise UpstreamLost(exc.detail) from None
-
-        async def requeued() -> None:
-            # Back in the queue: on disk too, so that a restart puts it back
-            # at its place instead of ending it as interrupted.
-            self._counts["requeues"] += 1
-            try:
-                await self.store.mark_requeued(job.id)
-            except DatabaseError as exc:
-                if not (self.shared and passing(exc)):
-                    raise
-                raise _RequeueUnwritten(exc) from None
-
-        try:
-            await run_turn(admission, attempt, on_requeued=requeued)
-        except _Gone:
-            admission.cancel()
-            return
-        except _Unreachable as exc:
-            # The shared database is lost as it was about to start: it has not
-            # run. It goes back to the shared queue once the database is back.
-            admission.cancel()
-            await self._give_back(job.id, exc.cause)
-            return
-        except _RequeueUnwritten as exc:
-            # Requeued (yard's own out-of-memory), but the database, which
-            # says it is running here, is lost. It must not run again before
-            # that is written: it leaves this queue now, and once the
-            # database is back it is marked requeued (its one requeue spent)
-            # and given back to the shared queue at its old place.
-            admission.cancel()
-            await self._give_back(job.id, exc.cause, requeued=True)
-            return
-        except Rejected as exc:
-            if exc.code != "shutting_down":
-                error = JobError(code=exc.code, message=exc.message, status=exc.status)
-                await self._end(job.id, "failed", error)
-            # yard is stopping: the job stays as stored (queued, or running
-            # and then interrupted) for the next start to decide.
-            return
-        result = answer[-1]
-        if isinstance(result, ResultTooLarge):
-            error = JobError(code="result_too_large", message=str(result), status=502)
-            await self._end(job.id, "failed", error)
-            return
-        if 200 <= result.status < 400:
-            await self._end(job.id, "succeeded", None, result)
-            return
-        error = JobError(
-            code="upstream_status",
-            message=f"the backend answered HTTP {result.status}; its answer is the job's result",
-            status=result.status,
-        )
-        await self._end(job.id, "failed", error, result)
-
-    async def _end(
-        self,
-        job_id: str,
-        status: Status,
-        error: JobError | None,
-        result: StoredResult | None = None,
-    ) -> None:
-        # Shielded: a job that got its answer must record it even while yard
-        # shuts down around it.
-        at = self._wall()
-        won: bool | None = None
-        with trio.CancelScope(shield=True):
-            try:
-                won = await self.store.finish(job_id, status, at=at, error=error, result=result)
-            except DatabaseError as exc:
-                if not self.shared:
-                    raise
-                lost = exc
-        ended: Status | None = status if won else None
-        if won is None:
-            # Not shielded: a stop of yard ends this wait.
-            ended = await self._finish_later(job_id, status, at, error, result, lost)
-        if ended is not None:
-            self._counts["succeeded" if ended == "succeeded" else "failed"] += 1
+    def _ended_here(self, job_id: str, status: Status | None) -> None:
+        if status is not None:
+            self._counts["succeeded" if status == "succeeded" else "failed"] += 1
         self._notify(job_id)
         self._on_change()
-
-    async def _finish_later(
-        self,
-        job_id: str,
-        status: Status,
-        at: float,
-        error: JobError | None,
-        result: StoredResult | None,
-        exc: DatabaseError,
-    ) -> Status | None:
-        """The shared database did not take the job's end (``exc``). Lost or
-        busy: keep the end and write it once the database is back. Refused:
-        end the job as failed (``internal_error``, without its result), so
-        that it does not stay running. Returns the status written, or None
-        if the job had ended already or no end could be written (it then
-        stays running in the database until this node is reaped).
-
-        Only yard's stop ends the wait; the job then stays running in the
-        database, and the node that reaps this one ends it as interrupted."""
-        self.unwritten += 1
-        try:
-            won = await self._when_back(
-                job_id,
-                "record its end",
-                lambda: self.store.finish(job_id, status, at=at, error=error, result=result),
-                exc,
-            )
-            if won is not None:
-                return status if won else None
-            if result is None and error is not None and error.code == "internal_error":
-                return None  # already the plainest end there is
-            plain = JobError(
-                code="internal_error",
-                message="yard could not store this job's end: the database refused it "
-                "(yard's log says why)",
-                status=500,
-            )
-
-            async def fail() -> bool:
-                return await self.store.finish(job_id, "failed", at=at, error=plain)
-
-            try:
-                won = await fail()
-            except DatabaseError as refused:
-                won = await self._when_back(job_id, "record that it failed", fail, refused)
-            return "failed" if won else None
-        finally:
-            self.unwritten -= 1
-
-    async def _when_back(
-        self,
-        job_id: str,
-        what: str,
-        write: Callable[[], Awaitable[T]],
-        exc: DatabaseError,
-    ) -> T | None:
-        """Make ``write`` (which just failed with ``exc``) again every
-        :data:`RETRY_S` while the shared database is lost or busy, and return
-        what it returns once it works. None once the database refuses it
-        (an error that is not lost or busy), logged once at error level.
-
-        Logged for people (``what`` completes "job ID: cannot ..."): when the
-        wait begins, every :data:`LOG_EVERY_S` while it lasts, with how long
-        it has waited, and when it is over."""
-        began = trio.current_time()
-        logged = began
-        if not passing(exc):
-            log.error(
-                "job %s: cannot %s: %s (refused by the database: not retried)", job_id, what, exc
-            )
-            return None
-        log.warning(
-            "job %s: cannot %s now (%s); kept, and retried every %g s until the database is back",
-            job_id,
-            what,
-            exc,
-            self.RETRY_S,
-        )
-        while True:
-            await trio.sleep(self.RETRY_S)
-            try:
-                value = await write()
-            except DatabaseError as again:
-                waited = trio.current_time() - began
-                if not passing(again):
-                    log.error(
-                        "job %s: cannot %s after %.0f s: %s (refused by the database: not retried)",
-                        job_id,
-                        what,
-                        waited,
-                        again,
-                    )
-                    return None
-                if trio.current_time() - logged >= self.LOG_EVERY_S:
-                    logged = trio.current_time()
-                    log.warning(
-                        "job %s: still cannot %s after %.0f s (%s); retrying every %g s",
-                        job_id,
-                        what,
-                        waited,
-                        again,
-                        self.RETRY_S,
-                    )
-                continue
-            log.info(
-                "job %s: could %s after %.0f s (the database is back)",
-                job_id,
-                what,
-                trio.current_time() - began,
-            )
-            return value
 
     async def ended_elsewhere(self, job_ids: AbstractSet[str] | None) -> None:
         """Jobs ended in the shared store, perhaps by another node (a cluster
@@ -819,31 +506,7 @@ class Jobs:
             job = await self.store.get(job_id)
             if job is not None and job.status == "cancelled" and not running.cancelled:
                 log.info("job %s: cancelled on another node; its request here is cancelled", job_id)
-                running.cancelled = True
-                running.admission.cancel()
-                running.scope.cancel()
-
-    async def _give_back(self, job_id: str, exc: DatabaseError, *, requeued: bool = False) -> None:
-        """Give a job claimed here back to the shared queue, at its old place,
-        once the database is back (``exc``: why it could not be done now): one
-        that has not run, or, with ``requeued``, one the core requeued after
-        its backend was lost, marked so first (running -> queued, its one
-        requeue spent). Nothing to do without a ``release``."""
-        release = self.release
-        if release is None:
-            return
-
-        async def back() -> bool:
-            if requeued:
-                await self.store.mark_requeued(job_id)
-            return await release(job_id)
-
-        what = "record its requeue and give it back" if requeued else "give it back"
-        given = await self._when_back(job_id, f"{what} to the shared queue", back, exc)
-        if given is False:
-            log.info(
-                "job %s: not given back: it ended or moved while the database was lost", job_id
-            )
+                running.cancel()
 
     def _notify(self, job_id: str) -> None:
         event = self._ended.pop(job_id, None)
