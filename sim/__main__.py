@@ -5,6 +5,8 @@ report: every report scenario under yard and each baseline, side by side (a tabl
 targets: the radio day's targets (OOMs, deadlines, loads, waits, wall time) judged
     for each machine shape and seed; then the announced radio day's and the batch's
     (:mod:`sim.targets_ahead`), the flood's, and the two-host day's (:mod:`sim.cluster`).
+slots: only the one-GPU announced radio day with news-llm's slot range, judged per
+    seed (:func:`sim.targets_ahead.slots_table`; also in ``targets``).
 cluster: the radio day on two one-GPU hosts sharing a simulated database (issue 13),
     beside the one-host days of the same seeds (:mod:`sim.cluster`).
 bench: the core benchmark (``sim.bench_core.main()``, if present), then the wall
@@ -151,6 +153,7 @@ def _targets(args: argparse.Namespace) -> int:
         for policy in POLICIES
     ]
     jobs += targets_ahead.announced_jobs(args.seed) + targets_ahead.batch_jobs(args.seed)
+    jobs += [job for job in targets_ahead.slots_jobs(args.seed) if job not in jobs]
     found = targets_ahead.measure_all(jobs, max(1, args.jobs))
     print(
         "| machine | seed | OOMs | feasible deadlines met | loads vs baselines | loads / LB "
@@ -183,6 +186,8 @@ def _targets(args: argparse.Namespace) -> int:
             print("| " + " | ".join(cells) + " |")
     print("\nRadio day with the newsroom's announcements (yard; baselines: the plain day):\n")
     print(targets_ahead.announced_table(args.seed, found))
+    print(_SLOTS_TITLE)
+    print(targets_ahead.slots_table(args.seed, found))
     print("Batch: 1,000 lines over three models (3h window) while chat runs (yard):\n")
     print(targets_ahead.batch_table(args.seed, found))
     from sim import scenarios_apps
@@ -230,6 +235,23 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+_SLOTS_TITLE = (
+    "Radio day on one GPU with news-llm's slots (parallel = { min = 1, max = 2 }; yard "
+    "announced; baselines: the plain day with the same slots as a fixed -np 2):\n"
+)
+
+
+def _slots(args: argparse.Namespace) -> int:
+    """Only the one-GPU announced day with news-llm's slot range, judged per seed."""
+    from sim import targets_ahead
+
+    jobs = targets_ahead.slots_jobs(args.seed)
+    found = targets_ahead.measure_all(jobs, max(1, args.jobs))
+    print(_SLOTS_TITLE)
+    print(targets_ahead.slots_table(args.seed, found))
+    return 0
+
+
 def _decisions(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -263,6 +285,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--seed", type=int, action="append", default=None, help="a seed (repeatable)"
     )
     targets.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1))
+    slots_cmd = commands.add_parser(
+        "slots", help="only the one-GPU announced radio day with news-llm's slots, per seed"
+    )
+    slots_cmd.add_argument(
+        "--seed", type=int, action="append", default=None, help="a seed (repeatable)"
+    )
+    slots_cmd.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1))
     cluster_cmd = commands.add_parser(
         "cluster", help="the radio day on two hosts sharing a queue, beside one host"
     )
@@ -297,6 +326,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "targets":
             args.seed = args.seed or [scenarios.radio_day(1).seed]
             return _targets(args)
+        if args.command == "slots":
+            args.seed = args.seed or [scenarios.radio_day(1).seed]
+            return _slots(args)
         return _bench(args)
     finally:
         yard_log.setLevel(level)

@@ -84,6 +84,7 @@ class SimResult:
     wall_s: float
     announced: int = 0
     announcement_outcomes: dict[str, int] = field(default_factory=dict)
+    launch_slots: list[int] = field(default_factory=list)  # beside ``launches``
 
     @property
     def stuck(self) -> list[RequestRecord]:
@@ -435,4 +436,5 @@ async def _simulate(
         wall_s=0.0,
         announced=announced,
         announcement_outcomes=recorder.announcement_outcomes,
+        launch_slots=world.launch_slots,
     )

@@ -40,12 +40,13 @@ busy: the window needs about half the capacity it gives.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 
 from sim.scenarios import HOUR, MINUTE, chat_rate, radio_day
 from sim.workload import Announcement, Arrival, Ids, Scenario, lognormal, poisson_times
-from sim.world import GiB, MachineSpec, ModelSpec, with_instances
+from sim.world import LLAMA_CPP_SPEEDUP, GiB, MachineSpec, ModelSpec, with_instances
 
 # -- the radio day, announced -------------------------------------------------------------
 
@@ -123,6 +124,72 @@ def radio_day_announced(gpu_count: int, hours: float = 24.0) -> Scenario:
         models=models,
         announcements=newsroom_announcements,
         policies=("yard",),
+    )
+
+
+# -- the radio day with news-llm's slots (one GPU) -------------------------------------------
+
+NEWS_SLOT_BYTES = 5 * GiB // 4
+"""What each news-llm slot beyond the first holds on the GPU: the KV cache of one
+8,192-token context of a 12 B model with grouped-query attention (40 layers x 8 KV
+heads x 128 dimensions x 2 (K and V) x 2 bytes = 160 KiB a token), as
+``-c {total_context} -np {parallel}`` gives every slot its own context."""
+
+FAST_SPEEDUP = (1.0, 1.6, 2.0)
+"""A less conservative speed-up than :data:`sim.world.LLAMA_CPP_SPEEDUP` (quantized
+weights on recent kernels): the sensitivity rows."""
+
+SLOT_VARIANTS: dict[str, tuple[int, tuple[float, ...]]] = {
+    "np2": (2, LLAMA_CPP_SPEEDUP),
+    "np2-fast": (2, FAST_SPEEDUP),
+}
+"""name: (news-llm's most slots, the speed-up of its concurrent scripts). Two slots,
+not three: at its peak news-llm needs 15.7 GiB reserved with two slots (14.3 GiB with
+one), which fits beside chat (4.95) and tts (2.5) on 23.75 usable GiB; three (17.0 GiB)
+would not."""
+
+
+def radio_day_slots(
+    variant: str, gpu_count: int = 1, hours: float = 24.0, *, announced: bool = False
+) -> Scenario:
+    """The radio day on ``gpu_count`` GPUs with news-llm as a llama-server with a slot
+    range (``parallel = { min = 1, max = N }`` of :data:`SLOT_VARIANTS`): yard starts
+    it with as many slots as fit; the baselines run it with N (a fixed ``-np N``, as
+    llama-swap's command or ``OLLAMA_NUM_PARALLEL`` would), told the size at N.
+    ``announced``: with the newsroom's announcements (yard only, as
+    :func:`radio_day_announced`)."""
+    most, speedup = SLOT_VARIANTS[variant]
+    plain = radio_day(gpu_count, hours)
+    models = tuple(
+        replace(m, parallel=(1, most), slot_bytes=NEWS_SLOT_BYTES, speedup=speedup)
+        if m.name == "news-llm"
+        else m
+        for m in plain.models
+    )
+    title = (
+        f"{plain.title}, news-llm with 1-{most} slots ({speedup[most - 1]:g}x together at {most})"
+    )
+    scenario = replace(plain, name=f"{plain.name}-{variant}", title=title, models=models)
+    if not announced:
+        return scenario
+    return replace(
+        scenario,
+        name=f"{scenario.name}-announced",
+        title=f"{title}, news windows announced",
+        announcements=newsroom_announcements,
+        policies=("yard",),
+    )
+
+
+_SLOTS_NAME = re.compile(r"radio-day-(\d+)gpu(?:-([\d.]+)h)?-(np\d+(?:-fast)?)(-announced)?")
+
+
+def _slots_get(name: str) -> Scenario | None:
+    match = _SLOTS_NAME.fullmatch(name)
+    if match is None or match[3] not in SLOT_VARIANTS:
+        return None
+    return radio_day_slots(
+        match[3], int(match[1]), float(match[2] or 24), announced=match[4] is not None
     )
 
 
@@ -314,12 +381,17 @@ def report_scenarios() -> list[Scenario]:
     return [
         radio_day_announced(1),
         radio_day_announced(2),
+        radio_day_slots("np2"),
+        radio_day_slots("np2", announced=True),
         *(batch_scenario(v, g) for g in (1, 2) for v in BATCH_VARIANTS),
     ]
 
 
 def get(name: str) -> Scenario | None:
     """A scenario of this module by name (with an ``-Hh`` slice), or None."""
+    slots = _slots_get(name)
+    if slots is not None:
+        return slots
     if name.startswith("radio-day-") and name.endswith("-announced"):
         rest = name.removeprefix("radio-day-").removesuffix("-announced")
         gpus, _, hours = rest.partition("-")
@@ -348,5 +420,6 @@ __all__ = [
     "get",
     "newsroom_announcements",
     "radio_day_announced",
+    "radio_day_slots",
     "report_scenarios",
 ]

@@ -11,6 +11,12 @@ reported as measured, never relaxed.
   (:func:`instances_floor`): the p95 that queueing on news-llm's slots costs even
   with the model always loaded, for the instances the day runs
   (:data:`sim.scenarios_ahead.NEWS_INSTANCES`: one on one GPU, two on two).
+- Radio day on one GPU with news-llm's slots (:func:`slots_table`): the same
+  targets for yard with announcements and news-llm as a slot range
+  (:func:`sim.scenarios_ahead.radio_day_slots`), against the best baseline running
+  the same slots (a fixed ``-np``) and, beside it, the best on the plain day (one
+  slot). The wait is to the first dispatch; the turnaround (to the end) is shown
+  too, since two scripts served at once each run slower.
 - Batch (per machine shape and seed): each batch model loaded at most once more on
   ``batch-day`` than on ``batch-alone``; chat's p95 wait on ``batch-day`` at most
   1.1x ``batch-chat-only``'s; every line finished (ended ok) by the window's end.
@@ -40,6 +46,16 @@ def ahead_metrics(result: SimResult) -> Row:
     row = metrics(result)
     for backend, count in Counter(b for _, b, _ in result.launches).items():
         row[f"loads_{backend}"] = count
+    for (backend, slots), count in Counter(
+        (b, n) for (_, b, _), n in zip(result.launches, result.launch_slots, strict=True)
+    ).items():
+        row[f"loads_{backend}_slots_{slots}"] = count
+    high = [
+        r.ended_at - r.arrival.at
+        for r in result.records
+        if r.arrival.cls == "high" and r.outcome == "ok" and r.ended_at is not None
+    ]
+    row["high_turnaround_p95_s"] = round(percentile(high, 0.95), 3)
     row["announced"] = result.announced
     for outcome, count in result.announcement_outcomes.items():
         row[f"announcements_{outcome}"] = count
@@ -165,6 +181,90 @@ def announced_table(
                 f"{_mark(p95 <= best[1]['high_wait_p95_s'] / 2)}",
                 f"{instances_floor(seed, gpus):.0f} s "
                 f"(x{scenarios_ahead.NEWS_INSTANCES.get(gpus, 1)})",
+                f"{yard.get('announcements_used', 0):.0f}/"
+                f"{yard.get('announcements_expired', 0):.0f} of {yard['announced']:.0f}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+SLOT_ROWS = ("np2", "np2-fast")
+"""The slot variants judged (:data:`sim.scenarios_ahead.SLOT_VARIANTS`), on one GPU."""
+
+
+def slots_jobs(seeds: Sequence[int]) -> list[tuple[str, str, int | None]]:
+    """Per seed and slot variant: yard on the announced day, every policy on the
+    plain day with the slots; and the baselines on the plain one-slot day."""
+    from sim.runner import POLICIES
+
+    jobs: list[tuple[str, str, int | None]] = []
+    for seed in seeds:
+        for variant in SLOT_ROWS:
+            announced = scenarios_ahead.radio_day_slots(variant, announced=True).name
+            jobs.append((announced, "yard", seed))
+            plain = scenarios_ahead.radio_day_slots(variant).name
+            jobs += [(plain, policy, seed) for policy in POLICIES]
+        jobs += [(scenarios.radio_day(1).name, p, seed) for p in POLICIES if p != "yard"]
+    return jobs
+
+
+def slots_table(
+    seeds: Sequence[int], found: Mapping[tuple[str, str, int | None], Mapping[str, float]]
+) -> str:
+    """The announced one-GPU radio day with news-llm's slots, judged per variant and
+    seed against the best baseline with the same slots (and, in brackets, the best
+    baseline with one slot, and yard with the slots unannounced)."""
+    from sim.runner import POLICIES
+
+    lines = [
+        "| slots (speed-up at 2) | seed | OOMs | feasible deadlines met | loads / LB "
+        "| high p95: yard announced vs best baseline with slots "
+        "(best without; yard unannounced) "
+        "| high p95 turnaround: yard vs that baseline "
+        "| news-llm starts by slots | baselines: OOMs, avoidable misses "
+        "| announcements used/expired |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    baselines = [p for p in POLICIES if p != "yard"]
+    one_slot = scenarios.radio_day(1).name
+    for variant in SLOT_ROWS:
+        most, speedup = scenarios_ahead.SLOT_VARIANTS[variant]
+        plain = scenarios_ahead.radio_day_slots(variant).name
+        name = scenarios_ahead.radio_day_slots(variant, announced=True).name
+        for seed in seeds:
+            yard = found[(name, "yard", seed)]
+            quiet = found[(plain, "yard", seed)]
+            others = {p: found[(plain, p, seed)] for p in baselines}
+            best = min(others.items(), key=lambda item: item[1]["high_wait_p95_s"])
+            without = min(
+                ((p, found[(one_slot, p, seed)]) for p in baselines),
+                key=lambda item: item[1]["high_wait_p95_s"],
+            )
+            feasible = yard["deadlines_met"] + yard["deadlines_missed_avoidable"]
+            ratio = yard["loads"] / yard["loads_lower_bound"]
+            p95 = yard["high_wait_p95_s"]
+            starts = ", ".join(
+                f"{yard.get(f'loads_news-llm_slots_{n}', 0):.0f} x {n}" for n in range(most, 0, -1)
+            )
+            cells = [
+                f"1-{most} ({speedup[1]:g}x)",
+                str(seed),
+                f"{yard['ooms']:.0f} {_mark(yard['ooms'] == 0)}",
+                f"{yard['deadlines_met']:.0f}/{feasible:.0f} "
+                f"{_mark(yard['deadlines_missed_avoidable'] == 0)}",
+                f"{yard['loads']:.0f}/{yard['loads_lower_bound']:.0f} = {ratio:.2f} "
+                f"{_mark(ratio <= 1.2)}",
+                f"{p95:.0f} s vs {best[1]['high_wait_p95_s']:.0f} s ({best[0]}) "
+                f"({without[1]['high_wait_p95_s']:.0f} s, {without[0]}; "
+                f"{quiet['high_wait_p95_s']:.0f} s) "
+                f"{_mark(p95 <= best[1]['high_wait_p95_s'] / 2)}",
+                f"{yard['high_turnaround_p95_s']:.0f} s vs "
+                f"{best[1]['high_turnaround_p95_s']:.0f} s",
+                starts,
+                ", ".join(
+                    f"{p} {row['ooms']:.0f}/{row['deadlines_missed_avoidable']:.0f}"
+                    for p, row in others.items()
+                ),
                 f"{yard.get('announcements_used', 0):.0f}/"
                 f"{yard.get('announcements_expired', 0):.0f} of {yard['announced']:.0f}",
             ]

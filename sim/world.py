@@ -569,6 +569,7 @@ class SimWorld:
         self.running: dict[str, SimProcess] = {}
         self.by_url: dict[str, SimProcess] = {}
         self.launches: list[tuple[float, str, tuple[str, ...]]] = []
+        self.launch_slots: list[int] = []  # the slots of each launch, beside ``launches``
         self.load_counts: dict[str, int] = {}
         self.ooms: list[OomKill] = []
         self.fault_log: list[str] = []
@@ -631,6 +632,7 @@ class SimWorld:
         self._serial += 1
         process = SimProcess(self, model, gpus, self._serial, model.slots_at(parallel))
         self.launches.append((trio.current_time(), backend, gpus))
+        self.launch_slots.append(process.slots)
         self.running[backend] = process
         self._last[backend] = process
         self.by_url[process.base_url] = process

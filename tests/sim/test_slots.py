@@ -190,3 +190,41 @@ async def test_a_client_that_gives_up_while_served_frees_its_slot(
         assert await world.serve(process.base_url, 10.0)
         assert trio.current_time() == 23.0 and world.queued_in_process == 0
         nursery.cancel_scope.cancel()
+
+
+def test_the_slot_days_are_found_by_name_and_only_news_llm_gets_the_range() -> None:
+    from sim import scenarios, scenarios_ahead
+
+    for name in (
+        "radio-day-1gpu-np2",
+        "radio-day-1gpu-np2-announced",
+        "radio-day-1gpu-3h-np2-fast-announced",
+    ):
+        scenario = scenarios.get(name)
+        assert scenario.name == name
+        news = scenario.model("news-llm")
+        assert news.parallel == (1, 2) and news.slot_bytes == scenarios_ahead.NEWS_SLOT_BYTES
+        assert all(m.parallel is None for m in scenario.models if m.name != "news-llm")
+        assert (scenario.announcements is not None) == name.endswith("-announced")
+    plain = scenarios.radio_day(1, hours=3.0)
+    slots = scenarios_ahead.radio_day_slots("np2", hours=3.0)
+    rng = random.Random(7)
+    assert plain.workload(random.Random(7)) == slots.workload(rng)
+
+
+def test_a_slot_day_slice_serves_news_two_at_once_without_oom() -> None:
+    from sim import scenarios_ahead
+
+    scenario = scenarios_ahead.radio_day_slots("np2", hours=3.0, announced=True)
+    seen: list[SimWorld] = []
+    result = run(scenario, "yard", on_started=lambda _, w: seen.append(w))
+    again = run(scenario, "yard")
+    assert result.log_digest == again.log_digest
+    assert result.ooms == [] and result.stuck == []
+    news = [p for p in seen[0]._last.values() if p.name == "news-llm"]
+    assert news and news[0].slots == 2 and news[0].most_active == 2
+    assert seen[0].queued_in_process == 0
+    # The baselines run the same range as a fixed -np 2.
+    lru: list[SimWorld] = []
+    run(scenario, "lru", on_started=lambda _, w: lru.append(w))
+    assert {p.slots for p in lru[0]._last.values() if p.name == "news-llm"} == {2}
