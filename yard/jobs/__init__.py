@@ -3,11 +3,16 @@
 Layout:
 
 - ``records``: a job as stored, its request, result and error, an app's
-  quota; ``store``: the SQLite record of them (``data_dir/jobs.sqlite``).
+  quota; ``store``: the SQLite record of them (``data_dir/jobs.sqlite``),
+  its tables in ``schema``, a row read into a record by ``rows`` (shared with
+  the cluster's PostgreSQL store).
 - ``service``: :class:`Jobs`, the :class:`~yard.http.runtime.JobService` the
-  proxy hands ``Prefer: respond-async`` requests to, with one runner task per
-  job (its turn is :func:`yard.admission.run_turn`) and the reaper that
-  expires old results.
+  proxy hands ``Prefer: respond-async`` requests to, and the reaper that
+  expires old results; ``refusals``: what a client is told when a job is
+  not taken.
+- ``runner``: the task per job that takes it through its turn
+  (:func:`yard.admission.run_turn`) and ends it; ``kept_writes``: the writes
+  a cluster's shared database did not take, made again once it is back.
 - ``upstream``: a job's request to its backend, and its whole answer back.
 - ``restore``: what a restart does with the jobs the last run left.
 - ``views``: a job as JSON; ``api``: the ``/v1/jobs`` blueprint; ``cli``:
