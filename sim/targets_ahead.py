@@ -129,6 +129,51 @@ def queueing_floor(arrivals: Sequence[Arrival], slots: Mapping[str, int]) -> flo
     return percentile(waits, 0.95)
 
 
+def shared_floor(seed: int, variant: str) -> float:
+    """:func:`one_instance_floor` with news-llm's slots of the ``variant``
+    (:data:`sim.scenarios_ahead.SLOT_VARIANTS`), its scripts sharing its speed as
+    the simulated server does (tts as before)."""
+    most, speedup = scenarios_ahead.SLOT_VARIANTS[variant]
+    arrivals = scenarios.radio_day_workload(random.Random(seed))
+    high = [a for a in arrivals if a.cls == "high"]
+    waits = shared_waits([a for a in high if a.backend == "news-llm"], most, speedup)
+    tts = [a for a in high if a.backend == "tts"]
+    free = [0.0, 0.0]
+    for a in sorted(tts, key=lambda a: a.at):
+        slot = min(range(2), key=lambda k: free[k])
+        start = max(a.at, free[slot])
+        waits.append(start - a.at)
+        free[slot] = start + a.service_s
+    return percentile(waits, 0.95)
+
+
+def shared_waits(arrivals: Sequence[Arrival], slots: int, speedup: Sequence[float]) -> list[float]:
+    """The waits of ``arrivals`` on one always-loaded server with ``slots`` slots
+    that serves first come, first served, ``k`` requests at once each at
+    ``speedup[k-1] / k`` of its speed alone (processor sharing)."""
+    todo = sorted(arrivals, key=lambda a: a.at)
+    waiting: list[Arrival] = []
+    left: list[float] = []  # the running requests' work left (seconds alone)
+    waits: list[float] = []
+    now, i = 0.0, 0
+    while i < len(todo) or waiting or left:
+        while waiting and len(left) < slots:
+            waits.append(now - waiting[0].at)
+            left.append(waiting.pop(0).service_s)
+        k = len(left)
+        rate = speedup[min(k, len(speedup)) - 1] / k if k else 0.0
+        done_at = now + min(left) / rate if left else float("inf")
+        arrive_at = todo[i].at if i < len(todo) else float("inf")
+        step = min(done_at, arrive_at)
+        left = [x - (step - now) * rate for x in left]
+        now = step
+        if arrive_at <= done_at:
+            waiting.append(todo[i])
+            i += 1
+        left = [x for x in left if x > 1e-9]
+    return waits
+
+
 def _mark(ok: bool) -> str:
     return "ok" if ok else "MISSED"
 
@@ -221,9 +266,10 @@ def slots_table(
         "| high p95: yard announced vs best baseline with slots "
         "(best without; yard unannounced) "
         "| high p95 turnaround: yard vs that baseline "
+        "| queueing floor (news-llm slots) "
         "| news-llm starts by slots | baselines: OOMs, avoidable misses "
         "| announcements used/expired |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     baselines = [p for p in POLICIES if p != "yard"]
     one_slot = scenarios.radio_day(1).name
@@ -260,6 +306,7 @@ def slots_table(
                 f"{_mark(p95 <= best[1]['high_wait_p95_s'] / 2)}",
                 f"{yard['high_turnaround_p95_s']:.0f} s vs "
                 f"{best[1]['high_turnaround_p95_s']:.0f} s",
+                f"{shared_floor(seed, variant):.0f} s",
                 starts,
                 ", ".join(
                     f"{p} {row['ooms']:.0f}/{row['deadlines_missed_avoidable']:.0f}"

@@ -228,3 +228,23 @@ def test_a_slot_day_slice_serves_news_two_at_once_without_oom() -> None:
     lru: list[SimWorld] = []
     run(scenario, "lru", on_started=lambda _, w: lru.append(w))
     assert {p.slots for p in lru[0]._last.values() if p.name == "news-llm"} == {2}
+
+
+def test_the_shared_queueing_floor_shares_the_speed_among_the_slots() -> None:
+    from sim.targets_ahead import queueing_floor, shared_waits
+
+    def arrival(at: float, service_s: float) -> Arrival:
+        return Arrival(
+            at=at, request_id="", backend="x", priority=90, service_s=service_s, cls="high"
+        )
+
+    three = [arrival(0.0, 10.0), arrival(0.0, 10.0), arrival(0.0, 10.0)]
+    # Two at 0.8 of their speed end at 12.5 s, when the third starts.
+    assert shared_waits(three, 2, SPEEDUP) == [0.0, 0.0, 12.5]
+    # A join recomputes: the first alone for 5 s, then both at 0.8 (first ends at
+    # 11.25); the third waits for it.
+    joined = [arrival(0.0, 10.0), arrival(5.0, 10.0), arrival(6.0, 1.0)]
+    assert shared_waits(joined, 2, SPEEDUP) == [0.0, 0.0, 5.25]
+    # One slot is first come, first served at full speed, as queueing_floor.
+    assert shared_waits(three, 1, SPEEDUP) == [0.0, 10.0, 20.0]
+    assert queueing_floor(three, {"x": 1}) == 20.0
