@@ -52,13 +52,14 @@ from yard.cluster.forward import Forwarder
 from yard.cluster.jobs import PgJobStore
 from yard.cluster.listen import Listener
 from yard.cluster.pg import PgDatabase, PgLimits
-from yard.cluster.policy import Peer, hungry, local_backends
+from yard.cluster.policy import Peer, by_first_instance, hungry, local_backends
 from yard.cluster.registry import NodeState, Registry
 from yard.cluster.schema import ENDED_CHANNEL, JOBS_CHANNEL, MIGRATIONS, NODES_CHANNEL
 from yard.config import Config
 from yard.config.cluster import ClusterConfig
 from yard.core.decisions import Decision, Dispatch
 from yard.core.events import BackendExited, BackendReady, BackendStopped, Event, RequestFinished
+from yard.core.spec import first_instance
 from yard.core.views import Snapshot
 from yard.db import DatabaseError
 from yard.engine import Engine
@@ -315,8 +316,11 @@ class Node:
             up = n.state == "up" and now - n.heartbeat_at <= self.cluster.dead_after_s
             serves = frozenset(n.serves)
             backend_of = {m: self._backend_of(m, n) for m in serves}
-            ready = frozenset(m for m, b in backend_of.items() if b in n.loaded)
-            waiting = {m: n.queues.get(b, 0) for m, b in backend_of.items() if b}
+            # A model is ready there when any instance of its backend is.
+            loaded = {first_instance(b) for b in n.loaded}
+            ready = frozenset(m for m, b in backend_of.items() if b in loaded)
+            queues = _by_first_instance(n.queues)
+            waiting = {m: queues.get(b, 0) for m, b in backend_of.items() if b}
             peers.append(
                 Peer(
                     name=n.name,
@@ -328,8 +332,8 @@ class Node:
                 )
             )
             urls[n.name] = n.url
-        here_ready = {b.name for b in snapshot.backends if b.state == "ready"}
-        queued = {b.name: b.queued for b in snapshot.backends}
+        here_ready = {first_instance(b.name) for b in snapshot.backends if b.state == "ready"}
+        queued = _by_first_instance({b.name: b.queued for b in snapshot.backends})
         peers.append(
             Peer(
                 name=self.name,
@@ -358,7 +362,8 @@ class Node:
         here = self._models.get(model)
         if here is not None:
             return here
-        return node.backends[0] if len(node.backends) == 1 else None
+        backends = {first_instance(b) for b in node.backends}
+        return backends.pop() if len(backends) == 1 else None
 
     def _database(self, ok: bool, exc: BaseException | None = None) -> None:
         if ok and not self._database_ok:
@@ -437,11 +442,13 @@ class Node:
             snapshot = self.engine.snapshot(limit=0)
             loaded, room = self._elsewhere()
             hunger = hungry(
-                local_backends(
-                    snapshot,
-                    gpus_of=self._gpus_of,
-                    margin=self._margin,
-                    ranges_of=self._ranges_of,
+                by_first_instance(
+                    local_backends(
+                        snapshot,
+                        gpus_of=self._gpus_of,
+                        margin=self._margin,
+                        ranges_of=self._ranges_of,
+                    )
                 ),
                 loaded_elsewhere=loaded,
                 room_elsewhere=room,
@@ -483,15 +490,25 @@ class Node:
         for n in self._nodes:
             if n.name == self.name or n.state != "up":
                 continue
-            loaded |= set(n.loaded)
+            # By first instance, as the claim sees backends (by_first_instance).
+            loaded |= {first_instance(b) for b in n.loaded}
             if _roomiest(n.free_mib) > 0:
-                room |= set(n.backends) - set(n.loaded)
+                room |= {first_instance(b) for b in set(n.backends) - set(n.loaded)}
         return frozenset(loaded), frozenset(room)
 
     def _seen(self, at: float, item: Event | Decision) -> None:
         # Inside the engine's loop: only set an event.
         if isinstance(item, _WAKERS):
             self._wake.set()
+
+
+def _by_first_instance(counts: Mapping[str, int]) -> dict[str, int]:
+    """Per-backend counts summed over each backend's instances."""
+    out: dict[str, int] = {}
+    for name, count in counts.items():
+        first = first_instance(name)
+        out[first] = out.get(first, 0) + count
+    return out
 
 
 _WAKERS = (Dispatch, RequestFinished, BackendReady, BackendExited, BackendStopped)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from yard.core import resources
-from yard.core.spec import HOST, Profile
+from yard.core.spec import HOST, Profile, first_instance
 from yard.core.views import DeviceView, Snapshot
 
 Ranges = tuple[tuple[int, int] | None, tuple[int, int] | None]
@@ -234,6 +234,54 @@ def local_backends(
                 waiting=b.queued,
                 fits=fits,
             )
+        )
+    return out
+
+
+def by_first_instance(backends: Sequence[LocalBackend]) -> list[LocalBackend]:
+    """``backends`` with the instances of each (``NAME``, ``NAME@2``, ...; see
+    :mod:`yard.core.instances`) folded into one named ``NAME``, for :func:`hungry`.
+
+    The shared queue knows only ``NAME`` (jobs name the model, whose backend is
+    the first instance), and the node's core routes each job it claims among the
+    instances; so a node claims for the group what its instances take together.
+    The group is ``ready`` when an instance is, else ``loading`` when one is,
+    else ``stopped`` (then it ``fits`` as its first instance, which the core loads
+    first). Its ``slots`` are those of its ready and loading instances, plus one
+    while a further instance is stopped with nothing waiting for it and could
+    start (the one job that makes the core weigh loading it); ``running`` and
+    ``waiting`` are its instances' sums. A backend with one instance is as it was.
+    """
+    groups: dict[str, list[LocalBackend]] = {}
+    for backend in backends:
+        groups.setdefault(first_instance(backend.name), []).append(backend)
+    out: list[LocalBackend] = []
+    for name, members in groups.items():
+        if len(members) == 1 and members[0].name == name:
+            out.append(members[0])
+            continue
+        states = {m.state for m in members}
+        state: BackendState = (
+            "ready" if "ready" in states else "loading" if "loading" in states else "stopped"
+        )
+        first = next((m for m in members if m.name == name), members[0])
+        running = sum(m.running for m in members)
+        waiting = sum(m.waiting for m in members)
+        if state == "stopped":
+            out.append(
+                LocalBackend(
+                    name=name, slots=first.slots, running=running, waiting=waiting, fits=first.fits
+                )
+            )
+            continue
+        slots = sum(m.slots for m in members if m.state != "stopped")
+        slots += sum(
+            1
+            for m in members
+            if m.state == "stopped" and m.fits != "no" and not m.waiting and not m.running
+        )
+        out.append(
+            LocalBackend(name=name, slots=slots, state=state, running=running, waiting=waiting)
         )
     return out
 

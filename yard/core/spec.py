@@ -142,6 +142,12 @@ def instance_name(first: str, number: int) -> str:
     return first if number == 1 else f"{first}{INSTANCE_SEPARATOR}{number}"
 
 
+def first_instance(name: str) -> str:
+    """The first instance's name (the configured backend's) for any instance's
+    ``name``: ``news-llm`` for ``news-llm@2`` and for ``news-llm`` itself."""
+    return name.partition(INSTANCE_SEPARATOR)[0]
+
+
 def instance_number(name: str, first: str) -> int | None:
     """N if ``name`` is ``first@N`` (N >= 2, no leading zeros); 1 if it is
     ``first``; else None."""

@@ -1,0 +1,97 @@
+"""A backend with several instances in a cluster: two real ``yard serve`` nodes on
+one real PostgreSQL, real test backends. Shared jobs for the model run on every
+instance a node has, each exactly once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from tests.cluster.test_nodes import backend_table, running_cluster, submit, wait_ended
+from yard.cluster.policy import LocalBackend, by_first_instance, hungry
+
+SERVICE_S = 4.0
+"""Long against the test backend's load (well under a second), so that a job
+waiting behind another on the first instance is better served by loading the
+second (docs/instances.md: the wait must beat a load and a quarter)."""
+
+
+# -- the claim's view of a backend's instances (pure) ------------------------------------
+
+
+def test_a_busy_first_instance_with_a_second_that_can_start_claims_one_more_job() -> None:
+    views = [
+        LocalBackend(name="llm", state="ready", running=1),
+        LocalBackend(name="llm@2", fits="free"),
+        LocalBackend(name="chat", state="ready"),
+    ]
+    folded = by_first_instance(views)
+    assert folded == [
+        LocalBackend(name="llm", slots=2, state="ready", running=1),
+        LocalBackend(name="chat", state="ready"),
+    ]
+    # The shared queue knows the first instance's name only.
+    assert hungry(folded).claim == ("chat", "llm")
+
+
+def test_instances_together_claim_their_free_slots_and_no_more() -> None:
+    both_busy = [
+        LocalBackend(name="llm", slots=2, state="ready", running=2),
+        LocalBackend(name="llm@2", slots=2, state="loading", waiting=2),
+    ]
+    assert by_first_instance(both_busy) == [
+        LocalBackend(name="llm", slots=4, state="ready", running=2, waiting=2)
+    ]
+    assert not hungry(by_first_instance(both_busy))
+    # A job already waits for the second's load: no further one for it.
+    waiting_for_second = [
+        LocalBackend(name="llm", state="ready", running=1),
+        LocalBackend(name="llm@2", waiting=1, fits="free"),
+    ]
+    assert not hungry(by_first_instance(waiting_for_second))
+
+
+def test_stopped_instances_claim_as_their_first_and_are_left_to_a_node_with_one_loaded() -> None:
+    stopped = [LocalBackend(name="llm", fits="evict"), LocalBackend(name="llm@2", fits="free")]
+    assert by_first_instance(stopped) == [LocalBackend(name="llm", fits="evict")]
+    assert hungry(by_first_instance(stopped)).claim == ("llm",)
+    assert not hungry(by_first_instance(stopped), loaded_elsewhere=frozenset({"llm"}))
+
+
+# -- real nodes ---------------------------------------------------------------------------
+
+
+async def _served(client: httpx.AsyncClient) -> dict[str, int]:
+    status: dict[str, Any] = (await client.get("/admin/status")).json()
+    return {b["name"]: int(b["served"]) for b in status["backends"]}
+
+
+@pytest.mark.slow
+async def test_shared_jobs_run_on_both_instances_and_none_is_lost(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    served_file = tmp_path / "served.txt"
+    llm = (
+        backend_table("llm", ["tiny"], service_time=SERVICE_S, counter_file=str(served_file))
+        + "instances = 2\n"
+    )
+    async with running_cluster(postgres_dsn, tmp_path, {"a": llm, "b": llm}) as cluster:
+        a, b = cluster.clients["a"], cluster.clients["b"]
+        with trio.fail_after(120):
+            # a loads (and measures) the first instance; b leaves the model's
+            # jobs to a, whose second instance can take them.
+            await cluster.load("a", "llm")
+            ids = [await submit((a, b)[i % 2], 50) for i in range(4)]
+            jobs = await wait_ended(a, ids)
+            served_a, served_b = await _served(a), await _served(b)
+        assert [job["status"] for job in jobs] == ["succeeded"] * len(ids)
+        # Nothing lost, nothing run twice.
+        lines = [line for line in served_file.read_text().split() if line in ids]
+        assert sorted(lines) == sorted(ids)
+        assert served_b.get("llm", 0) + served_b.get("llm@2", 0) == 0
+        # Both of a's instances served: the jobs did not queue behind one.
+        assert served_a["llm"] >= 1 and served_a["llm@2"] >= 1, served_a
