@@ -8,6 +8,12 @@ Rules this module keeps:
   use); one that does not fit kills the allocating process with ``oom=True``, as CUDA
   or the kernel would. The sim never asks the policy whether it over-committed: it
   finds out.
+- Slots are physical too. A process serves at most the slots it was launched with
+  (a request handed to a full one waits inside it, as llama-server queues it, and is
+  counted in ``SimWorld.queued_in_process``); each slot beyond the first holds its
+  KV cache from the load (``ModelSpec.slot_bytes``); where a model shares its speed
+  (``ModelSpec.speedup``), ``k`` requests served at once each run at
+  ``speedup[k-1] / k`` of their speed alone.
 - The only randomness is the simulator's ``random.Random`` passed in (load-time
   jitter); the only clock is Trio's (a ``MockClock`` in every simulation).
 - The world implements the ports (:class:`~yard.ports.Launcher`,
