@@ -27,7 +27,6 @@ The rules a connection keeps:
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import os
 from collections import OrderedDict
@@ -41,6 +40,13 @@ from yard.http.asgi import ASGIApp, Scope
 from yard.http.errors import error_body, error_headers
 from yard.http.exchange import Exchange, protocol_failure
 from yard.http.limits import Limits
+from yard.http.screening import (
+    CLOSE,
+    Tally,
+    body_timeout_message,
+    head_timeout_message,
+    small_content_length,
+)
 
 log = logging.getLogger("yard.http.server")
 
@@ -49,40 +55,6 @@ _MAX_HEAD = 64 * 1024
 _DRAIN_LIMIT = 16 * 2**20
 _DRAIN_S = 1.0
 _PIPELINE_LIMIT = 1 * 2**20
-_READ_BEFORE_APP = 64 * 1024
-"""A body with a Content-Length up to this is read whole before the app is
-called (see :meth:`Connection._wait_small_body`)."""
-_CLOSE = (b"connection", b"close")
-
-
-def refusal(code: str, message: str, retry_after_s: float) -> bytes:
-    """A whole ``503`` answer that closes the connection, as bytes."""
-    body = error_body(503, code, message)
-    fields = (*error_headers(body, retry_after_s), _CLOSE)
-    head = b"".join(b"%s: %s\r\n" % field for field in fields)
-    return b"HTTP/1.1 503 Service Unavailable\r\n%s\r\n%s" % (head, body)
-
-
-class Tally:
-    """What the server's limits have done so far, counted (read through
-    :meth:`yard.http.server.Server.statistics`)."""
-
-    __slots__ = (
-        "body_timeouts",
-        "evicted",
-        "head_timeouts",
-        "idle_closed",
-        "refused",
-        "send_timeouts",
-    )
-
-    def __init__(self) -> None:
-        self.evicted = 0
-        self.refused = 0
-        self.head_timeouts = 0
-        self.idle_closed = 0
-        self.body_timeouts = 0
-        self.send_timeouts = 0
 
 
 class Host(Protocol):
@@ -423,7 +395,7 @@ class Connection:
             return None
         body = error_body(status, code, message)
         try:
-            data = self.wire.response_head(status, [*error_headers(body, retry_after_s), _CLOSE])
+            data = self.wire.response_head(status, [*error_headers(body, retry_after_s), CLOSE])
             return data + self.wire.body(body) + self.wire.end()
         except wire.LocalProtocolError:
             return None
@@ -575,44 +547,3 @@ class Connection:
         elif exchange.held is not None:
             await self.write(exchange.held)
         return True
-
-
-def head_timeout_message(limits: Limits) -> str:
-    """What a 408 for a request head that did not come in time says."""
-    return (
-        f"the request head did not arrive within {limits.head_timeout_s:g} s "
-        "(server.head_timeout_s); send the whole head at once"
-    )
-
-
-def body_timeout_message(limits: Limits) -> str:
-    """What a 408 for a small body that stopped coming says."""
-    return (
-        f"the request body made no progress for {limits.body_timeout_s:g}"
-        " s (server.body_timeout_s); send the body without pauses"
-    )
-
-
-def small_content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    """The declared body length if there is one and it is at most
-    :data:`_READ_BEFORE_APP` (the parser has checked the framing already)."""
-    length = None
-    for name, value in headers:
-        if name == b"content-length":
-            length = value
-        elif name == b"transfer-encoding":
-            return None
-    if length is None or len(length) > 5 or not length.isdigit():
-        return None
-    size = int(length)
-    return size if size <= _READ_BEFORE_APP else None
-
-
-def bearer_matches(headers: list[tuple[bytes, bytes]], key: bytes) -> bool:
-    """Whether ``Authorization: Bearer KEY`` is among ``headers``."""
-    for name, value in headers:
-        if name == b"authorization":
-            scheme, _, given = value.partition(b" ")
-            if scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), key):
-                return True
-    return False

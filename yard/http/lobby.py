@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 
 from yard.http import sockio, wire
-from yard.http.connection import body_timeout_message, head_timeout_message, small_content_length
+from yard.http.screening import body_timeout_message, head_timeout_message, small_content_length
 
 if TYPE_CHECKING:
     from yard.http.connection import Connection, Host

@@ -52,10 +52,11 @@ import trio
 
 from yard.http import sockio, wire
 from yard.http.asgi import ASGIApp, Message, Scope
-from yard.http.connection import Connection, Tally, bearer_matches, refusal
+from yard.http.connection import Connection
 from yard.http.lifespan import run_lifespan
 from yard.http.limits import Limits, connection_cap
 from yard.http.lobby import First, Lobby
+from yard.http.screening import Tally, bearer_matches, refusal
 
 __all__ = [
     "ASGIApp",
