@@ -18,9 +18,10 @@ import trio
 import trio.testing
 
 from yard.cluster.forward import Forwarder
-from yard.cluster.jobs import PgJobStore, ReapSummary
+from yard.cluster.jobs import PgJobStore
 from yard.cluster.listen import Listener
 from yard.cluster.node import Node
+from yard.cluster.reaping import ReapSummary
 from yard.cluster.registry import NodeState, Registry
 from yard.cluster.schema import JOBS_CHANNEL
 from yard.config import BackendConfig, Config, ServerConfig

@@ -1,5 +1,5 @@
 """The Batch API's tables, migrated with the job database (see
-:data:`yard.jobs.store.MIGRATIONS`).
+:data:`yard.jobs.schema.MIGRATIONS`).
 
 Why the job database and not files in ``data_dir``: a batch line becomes a
 job in the same transaction that marks the line submitted, so no crash can

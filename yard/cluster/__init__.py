@@ -19,10 +19,11 @@ The rooms of this package:
 from __future__ import annotations
 
 from yard.cluster.batches import PgBatchStore
-from yard.cluster.jobs import PgJobStore, ReapSummary, rank_of
+from yard.cluster.jobs import PgJobStore, rank_of
 from yard.cluster.listen import Listener, ListenerStatistics
 from yard.cluster.pg import DatabaseLost, PgDatabase, PgLimits, PgMigration, PgStatistics
 from yard.cluster.profiles import PgProfileStore, cluster_key
+from yard.cluster.reaping import ReapSummary
 from yard.cluster.registry import NodeState, Registry
 from yard.cluster.schema import ENDED_CHANNEL, JOBS_CHANNEL, MIGRATIONS, NODES_CHANNEL
 

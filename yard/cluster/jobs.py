@@ -21,12 +21,8 @@ mirrors method for method, so :class:`yard.jobs.service.Jobs` runs on either):
   none, and then claims it): a node that was declared dead and reaped, but
   still holds the job in memory, finds it gone (or already running) instead
   of running it a second time.
-- **Dead nodes.** :meth:`PgJobStore.reap` applies the rules of a restart
-  (:mod:`yard.jobs.restore`) to the jobs a dead node held: queued ones go back
-  unclaimed with their rank and seq (their old place); running ones end
-  ``failed`` with code ``interrupted``, unless rerun-safe with the rerun
-  unused, in which case they go back once. Several reapers at once are safe:
-  row locks and the conditions let exactly one move each job.
+- **Dead nodes.** :meth:`PgJobStore.reap` applies the rules of a restart to
+  the jobs a dead node held (:mod:`yard.cluster.reaping`).
   :meth:`PgJobStore.reap_gone` declares the node gone in the same
   transaction, so no node sees it gone while it still holds jobs.
 - **Ends are announced.** Every end (:meth:`PgJobStore.finish`, a reap's
@@ -40,11 +36,11 @@ mirrors method for method, so :class:`yard.jobs.service.Jobs` runs on either):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import psycopg
 
 from yard.cluster.pg import PgDatabase, Row
+from yard.cluster.reaping import ReapSummary, reap_node
 from yard.cluster.schema import ENDED_CHANNEL, JOBS_CHANNEL
 from yard.jobs.records import (
     STATUSES,
@@ -58,19 +54,9 @@ from yard.jobs.records import (
     StoredResult,
     Usage,
 )
-from yard.jobs.restore import INTERRUPTED
-from yard.jobs.rows import dump_headers as _dump_headers
-from yard.jobs.rows import job_record as _record
-from yard.jobs.rows import load_headers as _load_headers
+from yard.jobs.rows import COLUMNS, dump_headers, job_record, load_headers
 
-__all__ = ["PgJobStore", "ReapSummary", "rank_of"]
-
-_COLUMNS = (
-    "seq, id, app, model, backend, priority, start_by, allow_late, rerun_safe, rerun_used, "
-    "requeued, status, created_at, started_at, finished_at, queued_s, error_code, "
-    "error_message, error_status, result_status, result_bytes, result_type, not_before"
-)
-"""The columns of a :class:`JobRecord`, in the order ``_record`` reads them."""
+__all__ = ["PgJobStore", "rank_of"]
 
 _ENDED = "('succeeded', 'failed', 'cancelled')"
 _UNCLAIMED = "status = 'queued' AND claimed_by IS NULL"
@@ -97,14 +83,14 @@ _CLAIM_BEST = f"""
     FROM {_LAZY_COMMIT}
     WHERE seq = (SELECT seq FROM jobs WHERE seq = ({_BEST}) AND {_UNCLAIMED}
                  FOR UPDATE SKIP LOCKED)
-    RETURNING {_COLUMNS}
+    RETURNING {COLUMNS}
 """
 _CLAIM_NEXT = f"""
     UPDATE jobs SET claimed_by = %(node)s, claimed_at = extract(epoch FROM now())
     FROM {_LAZY_COMMIT}
     WHERE seq = (SELECT seq FROM jobs WHERE {_UNCLAIMED} AND backend = ANY(%(backends)s)
                  ORDER BY rank DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED)
-    RETURNING {_COLUMNS}
+    RETURNING {COLUMNS}
 """
 
 
@@ -112,25 +98,6 @@ def rank_of(priority: float, created_at: float, aging_rate: float) -> float:
     """A job's place in the one priority order (higher goes first): its
     effective priority at time 0, ``priority - aging_rate * created_at``."""
     return priority - aging_rate * created_at
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReapSummary:
-    """What :meth:`PgJobStore.reap` did with a dead node's jobs (their ids)."""
-
-    released: tuple[str, ...] = ()
-    rerun: tuple[str, ...] = ()
-    interrupted: tuple[str, ...] = ()
-
-    @property
-    def total(self) -> int:
-        return len(self.released) + len(self.rerun) + len(self.interrupted)
-
-    def describe(self) -> str:
-        return (
-            f"{len(self.released)} queued back to the shared queue, {len(self.rerun)} rerun "
-            f"(marked rerun-safe), {len(self.interrupted)} interrupted"
-        )
 
 
 class PgJobStore:
@@ -201,7 +168,7 @@ class PgJobStore:
                 "INSERT INTO jobs (id, app, model, backend, priority, start_by, allow_late, "
                 "rerun_safe, status, created_at, request_bytes, not_before, rank, origin) "
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'queued', %s, %s, %s, %s, %s) "
-                f"RETURNING {_COLUMNS}",
+                f"RETURNING {COLUMNS}",
                 (
                     job_id,
                     app,
@@ -227,12 +194,12 @@ class PgJobStore:
                     request.method,
                     request.path,
                     request.query,
-                    _dump_headers(request.headers),
+                    dump_headers(request.headers),
                     request.body,
                 ),
             )
             conn.execute("SELECT pg_notify(%s, %s)", (JOBS_CHANNEL, backend))
-            return _record(row)
+            return job_record(row)
 
         return await self._db.transaction(_insert)
 
@@ -326,7 +293,7 @@ class PgJobStore:
                 conn.execute(
                     "INSERT INTO job_results (job_id, status, headers, body) "
                     "VALUES (%s, %s, %s, %s)",
-                    (job_id, result.status, _dump_headers(result.headers), result.body),
+                    (job_id, result.status, dump_headers(result.headers), result.body),
                 )
             return True
 
@@ -398,7 +365,7 @@ class PgJobStore:
                 # walk the one order past the jobs being claimed (without
                 # the tie-break).
                 row = conn.execute(_CLAIM_NEXT, params).fetchone()
-            return None if row is None else _record(row)
+            return None if row is None else job_record(row)
 
         return await self._db.run(_claim)
 
@@ -427,7 +394,7 @@ class PgJobStore:
         other nodes for the backends of the jobs it put back. Safe to call
         from several nodes at once: each job is moved by exactly one."""
 
-        return await self._db.transaction(lambda conn: _reap(conn, node, now))
+        return await self._db.transaction(lambda conn: reap_node(conn, node, now))
 
     async def reap_gone(
         self, node: str, *, now: float, heartbeat_before: float | None
@@ -449,7 +416,7 @@ class PgJobStore:
                 "AND (%s::double precision IS NULL OR heartbeat_at < %s)",
                 (node, heartbeat_before, heartbeat_before),
             )
-            return _reap(conn, node, now) if declared.rowcount == 1 else None
+            return reap_node(conn, node, now) if declared.rowcount == 1 else None
 
         return await self._db.transaction(_reap_gone)
 
@@ -475,17 +442,17 @@ class PgJobStore:
     async def claimed(self, node: str) -> list[JobRecord]:
         """The unfinished jobs ``node`` holds, in arrival order."""
         rows = await self._db.fetchall(
-            f"SELECT {_COLUMNS} FROM jobs WHERE claimed_by = %s "
+            f"SELECT {COLUMNS} FROM jobs WHERE claimed_by = %s "
             "AND status IN ('queued', 'running') ORDER BY seq",
             (node,),
         )
-        return [_record(row) for row in rows]
+        return [job_record(row) for row in rows]
 
     # -- reads ---------------------------------------------------------------
 
     async def get(self, job_id: str) -> JobRecord | None:
-        row = await self._db.fetchone(f"SELECT {_COLUMNS} FROM jobs WHERE id = %s", (job_id,))
-        return None if row is None else _record(row)
+        row = await self._db.fetchone(f"SELECT {COLUMNS} FROM jobs WHERE id = %s", (job_id,))
+        return None if row is None else job_record(row)
 
     async def list_jobs(
         self,
@@ -511,9 +478,9 @@ class PgJobStore:
             params.append(before_seq)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         rows = await self._db.fetchall(
-            f"SELECT {_COLUMNS} FROM jobs {clause} ORDER BY seq DESC LIMIT %s", (*params, limit)
+            f"SELECT {COLUMNS} FROM jobs {clause} ORDER BY seq DESC LIMIT %s", (*params, limit)
         )
-        return [_record(row) for row in rows]
+        return [job_record(row) for row in rows]
 
     async def unfinished(self) -> list[JobRecord]:
         """The queued and running jobs this node holds, in arrival order: what
@@ -533,7 +500,7 @@ class PgJobStore:
             method=str(method),
             path=str(path),
             query=str(query),
-            headers=_load_headers(str(headers)),
+            headers=load_headers(str(headers)),
             body=bytes(body),
         )
 
@@ -545,7 +512,7 @@ class PgJobStore:
             return None
         status, headers, body = row
         return StoredResult(
-            status=int(status), headers=_load_headers(str(headers)), body=bytes(body)
+            status=int(status), headers=load_headers(str(headers)), body=bytes(body)
         )
 
     async def counts(self) -> dict[str, int]:
@@ -553,47 +520,6 @@ class PgJobStore:
         rows = await self._db.fetchall("SELECT status, count(*) FROM jobs GROUP BY status")
         found = {str(status): int(n) for status, n in rows}
         return {status: found.get(status, 0) for status in STATUSES}
-
-
-def _reap(conn: psycopg.Connection[Row], node: str, now: float) -> ReapSummary:
-    """The statements of :meth:`PgJobStore.reap`, in the caller's transaction."""
-    released = conn.execute(
-        "UPDATE jobs SET claimed_by = NULL, claimed_at = NULL "
-        "WHERE claimed_by = %s AND status = 'queued' RETURNING id, backend",
-        (node,),
-    ).fetchall()
-    rerun = conn.execute(
-        "UPDATE jobs SET status = 'queued', rerun_used = true, started_at = NULL, "
-        "claimed_by = NULL, claimed_at = NULL "
-        "WHERE claimed_by = %s AND status = 'running' AND rerun_safe AND NOT rerun_used "
-        "RETURNING id, backend",
-        (node,),
-    ).fetchall()
-    interrupted = [
-        str(row[0])
-        for row in conn.execute(
-            "UPDATE jobs SET status = 'failed', finished_at = %s, error_code = %s, "
-            "error_message = %s, error_status = %s "
-            "WHERE claimed_by = %s AND status = 'running' RETURNING id",
-            (
-                now,
-                INTERRUPTED.code,
-                INTERRUPTED.message,
-                INTERRUPTED.status,
-                node,
-            ),
-        )
-    ]
-    conn.execute("DELETE FROM job_requests WHERE job_id = ANY(%s)", (interrupted,))
-    for job_id in interrupted:
-        conn.execute("SELECT pg_notify(%s, %s)", (ENDED_CHANNEL, job_id))
-    for backend in sorted({str(row[1]) for row in (*released, *rerun)}):
-        conn.execute("SELECT pg_notify(%s, %s)", (JOBS_CHANNEL, backend))
-    return ReapSummary(
-        released=tuple(str(row[0]) for row in released),
-        rerun=tuple(str(row[0]) for row in rerun),
-        interrupted=tuple(interrupted),
-    )
 
 
 def _usage(conn: psycopg.Connection[Row], app: str) -> Usage:

@@ -1,7 +1,7 @@
 """The tables every node of a cluster shares, as versioned migrations.
 
 - ``jobs``, ``job_requests``, ``job_results``: the columns of the SQLite job
-  store (:data:`yard.jobs.store.MIGRATIONS`), plus what one shared queue needs:
+  store (:data:`yard.jobs.schema.MIGRATIONS`), plus what one shared queue needs:
   ``rank`` (the job's place in the one priority order: linear aging keeps it
   static, see :mod:`yard.cluster.jobs`), ``origin`` (the node that took it
   in), ``claimed_by`` / ``claimed_at`` (the node whose queue holds it now).
