@@ -6,6 +6,8 @@
   accident.
 - No import cycle among yard's modules: each room can be read, tested and
   replaced from the bottom up.
+- No module over :data:`MAX_MODULE_LINES` lines except the HTTP wire codec: a
+  module a newcomer cannot read in one sitting is split along its seams.
 """
 
 from __future__ import annotations
@@ -165,3 +167,37 @@ def test_the_cycle_check_finds_a_cycle(tmp_path: Path) -> None:
     (pkg / "c.py").write_text("import yard.a\nthing = 1\n")
     (pkg / "d.py").write_text("from yard import a\n")
     assert _cycles(_graph(pkg)) == [["yard.a", "yard.c", "yard.sub.b"]]
+
+
+MAX_MODULE_LINES = 600
+"""The most lines a module of yard may have (issue 11)."""
+
+LONG_MODULES = frozenset({"yard/http/wire.py"})
+"""The exceptions: the HTTP/1.1 codec, one protocol read top to bottom and kept
+honest by the differential tests against h11."""
+
+
+def _too_long(root: Path) -> dict[str, int]:
+    lengths = {
+        path.relative_to(root.parent).as_posix(): len(path.read_text().splitlines())
+        for path in sorted(root.rglob("*.py"))
+    }
+    return {
+        name: lines
+        for name, lines in lengths.items()
+        if lines > MAX_MODULE_LINES and name not in LONG_MODULES
+    }
+
+
+def test_no_module_of_yard_over_600_lines_but_the_wire_codec() -> None:
+    too_long = _too_long(Path(yard.__file__).parent)
+    assert not too_long, f"modules over {MAX_MODULE_LINES} lines (split them): {too_long}"
+
+
+def test_the_size_check_finds_a_long_module_and_spares_the_codec(tmp_path: Path) -> None:
+    pkg = tmp_path / "yard"
+    (pkg / "http").mkdir(parents=True)
+    (pkg / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    (pkg / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (pkg / "http" / "wire.py").write_text("x = 1\n" * 2000)
+    assert _too_long(pkg) == {"yard/long.py": MAX_MODULE_LINES + 1}
