@@ -86,3 +86,44 @@ def test_a_model_of_an_instanced_backend_still_leads_to_one_backend(tmp_path: Pa
         "backends.chat.models: model 'news-llm' is already served by backend 'news'" in e
         for e in errors
     ), errors
+
+
+def test_the_load_penalty_is_a_quarter_by_default_and_set_globally_or_per_backend(
+    tmp_path: Path,
+) -> None:
+    config = load(tmp_path, NEWS.format(extra="instances = 2"))
+    assert config.scheduler.instance_load_penalty == 0.25
+    assert all(s.instance_load_penalty is None for s in config.backend_specs())
+    text = "[scheduler]\ninstance_load_penalty = 0.5\n" + NEWS.format(
+        extra="instances = 2\ninstance_load_penalty = 1"
+    )
+    config = load(tmp_path, text)
+    assert config.scheduler.instance_load_penalty == 0.5
+    specs = {s.name: s for s in config.backend_specs()}
+    assert specs["news"].instance_load_penalty == 1.0
+    assert specs["news@2"].instance_load_penalty == 1.0  # every instance carries it
+    assert specs["chat"].instance_load_penalty is None
+
+
+@pytest.mark.parametrize("value", ["-0.1", "4.5", "inf", "nan", "true", '"0.5"'])
+def test_a_bad_load_penalty_is_an_error_naming_the_key(tmp_path: Path, value: str) -> None:
+    per_backend = errors_of(
+        tmp_path, NEWS.format(extra=f"instances = 2\ninstance_load_penalty = {value}")
+    )
+    assert any("backends.news.instance_load_penalty: must be" in e for e in per_backend), (
+        per_backend
+    )
+    text = f"[scheduler]\ninstance_load_penalty = {value}\n" + NEWS.format(extra="")
+    global_ = errors_of(tmp_path, text)
+    assert any("scheduler.instance_load_penalty: must be" in e for e in global_) or any(
+        "scheduler: instance_load_penalty must be between 0 and 4" in e for e in global_
+    ), global_
+
+
+@pytest.mark.parametrize("value", ["0", "4", "0.25"])
+def test_the_load_penalty_may_be_0_to_4(tmp_path: Path, value: str) -> None:
+    text = f"[scheduler]\ninstance_load_penalty = {value}\n" + NEWS.format(
+        extra=f"instances = 2\ninstance_load_penalty = {value}"
+    )
+    config = load(tmp_path, text)
+    assert config.scheduler.instance_load_penalty == float(value)

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.core.harness import GIB, Harness, gpu, host, of
-from yard.core import BackendSpec, Dispatch, Flag, ProfileMeasured, StartBackend, StopBackend
+from yard.core import (
+    BackendSpec,
+    Dispatch,
+    Flag,
+    ProfileMeasured,
+    SchedulerConfig,
+    StartBackend,
+    StopBackend,
+)
 from yard.core.instances import Option, choose, expected_wait
 
 # -- the pure parts ---------------------------------------------------------------------
@@ -249,3 +259,54 @@ def test_a_request_on_a_second_instance_is_explained_and_cancelled_there() -> No
     assert not of(Dispatch, h.ready("news@2", at=241.0))
     [d] = of(Dispatch, h.arrive("r4", "news", at=242.0))
     assert d.backend == "news@2"  # news is busy with r2 until 290 s
+
+
+# -- the load penalty, configured ---------------------------------------------------------
+
+
+def _busy_first(config: SchedulerConfig | None = None, penalty: float | None = None) -> Harness:
+    """news serves r2 at 200 s with 45 s service times learned; r3 comes at 201 s:
+    44 s behind news, or 40 s of load on news@2 (counted 50 s at a quarter)."""
+    specs = [replace(s, instance_load_penalty=penalty) for s in (NEWS, NEWS_2)]
+    h = Harness(
+        specs,
+        devices=(gpu("gpu0"), gpu("gpu1"), host()),
+        config=config,
+        profiles={"news": (14, 2, LOAD_S)},
+    )
+    warm(h, 45.0)
+    [d] = of(Dispatch, h.arrive("r2", "news", at=200.0))
+    assert d.backend == "news"
+    return h
+
+
+def test_by_default_a_load_that_saves_less_than_a_quarter_of_itself_is_not_made() -> None:
+    h = _busy_first()
+    out = h.arrive("r3", "news", at=201.0)
+    assert not of(StartBackend, out)
+    [flag] = [f for f in of(Flag, out) if f.request_id == "r3"]
+    assert flag.backend == "news"
+    assert "news@2 not loaded, starts in about 40.0 s, 0 waiting, counted as 50.0 s" in flag.reason
+
+
+@pytest.mark.parametrize(
+    ("global_", "per_backend", "loads"),
+    [(0.0, None, True), (0.25, 0.0, True), (0.0, 0.25, False), (0.1, None, False)],
+)
+def test_the_load_penalty_is_configured_globally_and_per_backend(
+    global_: float, per_backend: float | None, loads: bool
+) -> None:
+    h = _busy_first(SchedulerConfig(instance_load_penalty=global_), per_backend)
+    out = h.arrive("r3", "news", at=201.0)
+    assert [s.backend for s in of(StartBackend, out)] == (["news@2"] if loads else [])
+    penalty = global_ if per_backend is None else per_backend
+    [flag] = [f for f in of(Flag, out) if f.request_id == "r3"]
+    assert f"counted as {40.0 * (1 + penalty):.1f} s for the load" in flag.reason
+
+
+@pytest.mark.parametrize("penalty", [-0.1, 4.5, float("nan"), float("inf")])
+def test_a_load_penalty_outside_0_to_4_is_refused(penalty: float) -> None:
+    with pytest.raises(ValueError, match="instance_load_penalty must be between 0 and 4"):
+        SchedulerConfig(instance_load_penalty=penalty)
+    with pytest.raises(ValueError, match="instance_load_penalty must be between 0 and 4"):
+        replace(NEWS, instance_load_penalty=penalty)

@@ -27,7 +27,7 @@ from yard.config.reading import (
     _url_path,
 )
 from yard.config.server import ServerConfig
-from yard.core.spec import HOST, MAX_INSTANCES, instance_name
+from yard.core.spec import HOST, MAX_INSTANCE_LOAD_PENALTY, MAX_INSTANCES, instance_name
 
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 """Start-up timeout of a backend whose load time was never measured."""
@@ -87,6 +87,8 @@ class BackendConfig:
         own ``{port}`` and its own GPUs, and the core routes the model's requests
         among them (:mod:`yard.core.instances`).
     instance_of: on ``NAME@K``, ``NAME`` (None on the first).
+    instance_load_penalty: ``[scheduler] instance_load_penalty`` for this
+        backend's instances alone (None: the scheduler's).
     """
 
     name: str
@@ -110,6 +112,7 @@ class BackendConfig:
     parallel: tuple[int, int] | None = None
     instances: int = 1
     instance_of: str | None = None
+    instance_load_penalty: float | None = None
     path_templates: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """``cwd`` / ``model_file`` as written in the file (before placeholders)."""
 
@@ -166,9 +169,19 @@ BACKEND_KEYS = (
     "context",
     "parallel",
     "instances",
+    "instance_load_penalty",
 )
 
 WARMUP_KEYS = ("method", "path", "json", "fill_context")
+
+
+def _load_penalty(value: float) -> str | None:
+    if 0 <= value <= MAX_INSTANCE_LOAD_PENALTY:
+        return None
+    return (
+        f"must be between 0 and {MAX_INSTANCE_LOAD_PENALTY:g} (the fraction of a further "
+        f"instance's start counted against loading it), got {value}"
+    )
 
 
 def _context(
@@ -489,6 +502,7 @@ def _backend(
         context=context,
         parallel=parallel,
         instances=instances,
+        instance_load_penalty=r.optional(table, key, "instance_load_penalty", _load_penalty),
         model_file=model_file,
         path_templates={
             key: text for key, text in (("cwd", cwd_text), ("model_file", model_file_text)) if text

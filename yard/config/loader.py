@@ -100,6 +100,7 @@ class Config:
                 parallel=b.parallel,
                 instances=b.instances,
                 instance_of=b.instance_of,
+                instance_load_penalty=b.instance_load_penalty,
             )
             for b in self.backends.values()
         ]

@@ -17,8 +17,9 @@ Rules it keeps
   of the mean, at least a tenth of it), then the queue ahead; for a loading
   instance the rest of its load, then its queue; for one not loaded
   :meth:`Core.start_cost` (its load time, plus the time to make room), then its
-  queue, and a quarter of its start more (:data:`LOAD_PENALTY`: a load costs
-  more than this request's wait). Ties go to the lower-numbered instance. So a
+  queue, and a fraction of its start more (the backend's or the scheduler's
+  ``instance_load_penalty``, a quarter by default: a load costs more than this
+  request's wait). Ties go to the lower-numbered instance. So a
   further instance gets requests, and the planner loads it for them, only when
   the ones loaded are busy for clearly longer than a load takes. A request that
   names a further instance (``/backends/NAME@2/...``) is bound to it as it is.
@@ -60,9 +61,16 @@ from yard.core.decisions import Decision, Flag
 from yard.core.lifecycle import OCCUPYING, BackendState
 from yard.core.queue import Req
 from yard.core.records import Backend
-from yard.core.spec import instance_name
+from yard.core.spec import (
+    INSTANCE_LOAD_PENALTY,
+    INSTANCE_SEPARATOR,
+    first_instance,
+    instance_name,
+    instance_number,
+)
 from yard.core.state import Core
 from yard.core.timers import Timer
+from yard.core.views import BackendView
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,30 +79,32 @@ class Option:
 
     name: the instance. wait_s: expected seconds until the request could start
     there (:func:`expected_wait`). load_s: for an instance not loaded, what
-    its start is expected to take (it counts :data:`LOAD_PENALTY` of it
-    against the option); 0 otherwise. how: why, for people.
+    its start is expected to take; 0 otherwise. penalty: the fraction of
+    ``load_s`` counted against the option (:func:`load_penalty`). how: why,
+    for people.
     """
 
     name: str
     wait_s: float
     how: str
     load_s: float = 0.0
+    penalty: float = INSTANCE_LOAD_PENALTY
 
     @property
     def cost_s(self) -> float:
         """What :func:`choose` compares: the wait, plus the penalty of a load."""
-        return self.wait_s + LOAD_PENALTY * self.load_s
+        return self.wait_s + self.penalty * self.load_s
 
 
-LOAD_PENALTY = 0.25
-"""A start is a cost beyond the request's wait: it takes the GPU for its load
-and usually evicts a backend that comes back later. An instance that must be
-loaded is chosen only when it saves more than this fraction of its start.
-Measured on the 2-GPU announced radio day (four seeds): without it, seed 1 loaded
-news-llm@2 four times at night, once to save 4 s of a 44 s wait, each time
-evicting music that loaded again after it (14 loads, lower bound 11); with it,
-12 loads against 10, and every high-priority p95 still at most half the best
-baseline's."""
+def load_penalty(core: Core, b: Backend) -> float:
+    """The fraction of a start counted against loading an instance of ``b``:
+    its backend's ``instance_load_penalty``, else the scheduler's
+    (:attr:`~yard.core.spec.SchedulerConfig.instance_load_penalty`; a start
+    takes the GPU for its load and usually evicts a backend that comes back
+    later, so an instance that must be loaded is chosen only when it saves more
+    than this fraction of its start)."""
+    own = b.spec.instance_load_penalty
+    return core.config.instance_load_penalty if own is None else own
 
 
 def expected_wait(
@@ -130,7 +140,7 @@ def expected_wait(
 
 def choose(options: Sequence[Option]) -> Option:
     """The option with the least expected wait (an instance to be loaded counts
-    :data:`LOAD_PENALTY` of its start on top); on a tie the first listed (the
+    its ``penalty`` of its start on top); on a tie the first listed (the
     lower-numbered instance). ``options`` must not be empty."""
     best = options[0]
     for option in options[1:]:
@@ -152,10 +162,11 @@ def route(core: Core, first: Backend, rid: str, now: float, out: list[Decision])
     is bound to, by the rules above; a ``Flag`` says why when there was a choice."""
     group = members(core, first)
     service = _service_s(core, group)
+    penalty = load_penalty(core, first)
     options: list[Option] = []
     skipped: list[str] = []
     for b in group:
-        option, why = _option(core, b, group, service, now)
+        option, why = _option(core, b, group, service, penalty, now)
         if option is not None:
             options.append(option)
         elif why:
@@ -226,7 +237,7 @@ def _service_s(core: Core, group: Sequence[Backend]) -> float:
 
 
 def _option(
-    core: Core, b: Backend, group: Sequence[Backend], service: float, now: float
+    core: Core, b: Backend, group: Sequence[Backend], service: float, penalty: float, now: float
 ) -> tuple[Option | None, str]:
     """``b`` as an option (None, and why not, if it may not take the request)."""
     slots = b.free_slots() + len(b.running)
@@ -262,8 +273,9 @@ def _option(
         how += f" (about {reasons.secs(wait)} until a slot)"
     loads = b.state not in OCCUPYING
     if loads:
-        how += f", counted as {reasons.secs(wait + LOAD_PENALTY * left)} for the load"
-    return Option(name=b.name, wait_s=wait, how=how, load_s=left if loads else 0.0), ""
+        how += f", counted as {reasons.secs(wait + penalty * left)} for the load"
+    load_s = left if loads else 0.0
+    return Option(name=b.name, wait_s=wait, how=how, load_s=load_s, penalty=penalty), ""
 
 
 _OVERRUN_LEFT = 0.1
@@ -299,6 +311,104 @@ def _fits_beside(core: Core, b: Backend, group: Sequence[Backend]) -> bool:
         if fits:
             return True
     return False
+
+
+def awaits_profile(b: Backend) -> bool:
+    """Whether ``b`` is a further instance with no profile yet: it is loaded for
+    a request bound to it, but never for a wish to load (pinned, an operator's
+    load), which waits for the first instance's first load to measure the
+    profile every instance shares."""
+    return b.spec.instance_of is not None and b.profile is None
+
+
+_LOADABLE = ("stopped", "failed")
+_UNLOADABLE = ("starting", "ready", "draining")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdminTargets:
+    """The instances an operator's action on a backend's name acts on.
+
+    backend: the backend the name stands for (``news`` for ``news`` and for
+        ``news@1``; ``news@2`` for ``news@2``).
+    names: the instances to send the action to, in number order; empty when
+        there is nothing to do (``detail`` says why).
+    group: the name was a backend with several instances, taken as a whole.
+    detail: for a group, what is acted on and why, for people ("" otherwise).
+    """
+
+    backend: str
+    names: tuple[str, ...]
+    group: bool = False
+    detail: str = ""
+
+
+def admin_targets(action: str, name: str, backends: Sequence[BackendView]) -> AdminTargets | None:
+    """What ``action`` (``load``, ``unload``, ``pin`` or ``unpin``: an operator's
+    ``POST /admin/backends/NAME/ACTION``) on ``name`` acts on, given
+    every backend's view now; None when no backend has that name.
+
+    A backend's configured name stands for all its instances, as the model name
+    does for apps: ``unload`` acts on every instance loaded or loading but the
+    pinned ones (unpin first), ``pin`` and ``unpin`` on every instance
+    whose pin changes (as ``pinned = true`` in the file pins each), and ``load``
+    loads ONE more instance: the first that is not loaded (a further one only
+    once the profile all share is measured: the first load measures it). One
+    instance is named ``NAME@K``, the first alone ``NAME@1`` (or ``NAME`` where the
+    backend has one instance); the action then goes to it whatever its state,
+    and the core says in a ``Flag`` if it does nothing.
+    """
+    views = {v.name: v for v in backends}
+    first, _, number = name.partition(INSTANCE_SEPARATOR)
+    group = sorted(
+        (v for v in backends if first_instance(v.name) == first),
+        key=lambda v: instance_number(v.name, first) or 0,
+    )
+    if number == "1" and len(group) > 1:
+        return AdminTargets(backend=first, names=(first,))
+    if name not in views:
+        return None
+    if number or len(group) == 1:
+        return AdminTargets(backend=name, names=(name,))
+    everyone = ", ".join(v.name for v in group)
+    chosen: list[BackendView]
+    if action == "load":
+        stopped = [v for v in group if v.state in _LOADABLE]
+        loadable = [v for v in stopped if v is group[0] or v.profile is not None]
+        chosen = loadable[:1]
+        if chosen:
+            detail = f"loading {chosen[0].name}, the first instance of {first} not loaded"
+        elif stopped:
+            detail = (
+                f"{stopped[0].name} waits for the first load of {first}, which measures the "
+                "profile every instance shares"
+            )
+        else:
+            detail = f"every instance of {first} ({everyone}) is loaded or loading"
+    elif action == "unload":
+        loaded = [v for v in group if v.state in _UNLOADABLE]
+        chosen = [v for v in loaded if not v.pinned]
+        if chosen:
+            detail = f"unloading every instance of {first} loaded or loading"
+        elif loaded:
+            detail = f"every instance of {first} loaded is pinned; unpin {first} first"
+        else:
+            detail = f"no instance of {first} ({everyone}) is loaded or loading"
+        pinned = [v.name for v in loaded if v.pinned]
+        if chosen and pinned:
+            detail += f", except the pinned {', '.join(pinned)}"
+    else:
+        pin = action == "pin"
+        chosen = [v for v in group if v.pinned is not pin]
+        word = "pinning" if pin else "unpinning"
+        if chosen:
+            detail = f"{word} every instance of {first}"
+        else:
+            detail = f"every instance of {first} ({everyone}) is {action}ned already"
+    names = tuple(v.name for v in chosen)
+    if names:
+        detail += f": {', '.join(names)}"
+    return AdminTargets(backend=first, names=names, group=True, detail=detail)
 
 
 def share_profile(core: Core, b: Backend) -> None:
