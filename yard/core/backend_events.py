@@ -260,6 +260,14 @@ def admin_load(core: Core, ev: AdminLoad, now: float, out: list[Decision]) -> No
     if b.state not in (BackendState.STOPPED, BackendState.FAILED):
         out.append(Flag(backend=b.name, reason=f"admin load: {b.name} is {b.state.value}"))
         return
+    if instances.awaits_profile(b):
+        first = b.spec.instance_of
+        why = (
+            f"it waits for the first load of {first}, which measures the profile every "
+            f"instance shares; load {first} first"
+        )
+        out.append(Flag(backend=b.name, reason=f"admin load: not loading {b.name} now: {why}"))
+        return
     plan = core.best_plan(b, None, {}, set(), set(), now)
     if plan is None or plan.status != Outcome.START:
         why = plan.reason if plan is not None else reasons.no_place(b.name)

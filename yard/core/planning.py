@@ -67,6 +67,7 @@ from collections.abc import Iterable
 
 from yard.core import placement, reasons
 from yard.core.decisions import Decision
+from yard.core.instances import awaits_profile
 from yard.core.lifecycle import BackendState, Move
 from yard.core.placement import Outcome, Plan, Reads, Room, outranks, refusal_by_key
 from yard.core.plan_steps import (
@@ -120,7 +121,8 @@ def _note(index: dict[str, set[int]], key: str, steps: list[int]) -> None:
 
 
 def _is_waiting(b: Backend) -> bool:
-    return b.state in _WAITING_FOR_LOAD and bool(b.queue.size or b.want_load or b.ahead is not None)
+    wants = b.want_load and not awaits_profile(b)
+    return b.state in _WAITING_FOR_LOAD and bool(b.queue.size or wants or b.ahead is not None)
 
 
 class Planner:

@@ -4,6 +4,13 @@
 - ``POST /admin/backends/NAME/load|unload|pin|unpin``: asks the scheduler
   (it decides when: a load waits for memory, an unload for the backend's
   requests to finish). Answers 202 with the backend's state at that moment.
+  For a backend with several instances (docs/instances.md) NAME stands for all
+  of them: ``unload``, ``pin`` and ``unpin`` act on every instance they change,
+  ``load`` loads the first instance not loaded
+  (:func:`yard.core.instances.admin_targets`); the answer lists the instances
+  acted on (``instances``) and says why (``detail``), 200 with ``accepted:
+  false`` when there is nothing to do. ``NAME@2`` is one instance, ``NAME@1``
+  the first alone.
 - ``GET /admin/backends/NAME/log``: the backend's log as server-sent events,
   the lines kept so far, then new lines as they come.
 - ``DELETE /admin/profiles/NAME``: forget the stored profile, so that the
@@ -23,6 +30,7 @@ import trio
 from quart import Blueprint, Response
 
 from yard.core.events import AdminForgetProfile, AdminLoad, AdminPin, AdminUnload, Event
+from yard.core.instances import admin_targets
 from yard.http.errors import error_body
 from yard.observe.state import Observer, current_observer
 
@@ -91,19 +99,27 @@ _ACTIONS: dict[str, Callable[[str], Event]] = {
 
 @blueprint.post("/backends/<name>/<action>")
 async def backend_action(name: str, action: str) -> Response:
-    """Ask the scheduler to load, unload, pin or unpin a backend."""
+    """Ask the scheduler to load, unload, pin or unpin a backend (or the
+    instances of one, see the module's docstring)."""
     observer = current_observer()
     make = _ACTIONS.get(action)
     if make is None:
         return json_error(
             404, "unknown_action", f"{action!r} is not an action; use load, unload, pin or unpin"
         )
-    before = _backend_state(observer, name)
-    if before is None:
+    views = observer.engine.snapshot(limit=0).backends
+    targets = admin_targets(action, name, views)
+    if targets is None:
         return _unknown_backend(name)
-    event: Event = make(name)
-    observer.engine.send(event)
-    return json_response({**before, "action": action, "accepted": True}, 202)
+    states = {v.name: {"backend": v.name, "state": v.state, "pinned": v.pinned} for v in views}
+    for target in targets.names:
+        observer.engine.send(make(target))
+    payload: dict[str, object] = {**states[targets.backend], "action": action}
+    if not targets.group:
+        return json_response({**payload, "accepted": True}, 202)
+    acted = [states[target] for target in targets.names]
+    payload.update(accepted=bool(acted), instances=acted, detail=targets.detail)
+    return json_response(payload, 202 if acted else 200)
 
 
 @blueprint.delete("/profiles/<name>")

@@ -210,7 +210,28 @@ SCHEMAS: dict[str, Schema] = {
             "state": {"type": "string", "description": "The backend's state when asked."},
             "pinned": {"type": "boolean"},
             "action": {"enum": ["load", "unload", "pin", "unpin"]},
-            "accepted": {"const": True},
+            "accepted": {
+                "type": "boolean",
+                "description": "Whether anything was asked (false: nothing to do, see `detail`).",
+            },
+            "instances": {
+                "type": "array",
+                "description": "For a backend with several instances named as a whole: the "
+                "instances acted on, each with its state when asked.",
+                "items": {
+                    "type": "object",
+                    "required": ["backend", "state", "pinned"],
+                    "properties": {
+                        "backend": {"type": "string"},
+                        "state": {"type": "string"},
+                        "pinned": {"type": "boolean"},
+                    },
+                },
+            },
+            "detail": {
+                "type": "string",
+                "description": "For a backend with several instances: what was acted on, and why.",
+            },
         },
     },
     "ProfileForgotten": {
@@ -225,6 +246,11 @@ SCHEMAS: dict[str, Schema] = {
 }
 
 _BACKEND = path_param("name", "A backend of the configuration.")
+_ACTED_ON = path_param(
+    "name",
+    "A backend of the configuration. For one with several instances, its name acts on "
+    "all of them (`load`: the first not loaded), `NAME@2` on one, `NAME@1` on the first.",
+)
 
 
 def paths() -> Schema:
@@ -250,11 +276,15 @@ def paths() -> Schema:
                     "202": json_response(
                         ref("BackendAction"), "Asked; the scheduler decides when."
                     ),
+                    "200": json_response(
+                        ref("BackendAction"),
+                        "Nothing to do for the instances of a backend (`accepted` false).",
+                    ),
                     **AUTH_ERRORS,
                     "404": error_response("`backend_not_found` or `unknown_action`."),
                 },
                 parameters=[
-                    _BACKEND,
+                    _ACTED_ON,
                     {
                         "name": "action",
                         "in": "path",
