@@ -11,13 +11,14 @@ import httpx
 import pytest
 import trio
 
-from tests.cluster.test_nodes import backend_table, running_cluster, submit, wait_ended
+from tests.cluster.test_nodes import CHAT, backend_table, running_cluster, submit, wait_ended
 from yard.cluster.policy import LocalBackend, by_first_instance, hungry
 
-SERVICE_S = 4.0
-"""Long against the test backend's load (well under a second), so that a job
-waiting behind another on the first instance is better served by loading the
-second (docs/instances.md: the wait must beat a load and a quarter)."""
+SERVICE_S = 5.0
+"""Long against the test backend's load (about a second), so that a job waiting
+behind another on the first instance is better served by loading the second
+(docs/instances.md; the test's backend sets instance_load_penalty = 0, so the
+load need only be shorter than the wait, even on a loaded machine)."""
 
 
 # -- the claim's view of a backend's instances (pure) ------------------------------------
@@ -77,7 +78,7 @@ async def test_shared_jobs_run_on_both_instances_and_none_is_lost(
     served_file = tmp_path / "served.txt"
     llm = (
         backend_table("llm", ["tiny"], service_time=SERVICE_S, counter_file=str(served_file))
-        + "instances = 2\n"
+        + "instances = 2\ninstance_load_penalty = 0\n"
     )
     async with running_cluster(postgres_dsn, tmp_path, {"a": llm, "b": llm}) as cluster:
         a, b = cluster.clients["a"], cluster.clients["b"]
@@ -88,6 +89,17 @@ async def test_shared_jobs_run_on_both_instances_and_none_is_lost(
             ids = [await submit((a, b)[i % 2], 50) for i in range(4)]
             jobs = await wait_ended(a, ids)
             served_a, served_b = await _served(a), await _served(b)
+            # Two synchronous requests sent to b at once go to a, where the
+            # model is ready, and take one instance each.
+            answers: list[httpx.Response] = []
+
+            async def ask() -> None:
+                answers.append(await b.post("/v1/chat/completions", json=CHAT))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ask)
+                nursery.start_soon(ask)
+            served_sync = await _served(a)
         assert [job["status"] for job in jobs] == ["succeeded"] * len(ids)
         # Nothing lost, nothing run twice.
         lines = [line for line in served_file.read_text().split() if line in ids]
@@ -95,3 +107,6 @@ async def test_shared_jobs_run_on_both_instances_and_none_is_lost(
         assert served_b.get("llm", 0) + served_b.get("llm@2", 0) == 0
         # Both of a's instances served: the jobs did not queue behind one.
         assert served_a["llm"] >= 1 and served_a["llm@2"] >= 1, served_a
+        assert [r.status_code for r in answers] == [200, 200], [r.text for r in answers]
+        assert [r.headers["x-yard-node"] for r in answers] == ["a", "a"]
+        assert served_sync == {"llm": served_a["llm"] + 1, "llm@2": served_a["llm@2"] + 1}
