@@ -73,9 +73,14 @@
         showLog(backend);
         return;
       }
+      // A row is one instance: the first of a backend with several is
+      // NAME@1 to the admin API (NAME alone would act on all of them).
+      var instanced = document.querySelector(
+        'button[data-backend^="' + backend + '@"]') !== null;
+      var target = instanced ? encodeURIComponent(backend + "@1") : name;
       var request = action === "forget"
         ? call("DELETE", "/admin/profiles/" + name)
-        : call("POST", "/admin/backends/" + name + "/" + action);
+        : call("POST", "/admin/backends/" + target + "/" + action);
       button.disabled = true;
       request.then(function () {
         say(action + " " + backend + ": asked");
