@@ -71,6 +71,15 @@ async def _served(client: httpx.AsyncClient) -> dict[str, int]:
     return {b["name"]: int(b["served"]) for b in status["backends"]}
 
 
+async def _wait_all_stopped(client: httpx.AsyncClient) -> None:
+    """Until every backend of the node is stopped; the caller bounds the wait."""
+    while True:
+        status: dict[str, Any] = (await client.get("/admin/status")).json()
+        if {b["state"] for b in status["backends"]} == {"stopped"}:
+            return
+        await trio.sleep(0.1)
+
+
 @pytest.mark.slow
 async def test_shared_jobs_run_on_both_instances_and_none_is_lost(
     postgres_dsn: str, tmp_path: Path
@@ -100,6 +109,10 @@ async def test_shared_jobs_run_on_both_instances_and_none_is_lost(
                 nursery.start_soon(ask)
                 nursery.start_soon(ask)
             served_sync = await _served(a)
+            # The operator unloads the model's backend by its name: both go.
+            unload = await a.post("/admin/backends/llm/unload")
+            await _wait_all_stopped(a)
+            load = await a.post("/admin/backends/llm/load")
         assert [job["status"] for job in jobs] == ["succeeded"] * len(ids)
         # Nothing lost, nothing run twice.
         lines = [line for line in served_file.read_text().split() if line in ids]
@@ -110,3 +123,7 @@ async def test_shared_jobs_run_on_both_instances_and_none_is_lost(
         assert [r.status_code for r in answers] == [200, 200], [r.text for r in answers]
         assert [r.headers["x-yard-node"] for r in answers] == ["a", "a"]
         assert served_sync == {"llm": served_a["llm"] + 1, "llm@2": served_a["llm@2"] + 1}
+        assert unload.status_code == 202, unload.text
+        assert [i["backend"] for i in unload.json()["instances"]] == ["llm", "llm@2"]
+        assert load.status_code == 202, load.text
+        assert [i["backend"] for i in load.json()["instances"]] == ["llm"]
