@@ -34,9 +34,12 @@ def test_a_busy_first_instance_with_a_second_that_can_start_claims_one_more_job(
     assert folded == [
         LocalBackend(name="llm", slots=2, state="ready", running=1),
         LocalBackend(name="chat", state="ready"),
+        LocalBackend(name="llm@2", fits="free"),  # for jobs sent to it by name
     ]
-    # The shared queue knows the first instance's name only.
-    assert hungry(folded).claim == ("chat", "llm")
+    # Jobs for the model name the first instance: its group claims them.
+    assert hungry(folded).claim == ("chat", "llm", "llm@2")
+    # Before the fold, a busy llm claimed nothing, and llm@2 only its own jobs.
+    assert hungry(views).claim == ("chat", "llm@2")
 
 
 def test_instances_together_claim_their_free_slots_and_no_more() -> None:
@@ -45,7 +48,8 @@ def test_instances_together_claim_their_free_slots_and_no_more() -> None:
         LocalBackend(name="llm@2", slots=2, state="loading", waiting=2),
     ]
     assert by_first_instance(both_busy) == [
-        LocalBackend(name="llm", slots=4, state="ready", running=2, waiting=2)
+        LocalBackend(name="llm", slots=4, state="ready", running=2, waiting=2),
+        both_busy[1],
     ]
     assert not hungry(by_first_instance(both_busy))
     # A job already waits for the second's load: no further one for it.
@@ -58,9 +62,19 @@ def test_instances_together_claim_their_free_slots_and_no_more() -> None:
 
 def test_stopped_instances_claim_as_their_first_and_are_left_to_a_node_with_one_loaded() -> None:
     stopped = [LocalBackend(name="llm", fits="evict"), LocalBackend(name="llm@2", fits="free")]
-    assert by_first_instance(stopped) == [LocalBackend(name="llm", fits="evict")]
-    assert hungry(by_first_instance(stopped)).claim == ("llm",)
-    assert not hungry(by_first_instance(stopped), loaded_elsewhere=frozenset({"llm"}))
+    assert by_first_instance(stopped) == [LocalBackend(name="llm", fits="evict"), stopped[1]]
+    assert hungry(by_first_instance(stopped)).claim == ("llm", "llm@2")
+    elsewhere = hungry(by_first_instance(stopped), loaded_elsewhere=frozenset({"llm"}))
+    assert elsewhere.claim == ("llm@2",)  # only jobs sent to llm@2 by its name
+
+
+def test_a_job_sent_to_a_further_instance_by_name_is_claimed_for_it() -> None:
+    views = [
+        LocalBackend(name="llm", state="ready", running=1),
+        LocalBackend(name="llm@2", state="ready", running=1),
+        LocalBackend(name="llm@3", state="ready"),
+    ]
+    assert hungry(by_first_instance(views)).claim == ("llm", "llm@3")
 
 
 # -- real nodes ---------------------------------------------------------------------------

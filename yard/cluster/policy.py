@@ -239,24 +239,28 @@ def local_backends(
 
 
 def by_first_instance(backends: Sequence[LocalBackend]) -> list[LocalBackend]:
-    """``backends`` with the instances of each (``NAME``, ``NAME@2``, ...; see
-    :mod:`yard.core.instances`) folded into one named ``NAME``, for :func:`hungry`.
+    """``backends`` for :func:`hungry`, with the instances of each backend
+    (``NAME``, ``NAME@2``, ...; see :mod:`yard.core.instances`) also counted as one
+    named ``NAME``.
 
-    The shared queue knows only ``NAME`` (jobs name the model, whose backend is
-    the first instance), and the node's core routes each job it claims among the
-    instances; so a node claims for the group what its instances take together.
-    The group is ``ready`` when an instance is, else ``loading`` when one is,
-    else ``stopped`` (then it ``fits`` as its first instance, which the core loads
-    first). Its ``slots`` are those of its ready and loading instances, plus one
-    while a further instance is stopped with nothing waiting for it and could
-    start (the one job that makes the core weigh loading it); ``running`` and
-    ``waiting`` are its instances' sums. A backend with one instance is as it was.
+    Jobs for the model name its backend, ``NAME``, and the node's core routes
+    each job it claims among the instances; so a node claims ``NAME`` jobs for
+    what its instances take together. The group is ``ready`` when an instance
+    is, else ``loading`` when one is, else ``stopped`` (then it ``fits`` as its
+    first instance, which the core loads first). Its ``slots`` are those of its
+    ready and loading instances, plus one while a further instance is stopped
+    with nothing waiting for it and could start (the one job that makes the core
+    weigh loading it); ``running`` and ``waiting`` are its instances' sums. The
+    further instances stay in the list as they are, for the jobs sent to one by
+    its name (``/backends/NAME@2/...``). A backend with one instance is as it was.
     """
     groups: dict[str, list[LocalBackend]] = {}
     for backend in backends:
         groups.setdefault(first_instance(backend.name), []).append(backend)
     out: list[LocalBackend] = []
+    further: list[LocalBackend] = []
     for name, members in groups.items():
+        further += [m for m in members if m.name != name]
         if len(members) == 1 and members[0].name == name:
             out.append(members[0])
             continue
@@ -283,7 +287,7 @@ def by_first_instance(backends: Sequence[LocalBackend]) -> list[LocalBackend]:
         out.append(
             LocalBackend(name=name, slots=slots, state=state, running=running, waiting=waiting)
         )
-    return out
+    return out + further
 
 
 def _need(
