@@ -44,7 +44,12 @@ Rules it keeps
   instance, as it keeps its place.
 - **One profile.** The instances run the same command on the same model: a
   profile measured, raised or forgotten for one is the profile of all
-  (:func:`share_profile`).
+  (:func:`share_profile`). Until the first load has measured it, a further
+  instance is loaded for no wish (``pinned``, an operator's load:
+  :func:`awaits_profile`), only for a request sent to it by name.
+- **An operator's name is the whole backend.** ``/admin/backends/NAME/unload``,
+  ``pin`` and ``unpin`` act on every instance they change, ``load`` loads the
+  first not loaded; ``NAME@K`` is one instance (:func:`admin_targets`).
 
 A request that will wait where it is bound gets a ``Flag`` naming the instance
 chosen, what each option was expected to cost and why any other instance was not
