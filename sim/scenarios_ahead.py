@@ -142,11 +142,14 @@ weights on recent kernels): the sensitivity rows."""
 SLOT_VARIANTS: dict[str, tuple[int, tuple[float, ...]]] = {
     "np2": (2, LLAMA_CPP_SPEEDUP),
     "np2-fast": (2, FAST_SPEEDUP),
+    "np3": (3, LLAMA_CPP_SPEEDUP),
 }
 """name: (news-llm's most slots, the speed-up of its concurrent scripts). Two slots,
 not three: at its peak news-llm needs 15.7 GiB reserved with two slots (14.3 GiB with
 one), which fits beside chat (4.95) and tts (2.5) on 23.75 usable GiB; three (17.0 GiB)
-would not."""
+would not beside both (``np3``, by name only: on seed 2024 yard started news-llm once
+with three slots, before tts was first loaded, and 13 times with two, with the same
+waits as ``np2``)."""
 
 
 def radio_day_slots(
