@@ -21,8 +21,10 @@ Layout, from the outside in:
 - ``windows``: work ahead (held requests, announcements) and the loads done
   for it;
 - the policy's questions, as pure functions: ``placement`` (where a backend
-  fits, what makes room, swap batching), ``estimates`` (load and service
-  times, start costs), ``failures`` (was an out-of-memory yard's doing);
+  fits, what makes room, swap batching), ``victims`` (who may make room, in
+  which order), ``instances`` (which instance of a backend a request goes
+  to, what they share), ``estimates`` (load and service times, start
+  costs), ``failures`` (was an out-of-memory yard's doing);
 - ``reasons``: every sentence the core gives.
 
 The wait bound is proved in ``docs/wait-bound.md``.

@@ -313,7 +313,7 @@ def forget(core: Core, ev: AdminForgetProfile) -> None:
         instances.share_profile(core, b)
 
 
-def admin_pin(core: Core, ev: AdminPin, out: list[Decision]) -> None:
+def admin_pin(core: Core, ev: AdminPin, now: float, out: list[Decision]) -> None:
     b = core.backends.get(ev.backend)
     if b is None:
         out.append(Flag(reason=f"admin pin: no backend named {ev.backend!r}"))
@@ -323,3 +323,11 @@ def admin_pin(core: Core, ev: AdminPin, out: list[Decision]) -> None:
     if ev.pinned and b.state is BackendState.DRAINING and b.drain_reason == "admin":
         core.transition(b, Move.UNDRAIN, "pinned again")
         b.drain_reason = None
+    if b.want_load and b.family is not None and not instances.awaits_profile(b):
+        # An instance pinned where it fits only by evicting a sibling stays
+        # stopped (the planner refuses siblings as victims): say so now.
+        plan = core.best_plan(b, None, {}, set(), set(), now)
+        if plan is None or plan.status == Outcome.BLOCKED:
+            why = plan.reason if plan is not None else reasons.no_place(b.name)
+            text = f"admin pin: {b.name} is pinned; not loading it now: {why}"
+            out.append(Flag(backend=b.name, reason=text))

@@ -26,7 +26,9 @@ Rules
   else where evicting costs least (no busy one if possible, then the least
   total reload time), then where the most memory is left, then by device name.
 - Room is made by stopping idle, unpinned backends whose waiting requests do
-  not rank above the request that needs the room, no more than needed. The
+  not rank above the request that needs the room, and that are no other
+  instance of the backend being loaded (:mod:`yard.core.victims`), no more
+  than needed. The
   least needed and cheapest to reload go first: those nobody waits for, then
   by GreedyDual-Size credit (Cao & Irani, 1997): on each use a backend gets
   ``L + load_s / GiB held``, where ``L`` is the credit of the last one
@@ -55,10 +57,11 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from yard.core import estimates, reasons, resources
-from yard.core.lifecycle import LOADED, OCCUPYING, BackendState
-from yard.core.queue import Req, order_key
+from yard.core.lifecycle import OCCUPYING, BackendState
+from yard.core.queue import Req
 from yard.core.records import Backend, Device
 from yard.core.spec import HOST, DeviceSpec, SchedulerConfig
+from yard.core.victims import evict_key, refusal
 
 
 class Outcome(IntEnum):
@@ -185,56 +188,6 @@ def loads_alone(b: Backend, device: DeviceSpec) -> bool:
     if b.profile is not None:
         return False
     return not device.per_process or b.self_caused_start_failures > 0
-
-
-def evict_key(o: Backend) -> tuple[bool, bool, float, float, str]:
-    """Eviction order: idle before busy, nobody waiting before waited for, then
-    the lowest GreedyDual-Size credit, the longest unused, the name."""
-    return (o.busy(), o.queue.size > 0 or o.ahead is not None, o.credit, o.last_used, o.name)
-
-
-def refusal(
-    o: Backend, o_head: Req | None, head: Req | None, taken: set[str], boost: float
-) -> str | None:
-    """Why ``o`` (whose best waiting request is ``o_head``) may not make room
-    for ``head`` (None: it may)."""
-    o_key = None if o_head is None else order_key(o_head, boost)
-    head_key = None if head is None else order_key(head, boost)
-    return refusal_by_key(o, o_head, o_key, head_key, taken)
-
-
-def refusal_by_key(
-    o: Backend,
-    o_head: Req | None,
-    o_key: tuple[float, float, str] | None,
-    head_key: tuple[float, float, str] | None,
-    taken: set[str] | frozenset[str],
-) -> str | None:
-    """:func:`refusal` with the requests' :func:`~yard.core.queue.order_key`
-    given (``o_key`` of ``o_head``, ``head_key`` of the request that needs the
-    room; None for none), so that one backend can be asked about many. For one
-    ``o``, the answer depends on ``head_key`` only through :func:`outranks`
-    and on ``taken`` only through whether it holds ``o``."""
-    if o.pinned:
-        return reasons.not_a_victim_pinned(o.name)
-    if o.state not in LOADED:
-        return reasons.not_a_victim_state(o.name, o.state.value)
-    if o.name in taken:
-        return reasons.not_a_victim_taken(o.name)
-    if outranks(o_key, head_key):
-        if o_head is o.ahead:
-            return o.ahead_keep_why
-        return reasons.not_a_victim_outranks(o.name)
-    return None
-
-
-def outranks(
-    o_key: tuple[float, float, str] | None, head_key: tuple[float, float, str] | None
-) -> bool:
-    """Whether a backend's best waiting request (order key ``o_key``; None:
-    none waits) ranks above the request that needs the room (``head_key``;
-    None: a load nobody waits for)."""
-    return o_key is not None and (head_key is None or o_key < head_key)
 
 
 def survey(devices: Iterable[str], backends: Iterable[Backend]) -> Room:
@@ -447,7 +400,7 @@ def plan_on(
     reads.orders.append(order)
 
     def eligible(o: Backend) -> str | None:
-        why_not = refusal(o, room.heads[o.name], head, taken, boost)
+        why_not = refusal(o, room.heads[o.name], b, head, taken, boost)
         reads.refusals.append((o, why_not))
         return why_not
 

@@ -15,14 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from yard.core import estimates
+from yard.core.instances import awaits_profile
 from yard.core.lifecycle import LOADED, BackendState
-from yard.core.placement import Outcome, Plan, Reads, evict_key, refusal_by_key
+from yard.core.placement import Outcome, Plan, Reads
 from yard.core.queue import Req, order_key
 from yard.core.records import Backend
 from yard.core.spec import HOST, SchedulerConfig
+from yard.core.victims import evict_key, refusal_by_key
 
 Key = tuple[float, float, str]
-"""A request's :func:`~yard.core.queue.order_key`."""
+"""A request's :func:`~yard.core.queue.order_key` (as :data:`yard.core.victims.Key`)."""
+
+_WAITING_FOR_LOAD = (BackendState.STOPPED, BackendState.FAILED, BackendState.STOPPING)
 
 CLOCK_MARGIN_S = 1e-3
 """Batching is planned again this long before the clock could end it (the
@@ -139,8 +143,8 @@ Sig = tuple[bool, BackendState, tuple[float, float, str] | None, bool, str, tupl
 
 def read_sig(o: Backend, boost: float) -> Sig:
     """Everything a plan may read of ``o`` besides the frontier: what
-    :func:`~yard.core.placement.refusal` asks of it and its
-    :func:`~yard.core.placement.evict_key` (its place in the eviction order)."""
+    :func:`~yard.core.victims.refusal` asks of it and its
+    :func:`~yard.core.victims.evict_key` (its place in the eviction order)."""
     head = o.head()
     key = None if head is None else order_key(head, boost)
     ahead = head is not None and head is o.ahead
@@ -168,7 +172,8 @@ def still_reads(
     name = o.name
     if refused and name in step.why:
         taken = step.before.taken
-        if refusal_by_key(o, o_head, o_key, step.head_key, taken) != step.why[name]:
+        why = refusal_by_key(o, o_head, o_key, step.head_key, taken, step.backend.family)
+        if why != step.why[name]:
             return False
     if ordered and name in step.ordered:
         for order in step.reads.orders:
@@ -241,3 +246,12 @@ def head_changed(b: Backend, step: Step) -> bool:
     if head is not step.head:
         return True
     return head is not None and (head.urgent != step.urgent or head.overtakes != step.overtakes)
+
+
+def waits_for_load(b: Backend) -> bool:
+    """Whether ``b`` is a candidate of a planning round: stopped, failed or
+    stopping, with requests waiting, wanted loaded (pinned, an operator's load)
+    or work ahead near; a further instance whose profile the first load has not
+    measured yet is loaded only for requests (:func:`~yard.core.instances.awaits_profile`)."""
+    wants = (b.want_load or b.ahead is not None) and not awaits_profile(b)
+    return b.state in _WAITING_FOR_LOAD and bool(b.queue.size or wants)

@@ -67,9 +67,8 @@ from collections.abc import Iterable
 
 from yard.core import placement, reasons
 from yard.core.decisions import Decision
-from yard.core.instances import awaits_profile
 from yard.core.lifecycle import BackendState, Move
-from yard.core.placement import Outcome, Plan, Reads, Room, outranks, refusal_by_key
+from yard.core.placement import Outcome, Plan, Reads, Room
 from yard.core.plan_steps import (
     EMPTY,
     Frontier,
@@ -87,13 +86,13 @@ from yard.core.plan_steps import (
     reuse_after,
     still_reads,
     victim_sig,
+    waits_for_load,
 )
 from yard.core.queue import Req, order_key
 from yard.core.records import Backend
 from yard.core.spec import HOST
 from yard.core.state import Core
-
-_WAITING_FOR_LOAD = (BackendState.STOPPED, BackendState.FAILED, BackendState.STOPPING)
+from yard.core.victims import outranks, refusal_by_key
 
 _OptionsSig = tuple[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], ...]
 
@@ -118,11 +117,6 @@ def _note(index: dict[str, set[int]], key: str, steps: list[int]) -> None:
         index[key] = set(steps)
     else:
         known.update(steps)
-
-
-def _is_waiting(b: Backend) -> bool:
-    wants = b.want_load and not awaits_profile(b)
-    return b.state in _WAITING_FOR_LOAD and bool(b.queue.size or wants or b.ahead is not None)
 
 
 class Planner:
@@ -153,7 +147,7 @@ class Planner:
         self._ranks: dict[str, tuple[int, Key]] = {}
         self._rank_list: list[tuple[int, Key]] = []
         # this round's blocked plans, told again to the backends after them
-        self._told: dict[tuple[Frontier, Room, int, bool | None], Told] = {}
+        self._told: dict[tuple[Frontier, Room, int, bool | None, str | None], Told] = {}
         # per backend: what plans may read of it (:func:`read_sig`) when the
         # steps were last known to agree with it
         self._seen: dict[str, Sig] = {}
@@ -166,16 +160,16 @@ class Planner:
         old = self._steps
         if full:
             self._ranks.clear()
-            cands = self._ordered([b for b in core.backends.values() if _is_waiting(b)], None)
+            cands = self._ordered([b for b in core.backends.values() if waits_for_load(b)], None)
         elif self._order_kept(touched):
             cands = self._order
         else:
             cands = self._ordered(
-                [b for b in self._order if _is_waiting(b)]
+                [b for b in self._order if waits_for_load(b)]
                 + [
                     core.backends[n]
                     for n in sorted(touched)
-                    if n not in self._index and _is_waiting(core.backends[n])
+                    if n not in self._index and waits_for_load(core.backends[n])
                 ],
                 touched,
             )
@@ -339,10 +333,10 @@ class Planner:
             b = self._core.backends[name]
             k = self._index.get(name)
             if k is None:
-                if _is_waiting(b):
+                if waits_for_load(b):
                     return False
                 continue
-            if not _is_waiting(b) or head_changed(b, self._steps[k]):
+            if not waits_for_load(b) or head_changed(b, self._steps[k]):
                 return False
         return True
 
@@ -417,19 +411,21 @@ class Planner:
                 if k not in dirty and not still_reads(self._steps[k], o, o_head, key, False, True):
                     dirty.add(k)
             return
-        # The answer differs between plans only by whether they took o and
-        # whether o outranks their head (refusal_by_key): asked once for each.
-        answers: dict[tuple[bool, bool], str | None] = {}
+        # The answer differs between plans only by whether they took o, whether
+        # o outranks their head and is their sibling (refusal_by_key): asked once each.
+        answers: dict[tuple[bool, bool, bool], str | None] = {}
         for k in steps:
             st = self._steps[k]
             if k in dirty or name not in st.why:
                 continue
             taken = st.before.taken
-            which = (name in taken, outranks(key, st.head_key))
+            family = st.backend.family
+            sibling = family is not None and o.family == family
+            which = (name in taken, outranks(key, st.head_key), sibling)
             if which in answers:
                 why = answers[which]
             else:
-                why = answers[which] = refusal_by_key(o, o_head, key, st.head_key, taken)
+                why = answers[which] = refusal_by_key(o, o_head, key, st.head_key, taken, family)
             if why != st.why[name]:
                 dirty.add(k)
 
@@ -437,7 +433,7 @@ class Planner:
         """The ``readers`` whose refusal of a backend may change when the order
         key of its best waiting request goes from ``old`` to ``new`` (nothing
         else of it changed): a plan refuses it as outranking exactly when the
-        plan's head ranks after it (:func:`~yard.core.placement.refusal_by_key`),
+        plan's head ranks after it (:func:`~yard.core.victims.refusal_by_key`),
         so only the plans whose head ranks between the two can answer
         otherwise. Those ranked first by a wish to load (not by their head) are
         always among them."""
@@ -489,7 +485,7 @@ class Planner:
         # for the backends after it with the same options, after the same
         # frontier: it is told again, not worked out again.
         alone = None if b.profile is not None else b.self_caused_start_failures > 0
-        key = (frontier, room, sig, alone)
+        key = (frontier, room, sig, alone, b.family)  # siblings refuse their own family
         told = self._told.get(key)
         plan: Plan | None
         if told is not None and (told.at_once or ranks_no_higher(head_key, told.head_key)):

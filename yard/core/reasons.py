@@ -118,6 +118,10 @@ def not_a_victim_outranks(name: str) -> str:
     return f"requests for {name} rank higher"
 
 
+def not_a_victim_sibling(name: str) -> str:
+    return f"{name} is another instance of the same backend (one never makes room for another)"
+
+
 def no_room(device: str, name: str, need: int, free: int, blockers: Sequence[str]) -> str:
     text = f"waiting for {device}: {name} needs {gib(need)}, {gib(max(0, free))} free"
     if blockers:

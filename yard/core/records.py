@@ -40,6 +40,9 @@ class Backend:
     name: str  # spec.name, kept at hand: it is read on every planning round
     queue: RequestQueue
     pinned: bool
+    # the first instance's name where its backend has several (None: one), so
+    # that a sibling is told apart from any other backend in planning
+    family: str | None = None
     state: BackendState = BackendState.STOPPED
     reason: str = "never started"
     wait_reason: str = ""

@@ -188,6 +188,7 @@ class Scheduler:
                 name=bspec.name,
                 queue=RequestQueue(self.config.deadline_boost),
                 pinned=bspec.pinned,
+                family=(bspec.instance_of or bspec.name) if bspec.instances > 1 else None,
             )
         self._core = Core(
             config=self.config,
@@ -249,7 +250,7 @@ class Scheduler:
             case AdminUnload():
                 backend_events.admin_unload(core, event, out)
             case AdminPin():
-                backend_events.admin_pin(core, event, out)
+                backend_events.admin_pin(core, event, now, out)
             case AdminForgetProfile():
                 backend_events.forget(core, event)
             case Tick():

@@ -1,0 +1,74 @@
+"""Who may make room for a load: the refusals and the eviction order.
+
+Pure functions of the backends' records, read by :mod:`yard.core.placement`
+when a plan chooses its victims and by :mod:`yard.core.planning` when it asks
+whether what a plan read still holds. The rules are placement's: room is made
+only by stopping (or draining) loaded, unpinned backends not already making
+room for another swap, whose waiting requests (or stand-in for work ahead) do
+not rank above the request that needs the room, and never by another instance
+of the backend being loaded (one instance never makes room for another: the
+routing does not, nor may a load ahead or an operator's pin).
+"""
+
+from __future__ import annotations
+
+from yard.core import reasons
+from yard.core.lifecycle import LOADED
+from yard.core.queue import Req, order_key
+from yard.core.records import Backend
+
+Key = tuple[float, float, str]
+"""A request's :func:`~yard.core.queue.order_key`."""
+
+
+def evict_key(o: Backend) -> tuple[bool, bool, float, float, str]:
+    """Eviction order: idle before busy, nobody waiting before waited for, then
+    the lowest GreedyDual-Size credit, the longest unused, the name."""
+    return (o.busy(), o.queue.size > 0 or o.ahead is not None, o.credit, o.last_used, o.name)
+
+
+def refusal(
+    o: Backend, o_head: Req | None, b: Backend, head: Req | None, taken: set[str], boost: float
+) -> str | None:
+    """Why ``o`` (whose best waiting request is ``o_head``) may not make room
+    for ``b``'s load for ``head`` (None: it may)."""
+    o_key = None if o_head is None else order_key(o_head, boost)
+    head_key = None if head is None else order_key(head, boost)
+    return refusal_by_key(o, o_head, o_key, head_key, taken, b.family)
+
+
+def refusal_by_key(
+    o: Backend,
+    o_head: Req | None,
+    o_key: Key | None,
+    head_key: Key | None,
+    taken: set[str] | frozenset[str],
+    family: str | None,
+) -> str | None:
+    """:func:`refusal` with the requests' :func:`~yard.core.queue.order_key`
+    given (``o_key`` of ``o_head``, ``head_key`` of the request that needs the
+    room; None for none) and the loading backend's ``family`` (its first
+    instance's name where it has several, else None), so that one backend can be
+    asked about many. For one ``o``, the answer depends on ``head_key`` only
+    through :func:`outranks`, on ``taken`` only through whether it holds ``o``
+    and on ``family`` only through whether it is ``o``'s."""
+    if o.pinned:
+        return reasons.not_a_victim_pinned(o.name)
+    if o.state not in LOADED:
+        return reasons.not_a_victim_state(o.name, o.state.value)
+    if family is not None and o.family == family:
+        return reasons.not_a_victim_sibling(o.name)
+    if o.name in taken:
+        return reasons.not_a_victim_taken(o.name)
+    if outranks(o_key, head_key):
+        if o_head is o.ahead:
+            return o.ahead_keep_why
+        return reasons.not_a_victim_outranks(o.name)
+    return None
+
+
+def outranks(o_key: Key | None, head_key: Key | None) -> bool:
+    """Whether a backend's best waiting request (order key ``o_key``; None:
+    none waits) ranks above the request that needs the room (``head_key``;
+    None: a load nobody waits for)."""
+    return o_key is not None and (head_key is None or o_key < head_key)
