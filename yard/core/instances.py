@@ -47,6 +47,13 @@ Rules it keeps
   (:func:`share_profile`). Until the first load has measured it, a further
   instance is loaded for no wish (``pinned``, an operator's load:
   :func:`awaits_profile`), only for a request sent to it by name.
+- **Work ahead spreads by slots.** Windows name the first instance, which is
+  loaded ahead of them as any backend; where the work near (an announcement's
+  whole count, a held request one) is more than the slots of the instances
+  before a further one, that one is readied too, with a stand-in of its own
+  (:func:`spread`), loaded and kept by the same rules. No load that no request
+  waits for (work ahead, a pin, an operator's load) evicts a sibling
+  (:func:`yard.core.victims.family_of`).
 - **An operator's name is the whole backend.** ``/admin/backends/NAME/unload``,
   ``pin`` and ``unpin`` act on every instance they change, ``load`` loads the
   first not loaded; ``NAME@K`` is one instance (:func:`admin_targets`).
@@ -59,12 +66,12 @@ one (a request that starts at once on the first instance gets none).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from yard.core import reasons
 from yard.core.decisions import Decision, Flag
 from yard.core.lifecycle import OCCUPYING, BackendState
-from yard.core.queue import Req
+from yard.core.queue import Req, order_key
 from yard.core.records import Backend
 from yard.core.spec import (
     INSTANCE_LOAD_PENALTY,
@@ -76,6 +83,7 @@ from yard.core.spec import (
 from yard.core.state import Core
 from yard.core.timers import Timer
 from yard.core.views import BackendView
+from yard.core.window_state import Window
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -316,6 +324,72 @@ def _fits_beside(core: Core, b: Backend, group: Sequence[Backend]) -> bool:
         if fits:
             return True
     return False
+
+
+def spread(core: Core, first: Backend, near: Sequence[Window], now: float) -> None:
+    """Ready the further instances of ``first`` for the work ahead its ``near``
+    windows announce (its best near window stands in for ``first`` already).
+
+    Further instance ``k`` gets a stand-in of its own for the best of those
+    windows (same rank: ahead of the window's requests, loaded where memory
+    allows without evicting work that ranks higher, kept while they are near)
+    when the work they count (an announcement its whole count, a held request
+    one) is more than the slots of the instances before it: an announcement of
+    3 requests readies ``news@2`` beside a ``news`` of 1 slot, not beside one of
+    3. Never for a first load (:func:`awaits_profile`), nor for a window it
+    failed to start for (``Window.gave_up_on``); an instance with windows of its
+    own keeps to those. Changes are noted in ``core.touched`` for planning.
+    """
+    boost = core.config.deadline_boost
+    before = [first.name]
+    slots = first.slots
+    for b in members(core, first)[1:]:
+        mine = [w for w in near if b.name not in w.gave_up_on]
+        work = sum(w.used + w.left if w.kind == "announced" else 1 for w in mine)
+        if core.windows.by_backend.get(b.name):
+            pass  # its own windows set its stand-in
+        elif work > slots and mine and not awaits_profile(b):
+            best = min(mine, key=lambda w: order_key(w.stand_in, boost))
+            _ready_ahead(core, b, _stand_in(best, b))
+            announced = sum(w.used + w.left for w in mine if w.kind == "announced")
+            held = sum(1 for w in mine if w.kind == "held")
+            opens = min(mine, key=lambda w: (w.opens, w.id))
+            when = opens.label or reasons.in_s(opens.opens - now)
+            beyond = reasons.beyond_slots(before, slots)
+            b.ahead_load_why = (
+                reasons.loading_ahead(b.name, announced, held, when, best.id) + f", {beyond}"
+            )
+            keep = reasons.keeping_ahead(b.name, announced, held, when, core.load_s(b))
+            keep += f" ({beyond})"
+            if keep != b.ahead_keep_why:
+                b.ahead_keep_why = keep
+                core.touched.add(b.name)  # plans that read it refused to evict it so
+        elif b.ahead is not None:
+            _ready_ahead(core, b, None)
+            b.ahead_load_why = b.ahead_keep_why = ""
+        before.append(b.name)
+        slots += b.slots
+
+
+def _stand_in(win: Window, b: Backend) -> Req:
+    """The stand-in for ``win`` on further instance ``b``: the window's, under
+    an id of its own (ranked just after the first instance's)."""
+    req = win.spread.get(b.name)
+    if req is None:
+        req = replace(win.stand_in, id=f"{win.stand_in.id} for {b.name}", backend=b.name)
+        win.spread[b.name] = req
+    return req
+
+
+def _ready_ahead(core: Core, b: Backend, ahead: Req | None) -> None:
+    """Set ``b``'s stand-in for work ahead (None: none), as
+    :mod:`yard.core.windows` does for the first instance."""
+    if ahead is b.ahead:
+        return
+    core.touched.add(b.name)
+    if ahead is None and b.state is BackendState.READY and b.idle_since is not None:
+        b.idle_since = None  # idle from now: its idle timer starts again
+    b.ahead = ahead
 
 
 def awaits_profile(b: Backend) -> bool:

@@ -21,7 +21,7 @@ from yard.core.placement import Outcome, Plan, Reads
 from yard.core.queue import Req, order_key
 from yard.core.records import Backend
 from yard.core.spec import HOST, SchedulerConfig
-from yard.core.victims import evict_key, refusal_by_key
+from yard.core.victims import evict_key, family_of, refusal_by_key
 
 Key = tuple[float, float, str]
 """A request's :func:`~yard.core.queue.order_key` (as :data:`yard.core.victims.Key`)."""
@@ -172,7 +172,8 @@ def still_reads(
     name = o.name
     if refused and name in step.why:
         taken = step.before.taken
-        why = refusal_by_key(o, o_head, o_key, step.head_key, taken, step.backend.family)
+        family = family_of(step.backend, step.head)
+        why = refusal_by_key(o, o_head, o_key, step.head_key, taken, family)
         if why != step.why[name]:
             return False
     if ordered and name in step.ordered:

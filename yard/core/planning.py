@@ -92,7 +92,7 @@ from yard.core.queue import Req, order_key
 from yard.core.records import Backend
 from yard.core.spec import HOST
 from yard.core.state import Core
-from yard.core.victims import outranks, refusal_by_key
+from yard.core.victims import family_of, outranks, refusal_by_key
 
 _OptionsSig = tuple[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], ...]
 
@@ -419,7 +419,7 @@ class Planner:
             if k in dirty or name not in st.why:
                 continue
             taken = st.before.taken
-            family = st.backend.family
+            family = family_of(st.backend, st.head)
             sibling = family is not None and o.family == family
             which = (name in taken, outranks(key, st.head_key), sibling)
             if which in answers:
@@ -485,7 +485,7 @@ class Planner:
         # for the backends after it with the same options, after the same
         # frontier: it is told again, not worked out again.
         alone = None if b.profile is not None else b.self_caused_start_failures > 0
-        key = (frontier, room, sig, alone, b.family)  # siblings refuse their own family
+        key = (frontier, room, sig, alone, family_of(b, head))  # siblings refuse their own
         told = self._told.get(key)
         plan: Plan | None
         if told is not None and (told.at_once or ranks_no_higher(head_key, told.head_key)):

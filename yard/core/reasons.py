@@ -395,6 +395,15 @@ def keeping_ahead(name: str, announced: int, held: int, when: str, load_s: float
     )
 
 
+def beyond_slots(names: Sequence[str], slots: int) -> str:
+    """Why a further instance is readied for work ahead: the work is more than
+    the slots of the instances before it (``names``)."""
+    plural = "s" if slots != 1 else ""
+    if len(names) == 1:
+        return f"more than {names[0]}'s {slots} slot{plural}"
+    return f"more than the {slots} slot{plural} of {', '.join(names)}"
+
+
 def announcement_matched(request_id: str, announcement: str, left: int) -> str:
     return f"{request_id}: matches announcement {announcement} ({left} left)"
 

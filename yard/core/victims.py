@@ -6,8 +6,9 @@ whether what a plan read still holds. The rules are placement's: room is made
 only by stopping (or draining) loaded, unpinned backends not already making
 room for another swap, whose waiting requests (or stand-in for work ahead) do
 not rank above the request that needs the room, and never by another instance
-of the backend being loaded (one instance never makes room for another: the
-routing does not, nor may a load ahead or an operator's pin).
+of the backend being loaded for no request (an operator's pin or load) or for
+work ahead (one instance never makes room for another: the routing binds no
+request where it would, and a wish to load or an announcement does not either).
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ def evict_key(o: Backend) -> tuple[bool, bool, float, float, str]:
     return (o.busy(), o.queue.size > 0 or o.ahead is not None, o.credit, o.last_used, o.name)
 
 
+def family_of(b: Backend, head: Req | None) -> str | None:
+    """The backend whose instances may not make room for ``b``'s load for
+    ``head``: ``b``'s own (its first instance's name) where the load is for no
+    request (an operator's pin or load: ``head`` None) or for work ahead (its
+    stand-in); None where a request waits for it (one sent to this instance by
+    name may make room as for any backend: the routing binds none where it
+    does not fit beside its siblings), or where ``b`` has no siblings."""
+    return b.family if head is None or head is b.ahead else None
+
+
 def refusal(
     o: Backend, o_head: Req | None, b: Backend, head: Req | None, taken: set[str], boost: float
 ) -> str | None:
@@ -34,7 +45,7 @@ def refusal(
     for ``b``'s load for ``head`` (None: it may)."""
     o_key = None if o_head is None else order_key(o_head, boost)
     head_key = None if head is None else order_key(head, boost)
-    return refusal_by_key(o, o_head, o_key, head_key, taken, b.family)
+    return refusal_by_key(o, o_head, o_key, head_key, taken, family_of(b, head))
 
 
 def refusal_by_key(
@@ -47,8 +58,8 @@ def refusal_by_key(
 ) -> str | None:
     """:func:`refusal` with the requests' :func:`~yard.core.queue.order_key`
     given (``o_key`` of ``o_head``, ``head_key`` of the request that needs the
-    room; None for none) and the loading backend's ``family`` (its first
-    instance's name where it has several, else None), so that one backend can be
+    room; None for none) and the ``family`` whose instances may not make room
+    (:func:`family_of`), so that one backend can be
     asked about many. For one ``o``, the answer depends on ``head_key`` only
     through :func:`outranks`, on ``taken`` only through whether it holds ``o``
     and on ``family`` only through whether it is ``o``'s."""

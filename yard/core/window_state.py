@@ -26,6 +26,9 @@ class Window:
     left: requests still expected (a held request: 1).
     stand_in: what planning ranks it by while it is near.
     gave_up: its backend failed to start while it was near.
+    spread: the stand-ins of the further instances of its backend readied for
+        it too (:func:`yard.core.instances.spread`), by instance.
+    gave_up_on: the further instances that failed to start while it was near.
     """
 
     id: str
@@ -40,6 +43,8 @@ class Window:
     label: str
     stand_in: Req
     gave_up: bool = False
+    spread: dict[str, Req] = field(default_factory=dict)
+    gave_up_on: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True, eq=False)

@@ -31,6 +31,10 @@ Rules it keeps
   no load for work that does not outrank its stand-in may evict it.
 - A backend that fails to start gives up on the windows near at that moment
   (no load loop); requests that come still load it as usual.
+- A backend with several instances: where the work near is more than the
+  first instance's slots, further instances get stand-ins of their own
+  (:func:`yard.core.instances.spread`); one that fails to start gives up on
+  the windows near then (``Window.gave_up_on``).
 - Without windows nothing here runs: decisions are those of a core without it.
 """
 
@@ -39,7 +43,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from yard.core import reasons
+from yard.core import instances, reasons
 from yard.core.decisions import AnnouncementEnded, Decision, Flag
 from yard.core.events import AnnouncementMade, AnnouncementWithdrawn, RequestArrived
 from yard.core.lifecycle import BackendState
@@ -226,7 +230,16 @@ def timer(core: Core, kind: Timer, key: str, now: float, out: list[Decision]) ->
 
 
 def start_failed(core: Core, b: Backend, now: float) -> None:
-    """``b`` failed to start: give up loading ahead for the windows near now."""
+    """``b`` failed to start: give up loading ahead for the windows near now
+    (on a further instance readied for its first's windows: that instance
+    gives up on them)."""
+    first = b.spec.instance_of
+    spread = core.windows.by_backend.get(first) if first is not None else None
+    if first is not None and spread:
+        for win in spread.values():
+            if _near_at(core, core.backends[first], win) <= now:
+                win.gave_up_on.add(b.name)
+        _refresh(core, first, now)
     wins = core.windows.by_backend.get(b.name)
     if not wins:
         return
@@ -238,9 +251,14 @@ def start_failed(core: Core, b: Backend, now: float) -> None:
 
 def profile_changed(core: Core, name: str, now: float) -> None:
     """Backend ``name``'s load time may have changed, and with it when its
-    windows are near."""
+    windows are near (an instance's: its first's windows, which it may be
+    readied for)."""
     if core.windows.by_backend.get(name):
         _refresh(core, name, now)
+    b = core.backends.get(name)
+    first = b.spec.instance_of if b is not None else None
+    if first is not None and core.windows.by_backend.get(first):
+        _refresh(core, first, now)
 
 
 # -- what people see -----------------------------------------------------------
@@ -319,13 +337,16 @@ def _refresh(core: Core, name: str, now: float) -> None:
     best: Window | None = None
     soonest = math.inf
     boost = core.config.deadline_boost
+    near: list[Window] = []
     for win in wins.values():
         if win.gave_up:
             continue
-        near = _near_at(core, b, win)
-        if near > now:
-            soonest = min(soonest, near)
-        elif best is None or order_key(win.stand_in, boost) < order_key(best.stand_in, boost):
+        near_at = _near_at(core, b, win)
+        if near_at > now:
+            soonest = min(soonest, near_at)
+            continue
+        near.append(win)
+        if best is None or order_key(win.stand_in, boost) < order_key(best.stand_in, boost):
             best = win
     if not wins:
         w.by_backend.pop(name, None)
@@ -341,6 +362,8 @@ def _refresh(core: Core, name: str, now: float) -> None:
         w.ahead_at[name] = soonest
         core.timers.set(soonest, Timer.AHEAD, name, token)
     _describe(core, b, now)
+    if b.family is not None and b.spec.instance_of is None:
+        instances.spread(core, b, near, now)
 
 
 def _describe(core: Core, b: Backend, now: float) -> None:
