@@ -248,3 +248,26 @@ def test_the_shared_queueing_floor_shares_the_speed_among_the_slots() -> None:
     # One slot is first come, first served at full speed, as queueing_floor.
     assert shared_waits(three, 1, SPEEDUP) == [0.0, 10.0, 20.0]
     assert queueing_floor(three, {"x": 1}) == 20.0
+
+
+def test_the_slots_table_reads_only_rows_its_jobs_measure() -> None:
+    from sim.targets_ahead import slots_jobs, slots_table
+
+    row = {
+        "high_wait_p95_s": 40.0,
+        "high_turnaround_p95_s": 150.0,
+        "deadlines_met": 192.0,
+        "deadlines_missed_avoidable": 0.0,
+        "loads": 31.0,
+        "loads_lower_bound": 31.0,
+        "ooms": 0.0,
+        "announced": 48.0,
+        "announcements_used": 48.0,
+        "loads_news-llm_slots_2": 14.0,
+    }
+    found = {job: dict(row) for job in slots_jobs([2024])}
+    found[("radio-day-1gpu-np2", "ollama", 2024)]["high_wait_p95_s"] = 80.0
+    table = slots_table([2024], found)
+    assert table.count("\n") == 2 + 2  # header, rule, one row per variant
+    assert "| 1-2 (1.2x) | 2024 | 0 ok | 192/192 ok | 31/31 = 1.00 ok | 40 s vs 40 s" in table
+    assert "14 x 2, 0 x 1" in table and "MISSED" in table
