@@ -103,23 +103,26 @@ slot (:func:`sim.targets_ahead.one_instance_floor`); a second instance serves th
 second script while the first serves the first."""
 
 
-def radio_day_announced(gpu_count: int, hours: float = 24.0) -> Scenario:
+def radio_day_announced(gpu_count: int, hours: float = 24.0, *, spread: bool = False) -> Scenario:
     """The radio day on ``gpu_count`` GPUs with the newsroom's announcements, and
-    news-llm as :data:`NEWS_INSTANCES` instances."""
+    news-llm as :data:`NEWS_INSTANCES` instances; ``spread``: with
+    ``spread_windows = true`` (each hour's three announced scripts ready the
+    second instance ahead too; name suffix ``-spread``)."""
     plain = radio_day(gpu_count, hours)
     count = NEWS_INSTANCES.get(gpu_count, 1)
+    news = (replace(m, spread_windows=spread) if m.name == "news-llm" else m for m in plain.models)
     models = tuple(
-        part
-        for m in plain.models
-        for part in (with_instances(m, count) if m.name == "news-llm" else (m,))
+        part for m in news for part in (with_instances(m, count) if m.name == "news-llm" else (m,))
     )
     title = f"{plain.title}, news windows announced"
     if count > 1:
         title += f", news-llm x {count}"
+    if spread:
+        title += " (spread_windows)"
     # The baselines cannot take announcements: their rows are the plain day's.
     return replace(
         plain,
-        name=f"{plain.name}-announced",
+        name=f"{plain.name}-announced" + ("-spread" if spread else ""),
         title=title,
         models=models,
         announcements=newsroom_announcements,
@@ -395,11 +398,12 @@ def get(name: str) -> Scenario | None:
     slots = _slots_get(name)
     if slots is not None:
         return slots
-    if name.startswith("radio-day-") and name.endswith("-announced"):
-        rest = name.removeprefix("radio-day-").removesuffix("-announced")
+    spread = name.endswith("-announced-spread")
+    if name.startswith("radio-day-") and (spread or name.endswith("-announced")):
+        rest = name.removeprefix("radio-day-").removesuffix("-spread").removesuffix("-announced")
         gpus, _, hours = rest.partition("-")
         return radio_day_announced(
-            int(gpus.removesuffix("gpu")), float(hours.removesuffix("h") or 24)
+            int(gpus.removesuffix("gpu")), float(hours.removesuffix("h") or 24), spread=spread
         )
     for variant in BATCH_VARIANTS:
         if name.startswith(variant + "-"):

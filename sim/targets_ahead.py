@@ -182,10 +182,15 @@ def announced_jobs(seeds: Sequence[int]) -> list[tuple[str, str, int | None]]:
     """yard on the announced radio day, per shape and seed (the plain day's rows
     come from the radio targets)."""
     return [
-        (scenarios_ahead.radio_day_announced(gpus).name, "yard", seed)
-        for gpus in (1, 2)
+        (scenarios_ahead.radio_day_announced(gpus, spread=spread).name, "yard", seed)
+        for gpus, spread in ANNOUNCED_ROWS
         for seed in seeds
     ]
+
+
+ANNOUNCED_ROWS = ((1, False), (2, False), (2, True))
+"""The announced day's shapes (GPUs, ``spread_windows`` on news-llm): one GPU has
+one copy, so spreading applies to two only."""
 
 
 def announced_table(
@@ -202,9 +207,9 @@ def announced_table(
         "| announcements used/expired |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for gpus in (1, 2):
+    for gpus, spread in ANNOUNCED_ROWS:
         plain_name = scenarios.radio_day(gpus).name
-        name = scenarios_ahead.radio_day_announced(gpus).name
+        name = scenarios_ahead.radio_day_announced(gpus, spread=spread).name
         for seed in seeds:
             yard = found[(name, "yard", seed)]
             plain = found[(plain_name, "yard", seed)]
@@ -214,7 +219,7 @@ def announced_table(
             ratio = yard["loads"] / yard["loads_lower_bound"]
             p95 = yard["high_wait_p95_s"]
             cells = [
-                f"{gpus} GPU",
+                f"{gpus} GPU" + (", spread_windows" if spread else ""),
                 str(seed),
                 f"{yard['ooms']:.0f} {_mark(yard['ooms'] == 0)}",
                 f"{yard['deadlines_met']:.0f}/{feasible:.0f} "

@@ -65,7 +65,7 @@ class ModelSpec:
     slots: how many requests one process serves at once (llama-server's ``-np``);
         a request handed to a process whose slots are all busy waits inside it,
         first come first served, as llama-server queues its tasks.
-    instances, instance_of: as :class:`~yard.core.spec.BackendSpec`'s; a scenario
+    instances, instance_of, spread_windows: as :class:`~yard.core.spec.BackendSpec`'s; a scenario
         lists every instance (:func:`with_instances`), each a process of its own.
     parallel: a slot range (min, max) yard chooses the slot count in at each start
         (``parallel = { min, max }``; ``slots`` is then only yard's estimate before
@@ -94,6 +94,7 @@ class ModelSpec:
     pinned: bool = False
     instances: int = 1
     instance_of: str | None = None
+    spread_windows: bool = False
     parallel: tuple[int, int] | None = None
     slot_bytes: int = 0
     speedup: tuple[float, ...] | None = SLOTS_INDEPENDENT
@@ -114,6 +115,7 @@ class ModelSpec:
             pinned=self.pinned,
             instances=self.instances,
             instance_of=self.instance_of,
+            spread_windows=self.spread_windows,
             parallel=self.parallel,
         )
 

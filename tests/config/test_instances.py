@@ -127,3 +127,19 @@ def test_the_load_penalty_may_be_0_to_4(tmp_path: Path, value: str) -> None:
     )
     config = load(tmp_path, text)
     assert config.scheduler.instance_load_penalty == float(value)
+
+
+def test_spread_windows_is_off_by_default_and_every_instance_carries_it(tmp_path: Path) -> None:
+    specs = {s.name: s for s in load(tmp_path, NEWS.format(extra="instances = 2")).backend_specs()}
+    assert not any(s.spread_windows for s in specs.values())
+    text = NEWS.format(extra="instances = 2\nspread_windows = true")
+    specs = {s.name: s for s in load(tmp_path, text).backend_specs()}
+    assert specs["news"].spread_windows and specs["news@2"].spread_windows
+    assert not specs["chat"].spread_windows
+
+
+def test_a_spread_windows_that_is_not_true_or_false_is_an_error_naming_the_key(
+    tmp_path: Path,
+) -> None:
+    errors = errors_of(tmp_path, NEWS.format(extra='instances = 2\nspread_windows = "yes"'))
+    assert any("backends.news.spread_windows" in e for e in errors), errors

@@ -89,6 +89,9 @@ class BackendConfig:
     instance_of: on ``NAME@K``, ``NAME`` (None on the first).
     instance_load_penalty: ``[scheduler] instance_load_penalty`` for this
         backend's instances alone (None: the scheduler's).
+    spread_windows: with ``instances > 1``, announcements and held work ready
+        the further instances ahead of their windows too (see
+        :attr:`yard.core.spec.BackendSpec.spread_windows`).
     """
 
     name: str
@@ -113,6 +116,7 @@ class BackendConfig:
     instances: int = 1
     instance_of: str | None = None
     instance_load_penalty: float | None = None
+    spread_windows: bool = False
     path_templates: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """``cwd`` / ``model_file`` as written in the file (before placeholders)."""
 
@@ -170,6 +174,7 @@ BACKEND_KEYS = (
     "parallel",
     "instances",
     "instance_load_penalty",
+    "spread_windows",
 )
 
 WARMUP_KEYS = ("method", "path", "json", "fill_context")
@@ -503,6 +508,7 @@ def _backend(
         parallel=parallel,
         instances=instances,
         instance_load_penalty=r.optional(table, key, "instance_load_penalty", _load_penalty),
+        spread_windows=r.get(table, key, "spread_windows", bool, False),
         model_file=model_file,
         path_templates={
             key: text for key, text in (("cwd", cwd_text), ("model_file", model_file_text)) if text

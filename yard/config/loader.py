@@ -101,6 +101,7 @@ class Config:
                 instances=b.instances,
                 instance_of=b.instance_of,
                 instance_load_penalty=b.instance_load_penalty,
+                spread_windows=b.spread_windows,
             )
             for b in self.backends.values()
         ]

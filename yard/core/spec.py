@@ -86,6 +86,12 @@ class BackendSpec:
     instance_load_penalty: this backend's own
         :attr:`SchedulerConfig.instance_load_penalty` (None: the scheduler's);
         every instance carries the same.
+    spread_windows: with several instances, whether held work and
+        announcements ready the further instances ahead of their windows too,
+        where the work announced is more than the first's slots
+        (:func:`yard.core.instances.spread`); False: windows ready the first
+        instance, and a further one loads when a request finds those loaded
+        busy. Every instance carries the same.
     """
 
     name: str
@@ -99,6 +105,7 @@ class BackendSpec:
     instances: int = 1
     instance_of: str | None = None
     instance_load_penalty: float | None = None
+    spread_windows: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:

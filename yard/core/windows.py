@@ -362,7 +362,7 @@ def _refresh(core: Core, name: str, now: float) -> None:
         w.ahead_at[name] = soonest
         core.timers.set(soonest, Timer.AHEAD, name, token)
     _describe(core, b, now)
-    if b.family is not None and b.spec.instance_of is None:
+    if b.family is not None and b.spec.instance_of is None and b.spec.spread_windows:
         instances.spread(core, b, near, now)
 
 
