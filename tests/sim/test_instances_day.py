@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sim import scenarios
-from sim.runner import run
+from sim import scenarios, targets_ahead
+from sim.runner import POLICIES, run
 from sim.scenarios_ahead import radio_day_announced
 from sim.targets_ahead import instances_floor, one_instance_floor
 
@@ -48,3 +48,36 @@ def test_the_queueing_floor_with_two_instances() -> None:
     assert round(one_instance_floor(2024), 1) == 98.7
     assert round(instances_floor(2024, 1), 1) == 98.7
     assert round(instances_floor(2024, 2), 1) == 17.7
+
+
+def test_the_spread_day_is_found_by_name_and_readies_the_second_instance_ahead() -> None:
+    spread = scenarios.get("radio-day-2gpu-3h-announced-spread")
+    assert spread.name == "radio-day-2gpu-3h-announced-spread"
+    assert all(m.spread_windows for m in spread.models if m.name.startswith("news-llm"))
+    assert not any(m.spread_windows for m in radio_day_announced(2, hours=3.0).models)
+    result = run(spread, "yard", seed=3, keep_log=True)
+    assert result.log is not None and not result.ooms
+    assert [line for line in result.log if "loading news-llm@2 now:" in line]
+
+
+def test_the_announced_table_has_a_row_per_shape_and_seed_with_and_without_spreading() -> None:
+    row = {
+        "ooms": 0.0,
+        "deadlines_met": 10.0,
+        "deadlines_missed_avoidable": 0.0,
+        "loads": 12.0,
+        "loads_lower_bound": 10.0,
+        "high_wait_p95_s": 40.0,
+        "announced": 48.0,
+    }
+    found = {job: row for job in targets_ahead.announced_jobs([7])}
+    for gpus in (1, 2):
+        for policy in POLICIES:
+            found[(scenarios.radio_day(gpus).name, policy, 7)] = {**row, "high_wait_p95_s": 100.0}
+    lines = targets_ahead.announced_table([7], found).splitlines()[2:]
+    assert [line.split(" | ")[0] for line in lines] == [
+        "| 1 GPU",
+        "| 2 GPU",
+        "| 2 GPU, spread_windows",
+    ]
+    assert all("12/10 = 1.20 ok" in line and "40 s vs 100 s" in line for line in lines)
