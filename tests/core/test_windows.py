@@ -342,3 +342,61 @@ def test_nothing_is_dispatched_before_its_not_before(
     # every announcement ends exactly once
     ends = [d.announcement_id for d in h.decisions(AnnouncementEnded)]
     assert sorted(ends) == sorted(f"a{i}" for i in range(len(announcements)))
+
+
+# -- the window's urgency ---------------------------------------------------------
+
+
+def music_night(h: Harness) -> None:
+    """big plays 300 s music jobs (priority 10) back to back, two more queued at
+    850 and 860; chat's announced window (priority 90) opens at 1000; its one
+    request comes then. By 1000 the queued music has aged past the window's
+    stand-in (rank 10 - 850 against 90 - 1000), not past its deadline boost."""
+    h.feed(announced("news", "chat", 1000.0, 1600.0, count=1), at=0)
+    music = [(0.0, "m0"), (250.0, "m1"), (550.0, "m2"), (850.0, "m3"), (860.0, "m4")]
+    arrivals = [
+        (t, RequestArrived(request_id=rid, backend="big", priority=10, app="music"))
+        for t, rid in music
+    ]
+    arrivals.append(
+        (1000.0, RequestArrived(request_id="n1", backend="chat", priority=90, app="radio"))
+    )
+    service = {rid: 300.0 for _, rid in music} | {"n1": 60.0}
+    h.play(arrivals, service, until=1000)
+
+
+def test_an_announced_window_drains_busy_work_in_time_to_be_ready_when_it_opens() -> None:
+    h = machine()
+    music_night(h)
+    # Its load must start by 1000 - 20 s, after big's longest job (300 s) drains: urgent
+    # from 1000 - 20 - 300 - 2 (lead margin) = 678, while m2 runs (630 to 930). big takes
+    # no new job (m3 waits), stops when m2 ends, and chat is ready at 952.
+    assert h.dispatch_times()[-1] == (1000.0, "n1")  # before: m3 at 930, chat not loaded
+    assert h.dispatched() == ["m0", "m1", "m2", "n1"]
+    starts = [(t, d) for t, d in h.log if isinstance(d, StartBackend)]
+    assert [(t, d.backend) for t, d in starts] == [(0.0, "big"), (931.0, "chat")]
+    assert starts[1][1].reason.startswith(
+        "starting chat: loading chat now: 1 announced request from t=1000 (news); urgent: its "
+        "20.0 s load must start in time for t=1000, so what it evicts takes no new work"
+    )
+    stops = [(t, d) for t, d in h.log if isinstance(d, StopBackend)]
+    assert [(t, d.backend) for t, d in stops] == [(930.0, "big")]
+    assert "making room for chat" in stops[0][1].reason
+    view = h.s.explain("m3", 1000)
+    assert view is not None and view.reason.startswith("waiting")
+
+
+def test_a_drain_for_a_window_waits_no_longer_than_a_start_by_would() -> None:
+    """The stand-in counts one deadline boost, no more: music that has waited
+    past it (here m3, queued at 600: rank 10 - 600 above 90 - 1000 + 200) still
+    goes first, as it would before a request with that start-by."""
+    h = machine()
+    h.feed(announced("news", "chat", 1000.0, 1600.0, count=1), at=0)
+    music = [(0.0, "m0"), (250.0, "m1"), (550.0, "m2"), (600.0, "m3")]
+    arrivals = [
+        (t, RequestArrived(request_id=rid, backend="big", priority=10, app="music"))
+        for t, rid in music
+    ]
+    h.play(arrivals, {rid: 300.0 for _, rid in music}, until=1000)
+    assert h.dispatch_times()[-1] == (930.0, "m3")
+    assert h.started() == ["big"]

@@ -350,7 +350,7 @@ def spread(core: Core, first: Backend, near: Sequence[Window], now: float) -> No
             pass  # its own windows set its stand-in
         elif work > slots and mine and not awaits_profile(b):
             best = min(mine, key=lambda w: order_key(w.stand_in, boost))
-            _ready_ahead(core, b, _stand_in(best, b))
+            _ready_ahead(core, b, _stand_in(core, best, b))
             announced = sum(w.used + w.left for w in mine if w.kind == "announced")
             held = sum(1 for w in mine if w.kind == "held")
             opens = min(mine, key=lambda w: (w.opens, w.id))
@@ -371,13 +371,16 @@ def spread(core: Core, first: Backend, near: Sequence[Window], now: float) -> No
         slots += b.slots
 
 
-def _stand_in(win: Window, b: Backend) -> Req:
+def _stand_in(core: Core, win: Window, b: Backend) -> Req:
     """The stand-in for ``win`` on further instance ``b``: the window's, under
     an id of its own (ranked just after the first instance's)."""
     req = win.spread.get(b.name)
     if req is None:
         req = replace(win.stand_in, id=f"{win.stand_in.id} for {b.name}", backend=b.name)
         win.spread[b.name] = req
+    if req.urgent != win.stand_in.urgent:  # the window's urgency (yard.core.windows)
+        req.urgent = win.stand_in.urgent
+        core.touched.add(b.name)
     return req
 
 

@@ -388,6 +388,15 @@ def loading_ahead(name: str, announced: int, held: int, when: str, window: str) 
     return f"loading {name} now: {_ahead_work(announced, held)} from {when} ({window})"
 
 
+def ahead_urgent(load_s: float, when: str) -> str:
+    """Why a load for work ahead no longer waits for the work it makes room
+    for: the window counts as a start-by (:mod:`yard.core.windows`)."""
+    return (
+        f"; urgent: its {secs(load_s)} load must start in time for {when}, "
+        "so what it evicts takes no new work"
+    )
+
+
 def keeping_ahead(name: str, announced: int, held: int, when: str, load_s: float) -> str:
     return (
         f"keeping {name}: {_ahead_work(announced, held)} from {when} "

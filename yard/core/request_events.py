@@ -167,6 +167,7 @@ def finished(core: Core, ev: RequestFinished, now: float, out: list[Decision]) -
     req.state = ReqState.DONE
     del core.requests[req.id]
     instances.rebind(core, b, out)
+    windows.service_changed(core, b.name, now)
 
 
 def timer(core: Core, due: Due, now: float, out: list[Decision]) -> None:

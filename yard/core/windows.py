@@ -27,6 +27,16 @@ Rules it keeps
 - So a stopped backend is loaded ahead exactly as for a waiting request: only
   where it fits, making room only from backends whose waiting work (or own
   stand-in) it outranks, busy ones drained, never killed.
+- An announcement is a start-by for its backend's load: the load must start by
+  ``opens - load_s`` for the window's requests to find it ready. Where that
+  load may have to wait for busy work to drain (the longest recent service of
+  the backends it shares a device with), the stand-in is near and *urgent*
+  from that long before, less ``lead_margin_s``, until the window closes: it
+  ranks with ``deadline_boost`` like an urgent request, so the backends it
+  must evict take no new work (no swap batching) and drain in time. Like a
+  request's, the boost is bounded: work that has waited past it still goes
+  first (``docs/wait-bound.md``). The urgent time follows the neighbours'
+  service times (:func:`service_changed`); once urgent, a stand-in stays so.
 - A loaded backend with a near window is kept: it is not stopped when idle, and
   no load for work that does not outrank its stand-in may evict it.
 - A backend that fails to start gives up on the windows near at that moment
@@ -43,12 +53,13 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from yard.core import instances, reasons
+from yard.core import estimates, instances, reasons
 from yard.core.decisions import AnnouncementEnded, Decision, Flag
 from yard.core.events import AnnouncementMade, AnnouncementWithdrawn, RequestArrived
 from yard.core.lifecycle import BackendState
 from yard.core.queue import Req, ReqState, order_key
 from yard.core.records import Backend
+from yard.core.spec import HOST
 from yard.core.state import Core
 from yard.core.timers import Timer
 from yard.core.views import WindowView
@@ -261,6 +272,19 @@ def profile_changed(core: Core, name: str, now: float) -> None:
         _refresh(core, first, now)
 
 
+def service_changed(core: Core, name: str, now: float) -> None:
+    """Backend ``name``'s service times changed, and with them how long it may
+    take to drain: when the announced windows not yet urgent of every backend
+    become urgent (:func:`_urgent_at`: every backend shares ``host``)."""
+    if not core.windows.announced:
+        return
+    for backend, wins in list(core.windows.by_backend.items()):
+        if backend != name and any(
+            w.kind == "announced" and not w.stand_in.urgent and not w.gave_up for w in wins.values()
+        ):
+            _refresh(core, backend, now)
+
+
 # -- what people see -----------------------------------------------------------
 
 
@@ -326,7 +350,35 @@ def _drop(core: Core, wid: str) -> None:
 
 
 def _near_at(core: Core, b: Backend, win: Window) -> float:
-    return win.opens - core.load_s(b) - core.config.lead_margin_s
+    """When ``win`` becomes near: ``lead_margin_s`` before its load must start,
+    or earlier where its urgency comes first (an urgent stand-in is near)."""
+    if win.stand_in.urgent:
+        return -math.inf
+    return min(win.opens - core.load_s(b) - core.config.lead_margin_s, _urgent_at(core, b, win))
+
+
+def _urgent_at(core: Core, b: Backend, win: Window) -> float:
+    """When an announced window's stand-in becomes urgent: where its load may
+    have to wait for busy work to drain, that long before its load must start
+    (``opens - load_s``), with the same ``lead_margin_s``; the drain is the
+    longest recent service of the backends its loads share a device with.
+    Never where none of them has served (nothing to drain: it is loaded ahead
+    when near, as before), nor for a held request (its own start-by counts
+    from its release)."""
+    if win.kind != "announced":
+        return math.inf
+    devs = set(b.spec.gpus) or {HOST}
+    drain = max(
+        (
+            estimates.service_hi(o, core.config)
+            for o in core.backends.values()
+            if o is not b and o.service_recent and devs & (set(o.spec.gpus) or {HOST})
+        ),
+        default=0.0,
+    )
+    if drain <= 0:
+        return math.inf
+    return win.opens - core.load_s(b) - drain - core.config.lead_margin_s
 
 
 def _refresh(core: Core, name: str, now: float) -> None:
@@ -341,10 +393,18 @@ def _refresh(core: Core, name: str, now: float) -> None:
     for win in wins.values():
         if win.gave_up:
             continue
+        if not win.stand_in.urgent and _urgent_at(core, b, win) <= now:
+            # Its load must start soon for the window to find it ready: from now
+            # on it ranks as an urgent deadline (boosted; no swap batching), and
+            # stays so until the window closes, as a late request would.
+            win.stand_in.urgent = True
+            core.touched.add(name)
         near_at = _near_at(core, b, win)
         if near_at > now:
             soonest = min(soonest, near_at)
             continue
+        if not win.stand_in.urgent:
+            soonest = min(soonest, _urgent_at(core, b, win))
         near.append(win)
         if best is None or order_key(win.stand_in, boost) < order_key(best.stand_in, boost):
             best = win
@@ -381,6 +441,8 @@ def _describe(core: Core, b: Backend, now: float) -> None:
     first = min(near, key=lambda w: (w.opens, w.id))
     when = first.label or reasons.in_s(first.opens - now)
     b.ahead_load_why = reasons.loading_ahead(b.name, announced, held, when, win.id)
+    if win.stand_in.urgent:
+        b.ahead_load_why += reasons.ahead_urgent(core.load_s(b), win.label or when)
     b.ahead_keep_why = reasons.keeping_ahead(b.name, announced, held, when, core.load_s(b))
     if b.ahead_keep_why != keep:
         core.touched.add(b.name)  # plans that read it refused to evict it with these words
