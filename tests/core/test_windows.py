@@ -386,6 +386,21 @@ def test_an_announced_window_drains_busy_work_in_time_to_be_ready_when_it_opens(
     assert view is not None and view.reason.startswith("waiting")
 
 
+def test_an_urgent_window_shows_when_it_began_to_count_for_its_load() -> None:
+    h = machine()
+    h.feed(announced("news", "chat", 1000.0, 1600.0, count=1), at=0)
+    music = [(0.0, "m0"), (250.0, "m1"), (550.0, "m2")]
+    arrivals = [
+        (t, RequestArrived(request_id=rid, backend="big", priority=10, app="music"))
+        for t, rid in music
+    ]
+    h.play(arrivals, {rid: 300.0 for _, rid in music}, until=700)
+    # Urgent since 678 (see above): the view gives that time, not minus
+    # infinity (the dashboard's timeline draws it and sends it as JSON).
+    [window] = h.s.snapshot(700.0).windows
+    assert window.loads_from == 1000.0 - 20.0 - 300.0 - 2.0
+
+
 def test_a_drain_for_a_window_waits_no_longer_than_a_start_by_would() -> None:
     """The stand-in counts one deadline boost, no more: music that has waited
     past it (here m3, queued at 600: rank 10 - 600 above 90 - 1000 + 200) still

@@ -216,8 +216,9 @@ async def test_the_timeline_shows_the_last_hour_and_the_work_ahead_at_exact_time
         3,
     )
     assert (announced["opens"], announced["closes"]) == (1814.0, 2414.0)
-    # No profile yet: the core counts a 30 s load and the 2 s lead margin.
-    assert announced["loads_from"] == 1814.0 - 32.0
+    # No profile yet: the core counts a 30 s load and the 2 s lead margin, and
+    # 3 s to drain llm (its longest recent request, on the same GPU) first.
+    assert announced["loads_from"] == 1814.0 - 32.0 - 3.0
     assert announced["opens_wall"] == EPOCH + 1814.0
 
 

@@ -94,7 +94,9 @@ class WindowView:
     opens, closes: engine times (a held request's window closes when it opens).
     left: requests still expected (a held request: 1).
     loads_from: when the core starts counting it for a load ahead (opens minus
-        the measured load time and the lead margin).
+        the measured load time and the lead margin; for an announcement whose
+        load may wait for busy work to drain, that much earlier: it is urgent
+        from then).
     label: how people read ``opens`` ("13:50:00Z"), or empty.
     """
 

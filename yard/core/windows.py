@@ -300,7 +300,7 @@ def window_views(core: Core) -> tuple[WindowView, ...]:
             closes=win.closes,
             priority=win.priority,
             left=win.left,
-            loads_from=_near_at(core, core.backends[win.backend], win),
+            loads_from=_counts_from(core, core.backends[win.backend], win),
             label=win.label,
         )
         for wins in core.windows.by_backend.values()
@@ -354,6 +354,13 @@ def _near_at(core: Core, b: Backend, win: Window) -> float:
     or earlier where its urgency comes first (an urgent stand-in is near)."""
     if win.stand_in.urgent:
         return -math.inf
+    return _counts_from(core, b, win)
+
+
+def _counts_from(core: Core, b: Backend, win: Window) -> float:
+    """When ``win`` counts for a load ahead, as the views show it (a time, also
+    once it is urgent): ``lead_margin_s`` before its load must start, or its
+    urgency where that comes first."""
     return min(win.opens - core.load_s(b) - core.config.lead_margin_s, _urgent_at(core, b, win))
 
 
