@@ -13,22 +13,17 @@ import random
 import pytest
 
 from tests.core.harness import GIB, gpu, host
-from tests.core.test_instances_random import BACKENDS, PROFILES, SERVICE
+from tests.core.test_instances_random import BACKENDS, PROFILES, SERVICE, play_twins
 from yard.core import (
-    BackendReady,
-    BackendStopped,
     Decision,
     Dispatch,
     Event,
     ProfileMeasured,
     Reject,
     RequestArrived,
-    RequestFinished,
     Scheduler,
     SchedulerConfig,
     StartBackend,
-    StopBackend,
-    Tick,
 )
 from yard.core.events import AdminLoad, AdminPin, AdminUnload
 
@@ -75,41 +70,7 @@ def run_day(seed: int) -> tuple[list[tuple[float, Decision]], int]:
     # Everything unpinned at the end, so that the day ends.
     for name in NEWS:
         heapq.heappush(pending, (7300.0, next(seq), AdminPin(backend=name, pinned=False)))
-    log: list[tuple[float, Decision]] = []
-    ready: set[str] = set()
-    now = 0.0
-    for _ in range(100_000):
-        wake = s.next_wakeup()
-        nxt = pending[0][0] if pending else None
-        times = [t for t in (wake, nxt) if t is not None]
-        if not times:
-            return log, arrivals
-        now = max(now, min(times))
-        event: Event = Tick()
-        if nxt is not None and nxt <= now:
-            event = heapq.heappop(pending)[2]
-        out = s.handle(event, now)
-        assert out == reference.handle(event, now), f"planning differs at {now}: {event!r}"
-        if isinstance(event, BackendReady):
-            ready.add(event.backend)
-        for d in out:
-            log.append((now, d))
-            if isinstance(d, StartBackend):
-                g, h, load = PROFILES[d.backend.partition("@")[0]]
-                if d.measure:
-                    measured = ProfileMeasured(
-                        backend=d.backend, gpu_bytes=g * GIB, host_bytes=h * GIB, load_s=load
-                    )
-                    heapq.heappush(pending, (now + load, next(seq), measured))
-                heapq.heappush(pending, (now + load, next(seq), BackendReady(backend=d.backend)))
-            elif isinstance(d, StopBackend):
-                ready.discard(d.backend)
-                heapq.heappush(pending, (now + 1.0, next(seq), BackendStopped(backend=d.backend)))
-            elif isinstance(d, Dispatch):
-                assert d.backend in ready, f"dispatch to {d.backend}, not ready"
-                finish = RequestFinished(request_id=d.request_id)
-                heapq.heappush(pending, (now + service[d.request_id], next(seq), finish))
-    raise AssertionError("the day did not end")
+    return play_twins(s, reference, pending, seq, service), arrivals
 
 
 @pytest.mark.parametrize("seed", range(12))

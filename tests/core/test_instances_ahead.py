@@ -13,24 +13,20 @@ from dataclasses import replace
 import pytest
 
 from tests.core.harness import GIB, Harness, gpu, host, of
-from tests.core.test_instances_random import BACKENDS, PROFILES, SERVICE
+from tests.core.test_instances_random import BACKENDS, PROFILES, SERVICE, play_twins
 from yard.core import (
     AnnouncementMade,
-    BackendReady,
     BackendSpec,
-    BackendStopped,
     Decision,
     Dispatch,
     Event,
     ProfileMeasured,
     Reject,
     RequestArrived,
-    RequestFinished,
     Scheduler,
     SchedulerConfig,
     StartBackend,
     StopBackend,
-    Tick,
 )
 
 NEWS = BackendSpec(name="news", gpus=("gpu0", "gpu1"), instances=2, spread_windows=True)
@@ -271,35 +267,7 @@ def run_announced_day(seed: int) -> tuple[list[tuple[float, Decision]], int]:
         arrival = RequestArrived(request_id=rid, backend=backend, priority=rng.choice([10, 50, 95]))
         heapq.heappush(pending, (rng.uniform(0, 7200.0), next(seq), arrival))
         arrivals += 1
-    log: list[tuple[float, Decision]] = []
-    ready: set[str] = set()
-    now = 0.0
-    while True:
-        wake = s.next_wakeup()
-        nxt = pending[0][0] if pending else None
-        times = [t for t in (wake, nxt) if t is not None]
-        if not times:
-            return log, arrivals
-        now = max(now, min(times))
-        event: Event = Tick()
-        if nxt is not None and nxt <= now:
-            event = heapq.heappop(pending)[2]
-        out = s.handle(event, now)
-        assert out == reference.handle(event, now), f"planning differs at {now}: {event!r}"
-        if isinstance(event, BackendReady):
-            ready.add(event.backend)
-        for d in out:
-            log.append((now, d))
-            if isinstance(d, StartBackend):
-                load = PROFILES[d.backend.partition("@")[0]][2]
-                heapq.heappush(pending, (now + load, next(seq), BackendReady(backend=d.backend)))
-            elif isinstance(d, StopBackend):
-                ready.discard(d.backend)
-                heapq.heappush(pending, (now + 1.0, next(seq), BackendStopped(backend=d.backend)))
-            elif isinstance(d, Dispatch):
-                assert d.backend in ready, f"dispatch to {d.backend}, not ready"
-                finish = RequestFinished(request_id=d.request_id)
-                heapq.heappush(pending, (now + service[d.request_id], next(seq), finish))
+    return play_twins(s, reference, pending, seq, service), arrivals
 
 
 @pytest.mark.parametrize("seed", range(12))

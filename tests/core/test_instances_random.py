@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+from collections.abc import Iterator
 
 import pytest
 
@@ -71,15 +72,30 @@ def run_day(seed: int) -> tuple[list[tuple[float, Decision]], int]:
             arrival = RequestArrived(request_id=rid, backend=backend, priority=priority)
         heapq.heappush(pending, (at, next(seq), arrival))
         arrivals += 1
+    return play_twins(s, reference, pending, seq, service), arrivals
+
+
+def play_twins(
+    s: Scheduler,
+    reference: Scheduler,
+    pending: list[tuple[float, int, Event]],
+    seq: Iterator[int],
+    service: dict[str, float],
+) -> list[tuple[float, Decision]]:
+    """Play ``pending`` (and what the decisions cause) on ``s`` and ``reference``
+    until nothing is left, checking that they decide alike on every event;
+    return the decisions. Backends load in their :data:`PROFILES` time (a
+    measuring start also measures that profile), stop in a second, and serve
+    each request in its ``service`` time."""
     log: list[tuple[float, Decision]] = []
     ready: set[str] = set()
     now = 0.0
-    while True:
+    for _ in range(100_000):
         wake = s.next_wakeup()
         nxt = pending[0][0] if pending else None
         times = [t for t in (wake, nxt) if t is not None]
         if not times:
-            return log, arrivals
+            return log
         now = max(now, min(times))
         event: Event = Tick()
         if nxt is not None and nxt <= now:
@@ -91,7 +107,12 @@ def run_day(seed: int) -> tuple[list[tuple[float, Decision]], int]:
         for d in out:
             log.append((now, d))
             if isinstance(d, StartBackend):
-                load = PROFILES[d.backend.partition("@")[0]][2]
+                g, h, load = PROFILES[d.backend.partition("@")[0]]
+                if d.measure:
+                    measured = ProfileMeasured(
+                        backend=d.backend, gpu_bytes=g * GIB, host_bytes=h * GIB, load_s=load
+                    )
+                    heapq.heappush(pending, (now + load, next(seq), measured))
                 heapq.heappush(pending, (now + load, next(seq), BackendReady(backend=d.backend)))
             elif isinstance(d, StopBackend):
                 ready.discard(d.backend)
@@ -100,6 +121,7 @@ def run_day(seed: int) -> tuple[list[tuple[float, Decision]], int]:
                 assert d.backend in ready, f"dispatch to {d.backend}, not ready"
                 finish = RequestFinished(request_id=d.request_id)
                 heapq.heappush(pending, (now + service[d.request_id], next(seq), finish))
+    raise AssertionError("the day did not end")
 
 
 @pytest.mark.parametrize("seed", range(12))
