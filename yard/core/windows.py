@@ -274,13 +274,20 @@ def profile_changed(core: Core, name: str, now: float) -> None:
 
 def service_changed(core: Core, name: str, now: float) -> None:
     """Backend ``name``'s service times changed, and with them how long it may
-    take to drain: when the announced windows not yet urgent of every backend
-    become urgent (:func:`_urgent_at`: every backend shares ``host``)."""
+    take to drain: when the announced windows not yet urgent of the backends
+    sharing a device with it become urgent (:func:`_urgent_at` counts only
+    those; the others' are unchanged)."""
     if not core.windows.announced:
         return
+    mine = _devices(core.backends[name])
     for backend, wins in list(core.windows.by_backend.items()):
-        if backend != name and any(
-            w.kind == "announced" and not w.stand_in.urgent and not w.gave_up for w in wins.values()
+        if (
+            backend != name
+            and mine & _devices(core.backends[backend])
+            and any(
+                w.kind == "announced" and not w.stand_in.urgent and not w.gave_up
+                for w in wins.values()
+            )
         ):
             _refresh(core, backend, now)
 
@@ -364,6 +371,11 @@ def _counts_from(core: Core, b: Backend, win: Window) -> float:
     return min(win.opens - core.load_s(b) - core.config.lead_margin_s, _urgent_at(core, b, win))
 
 
+def _devices(b: Backend) -> set[str]:
+    """The devices ``b``'s loads may take memory on (its GPUs, else the host)."""
+    return set(b.spec.gpus) or {HOST}
+
+
 def _urgent_at(core: Core, b: Backend, win: Window) -> float:
     """When an announced window's stand-in becomes urgent: where its load may
     have to wait for busy work to drain, that long before its load must start
@@ -374,12 +386,12 @@ def _urgent_at(core: Core, b: Backend, win: Window) -> float:
     from its release)."""
     if win.kind != "announced":
         return math.inf
-    devs = set(b.spec.gpus) or {HOST}
+    devs = _devices(b)
     drain = max(
         (
             estimates.service_hi(o, core.config)
             for o in core.backends.values()
-            if o is not b and o.service_recent and devs & (set(o.spec.gpus) or {HOST})
+            if o is not b and o.service_recent and devs & _devices(o)
         ),
         default=0.0,
     )
