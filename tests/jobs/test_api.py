@@ -3,7 +3,9 @@ real backend on loopback, the fake engine dispatching at once."""
 
 from __future__ import annotations
 
+import gc
 import json
+import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import cast
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -229,6 +232,35 @@ async def test_a_job_is_json_with_rfc3339_times_and_its_request_went_through_unc
     assert job["created_at"].endswith("Z") and "T" in job["created_at"]
     assert job["finished_at"] >= job["started_at"] >= job["created_at"]
     assert json.loads(json.dumps(job)) == job
+
+
+async def test_the_connections_a_job_used_close_when_the_service_does(tmp_path: Path) -> None:
+    # open_jobs without a pool used the process-wide one: its kept-alive
+    # connection to the backend stayed open after the service had stopped, until
+    # the interpreter's exit (ResourceWarning: unclosed socket).
+    with trio.fail_after(30):
+        async with running_api(tmp_path) as running:
+            body = {"model": "voice", "bytes": 10}
+            job_id = await submit(running, "/v1/audio/speech", body, RADIO)
+            job = (await running.client.get(f"/v1/jobs/{job_id}?wait=20", headers=RADIO)).json()
+            assert job["status"] == "succeeded"
+            port = urlsplit(running.backend.base_url).port
+    gc.collect()
+    to_backend = [
+        s
+        for s in gc.get_objects()
+        if isinstance(s, socket.socket) and s.fileno() != -1 and _peer_port(s) == port
+    ]
+    assert to_backend == []
+
+
+def _peer_port(s: socket.socket) -> int | None:
+    if s.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    try:
+        return int(s.getpeername()[1])
+    except OSError:  # not connected
+        return None
 
 
 @pytest.mark.slow

@@ -59,12 +59,15 @@ async def open_jobs(
     service is stopped and the store closed.
 
     config: the ``[jobs]`` settings (``Config.jobs``); None: the defaults.
+    pool: the connections to backends (``yard serve`` shares the gateway's);
+        None: a pool of its own, whose idle connections close on the way out.
     """
+    own_pool = UpstreamPool() if pool is None else None
     store = await JobStore.open(data_dir / JOBS_FILE)
     jobs = Jobs(
         engine=engine,
         store=store,
-        pool=pool,
+        pool=pool or own_pool,
         config=config or JobsConfig(),
         wall=wall or time.time,
     )
@@ -76,3 +79,5 @@ async def open_jobs(
             # wound down, and runners still write to the store as they stop.
             await jobs.stop()
             await store.close()
+            if own_pool is not None:
+                own_pool.close_idle()
