@@ -76,6 +76,8 @@ start-by passes ends there unless it allows lateness. The proof is in
 ``docs/wait-bound.md``; :meth:`Scheduler.wait_bound` computes ``W`` from the
 current figures and the stateful tests check that no wait exceeds it. With app
 weights (:mod:`yard.core.fairness`) ``T`` grows by ``share_points / aging_rate``.
+Each announcement and held request near or open while a request waits adds its
+window's term (:mod:`yard.core.windows`); ``wait_bound`` counts those too.
 
 ``max_concurrent`` is outside that proof. Passing over a held request adds no
 one ahead of anybody else, so the argument for apps without the limit is
@@ -103,7 +105,7 @@ sentences) and :mod:`~yard.core.views` (the read-only records).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from yard.core import backend_events, estimates, reasons, request_events, views, windows
 from yard.core.decisions import Decision, Dispatch, Flag
@@ -284,12 +286,35 @@ class Scheduler:
             return b.profile
         return dataclasses.replace(b.profile, load_s=core.load_s(b))
 
-    def wait_bound(self, *, max_service_s: float | None = None) -> float | None:
-        """The upper bound ``W`` on any request's wait, in seconds (docs/wait-bound.md).
+    def wait_bound(
+        self,
+        *,
+        max_service_s: float | None = None,
+        announced_s: Iterable[float] | None = None,
+        held: int | None = None,
+    ) -> float | None:
+        """The upper bound on a request's wait, in seconds (docs/wait-bound.md).
 
-        ``max_service_s``: the longest a request may hold a slot; by default the
-        longest one measured so far. None while a figure is unknown (a backend
-        never loaded nor profiled, or no request ever served).
+        Without work ahead it is ``W``. Each announcement whose window is open or
+        near while the request waits adds its length, one load, one drain and
+        the lead margin (``start_by - not_before + max_load_s + max_service_s +
+        lead_margin_s``); each held request whose window is near while it waits
+        adds ``max_load_s + lead_margin_s``. A held request's own wait counts
+        from its ``not_before``.
+
+        max_service_s: the longest a request may hold a slot; by default the
+            longest one measured so far.
+        announced_s: the lengths (``start_by - not_before``, seconds) of the
+            announcements open or near while the request waits. None: those
+            the core holds now, near or not (a far one may come near while it
+            waits): the bound for a request that arrives now if no more are
+            made. Given, they replace those held now: pass every window the
+            request may see.
+        held: how many held requests' windows are near while it waits (not
+            its own). None: the requests held now.
+
+        Returns None while a figure is unknown (a backend never loaded nor
+        profiled, or no request ever served).
         """
         core = self._core
         c = core.config
@@ -308,12 +333,27 @@ class Scheduler:
             if not services:
                 return None
             max_service_s = max(services)
+        max_load_s = max(loads, default=0.0)
         spread = c.max_priority - c.min_priority + c.deadline_boost
         if core.shares is not None:
             spread += c.share_points
         t = spread / c.aging_rate
         served_first = c.queue_limit + c.batch_bound + 1
-        return t + served_first * (max(loads, default=0.0) + max_service_s)
+        bound = t + served_first * (max_load_s + max_service_s)
+        if announced_s is None:
+            announced_s = self._announced_lengths()
+        if held is None:
+            held = core.windows.held_count()
+        # An announcement's stand-in lives from its urgency (a load and a drain,
+        # plus the margin, before it opens) until its window closes.
+        per_announced = max_load_s + max_service_s + c.lead_margin_s
+        bound += sum(w + per_announced for w in announced_s)
+        # A held request's stand-in lives from a load and the margin before it opens.
+        return bound + held * (max_load_s + c.lead_margin_s)
+
+    def _announced_lengths(self) -> list[float]:
+        """The lengths of the announcements the core holds now (not yet ended)."""
+        return [win.closes - win.opens for win in self._core.windows.announced.values()]
 
     def _pass(self, now: float, out: list[Decision]) -> None:
         """What the state now allows: loads first (starts, evictions, drains),
