@@ -318,6 +318,11 @@ class WindowedCoreMachine(CoreMachine):
             assert aged - 1e-6 <= view.effective_priority, view
             assert view.effective_priority <= aged + c.deadline_boost + 1e-6, view
 
+    def teardown(self) -> None:
+        super().teardown()
+        # The waits that ended while the machine ran down count too.
+        self.no_wait_exceeds_the_bound()
+
 
 class TightWindowedCoreMachine(WindowedCoreMachine):
     """Fast aging and a short queue: the bound is at its tightest and the
