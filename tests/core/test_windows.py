@@ -370,17 +370,18 @@ def test_an_announced_window_drains_busy_work_in_time_to_be_ready_when_it_opens(
     music_night(h)
     # Its load must start by 1000 - 20 s, after big's longest job (300 s) drains: urgent
     # from 1000 - 20 - 300 - 2 (lead margin) = 678, while m2 runs (630 to 930). big takes
-    # no new job (m3 waits), stops when m2 ends, and chat is ready at 952.
+    # no new job (m3 waits), is held once m2 ends, stops when chat's load is due
+    # (1000 - 20 - 2 = 978), and chat is ready at 999.
     assert h.dispatch_times()[-1] == (1000.0, "n1")  # before: m3 at 930, chat not loaded
     assert h.dispatched() == ["m0", "m1", "m2", "n1"]
     starts = [(t, d) for t, d in h.log if isinstance(d, StartBackend)]
-    assert [(t, d.backend) for t, d in starts] == [(0.0, "big"), (931.0, "chat")]
+    assert [(t, d.backend) for t, d in starts] == [(0.0, "big"), (979.0, "chat")]
     assert starts[1][1].reason.startswith(
         "starting chat: loading chat now: 1 announced request from t=1000 (news); urgent: its "
         "20.0 s load must start in time for t=1000, so what it evicts takes no new work"
     )
     stops = [(t, d) for t, d in h.log if isinstance(d, StopBackend)]
-    assert [(t, d.backend) for t, d in stops] == [(930.0, "big")]
+    assert [(t, d.backend) for t, d in stops] == [(978.0, "big")]
     assert "making room for chat" in stops[0][1].reason
     view = h.s.explain("m3", 1000)
     assert view is not None and view.reason.startswith("waiting")

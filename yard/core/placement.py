@@ -46,6 +46,9 @@ Rules
   overtake is allowed only if it ends, at the victim's high service estimate
   (the longest of its recent requests, not the mean), by the swap's latest
   start (the earliest such start-by minus the swap's load time).
+- A load for an urgent window ahead (:mod:`yard.core.windows`) whose time has
+  not come (:func:`load_due`) drains its busy victims and *holds* its idle ones
+  (drained: loaded, no new work) until it is due, when they stop and it starts.
 """
 
 from __future__ import annotations
@@ -95,6 +98,9 @@ class Plan:
     room: str = ""
     context: int | None = None
     parallel: int | None = None
+    hold_until: float | None = None
+    """Where the load is for an urgent window ahead whose load is not yet due:
+    when it is (until then its idle victims are held, not stopped)."""
     retell: Callable[[str], str] | None = None
     """For a blocked plan, or one that waits for another load: its reason told
     of another backend by name (one with the same options that, after the same
@@ -492,6 +498,15 @@ def plan_on(
     return _evict(b, head, gpus, need, chosen, slack, free_now, devices, config, now, reads)
 
 
+def load_due(b: Backend, head: Req | None, config: SchedulerConfig) -> float | None:
+    """When ``b``'s load for ``head`` must start, where ``head`` is the urgent
+    stand-in for an announced window (``opens - load_s - lead_margin_s``, as a
+    window that is near but not urgent loads); None for any other load."""
+    if head is None or head is not b.ahead or not head.urgent:
+        return None
+    return head.arrived_at - estimates.load_s(b, config) - config.lead_margin_s
+
+
 def _evict(
     b: Backend,
     head: Req | None,
@@ -509,6 +524,12 @@ def _evict(
     the ``chosen`` victims."""
     plan = Plan(b, gpus, Outcome.EVICT, "", need=need, slack=slack)
     parts: list[str] = []
+    due = load_due(b, head, config)
+    if due is not None and now < due:
+        # Urgent for work ahead, its load not yet due: the busy victims drain
+        # now, the idle ones are held (no new work) until the load is due.
+        plan.hold_until = due
+        reads.until = min(reads.until, due)
     for o in chosen:
         plan.cost += estimates.load_s(o, config)
         # A backend loaded for waiting requests serves one of them before it
@@ -536,6 +557,10 @@ def _evict(
             plan.drain.append(o)
             parts.append(reasons.busy_must_finish(o.name))
             plan.free_wait_s = max(plan.free_wait_s, estimates.service_est(o, config))
+        elif plan.hold_until is not None:
+            plan.drain.append(o)
+            parts.append(reasons.holding_idle(o.name, plan.hold_until - now))
+            plan.free_wait_s = max(plan.free_wait_s, plan.hold_until - now)
         else:
             plan.stop.append(o)
             parts.append(reasons.stopping_idle(o.name, estimates.load_s(o, config)))

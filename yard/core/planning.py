@@ -576,7 +576,9 @@ class Planner:
             core.stop(v, reasons.stopping_for_room(b.name, plan.room, core.load_s(v)), out)
         for v in plan.drain:
             if v.state is BackendState.READY:
-                core.transition(v, Move.DRAIN, reasons.draining_for_room(b.name, plan.room))
+                held = plan.hold_until is not None and not v.busy()
+                why = reasons.holding_for_room if held else reasons.draining_for_room
+                core.transition(v, Move.DRAIN, why(b.name, plan.room))
             v.drain_reason = "swap"
         for v in plan.pending:
             if v.state is BackendState.DRAINING and v.drain_reason == "swap":

@@ -154,6 +154,14 @@ def busy_must_finish(name: str) -> str:
     return f"busy {name} must finish before the swap"
 
 
+def holding_idle(name: str, left_s: float) -> str:
+    return f"holding idle {name} (no new work; stopped when the load is due, {in_s(left_s)})"
+
+
+def holding_for_room(name: str, room: str) -> str:
+    return f"held for {name}: no new work until its load is due ({room})"
+
+
 def stopping_idle(name: str, load_s: float) -> str:
     return f"stopping idle {name} (cheapest to reload, {secs(load_s)})"
 

@@ -37,6 +37,13 @@ Rules it keeps
   request's, the boost is bounded: work that has waited past it still goes
   first (``docs/wait-bound.md``). The urgent time follows the neighbours'
   service times (:func:`service_changed`); once urgent, a stand-in stays so.
+- Urgency is for draining: until the load is due (``opens - load_s -
+  lead_margin_s``, when a window that is not urgent loads too) an urgent
+  stand-in's plan holds its idle victims (loaded, no new work it outranks)
+  instead of stopping them, and an ``AHEAD`` timer wakes the core when the load
+  is due. A request that outranks the stand-in is served by the held backend as
+  it is, instead of evicting the backend loaded early and loading it once more
+  (:func:`yard.core.placement.load_due`).
 - A loaded backend with a near window is kept: it is not stopped when idle, and
   no load for work that does not outrank its stand-in may evict it.
 - A backend that fails to start gives up on the windows near at that moment
@@ -368,7 +375,12 @@ def _counts_from(core: Core, b: Backend, win: Window) -> float:
     """When ``win`` counts for a load ahead, as the views show it (a time, also
     once it is urgent): ``lead_margin_s`` before its load must start, or its
     urgency where that comes first."""
-    return min(win.opens - core.load_s(b) - core.config.lead_margin_s, _urgent_at(core, b, win))
+    return min(_due_at(core, b, win), _urgent_at(core, b, win))
+
+
+def _due_at(core: Core, b: Backend, win: Window) -> float:
+    """When ``win``'s load must start, with ``lead_margin_s`` to spare."""
+    return win.opens - core.load_s(b) - core.config.lead_margin_s
 
 
 def _devices(b: Backend) -> set[str]:
@@ -424,6 +436,9 @@ def _refresh(core: Core, name: str, now: float) -> None:
             continue
         if not win.stand_in.urgent:
             soonest = min(soonest, _urgent_at(core, b, win))
+        elif _due_at(core, b, win) > now:
+            # Its plan holds idle victims until then (placement.load_due).
+            soonest = min(soonest, _due_at(core, b, win))
         near.append(win)
         if best is None or order_key(win.stand_in, boost) < order_key(best.stand_in, boost):
             best = win
