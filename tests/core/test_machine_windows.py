@@ -12,7 +12,8 @@ incremental planning equals a full re-plan, replay) with rules that also make
 announcements, withdraw them, send requests for them and send held requests
 (``not_before``). Its bound invariant: no request's wait (from its arrival, or
 from its ``not_before`` if held) exceeds ``wait_bound()`` computed with every
-window that existed at any moment of that wait.
+window near or open at some moment of that wait (near: from the earliest its
+stand-in may count, whether or not it did).
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ class Life:
 
     def counts_for(self, start: float, end: float) -> bool:
         """Whether it was near or open at some moment of ``[start, end]``."""
-        return max(self.born, self.near) <= end and self.died >= start
+        since = max(self.born, self.near)
+        return since <= self.died and since <= end and self.died >= start
 
 
 class WindowedCoreMachine(CoreMachine):
