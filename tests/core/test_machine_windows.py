@@ -101,6 +101,18 @@ def test_the_bound_adds_each_window_as_the_doc_states() -> None:
     )
 
 
+def test_the_bound_at_a_moment_counts_only_the_windows_held_then() -> None:
+    h = one_gpu()
+    w = 10 + (1 + 0 + 1) * (30 + 5)
+    h.feed(news("a", 100.0, 1100.0), at=0)
+    h.feed(AnnouncementWithdrawn(announcement_id="a"), at=1)
+    assert h.s.wait_bound(max_service_s=5) == w
+    h.feed(RequestArrived(request_id="h", backend="big", priority=0, not_before=50.0), at=2)
+    assert h.s.wait_bound(max_service_s=5) == w + 30 + 2
+    h.tick(50)  # its window opens: it waits in the queue like any request
+    assert h.s.wait_bound(max_service_s=5) == w
+
+
 def test_a_swap_waits_out_an_announced_window_and_the_bound_counts_it() -> None:
     """chat is loaded ahead for news (priority 100, 100 to 1100); r (priority 0)
     for big comes at 95: the window's stand-in outranks it for the whole window
