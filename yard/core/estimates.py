@@ -9,6 +9,7 @@ recent service times) and fall back to the settings' defaults.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 
 from yard.core import reasons
@@ -50,30 +51,53 @@ def credit(b: Backend, inflation: float, need: Mapping[str, int], config: Schedu
     return inflation + load_s(b, config) / max(1.0, held / _GIB)
 
 
+def swap_latest_start(swap: Backend, config: SchedulerConfig) -> float | None:
+    """The latest time the load of ``swap`` may start for every request waiting
+    for it with a start-by to start by it (None: none has one).
+
+    Once loaded, ``swap``'s slots serve those requests earliest start-by first
+    (the order urgency gives them), each holding its slot for ``swap``'s high
+    service estimate: the one with ``k`` of them before it starts ``k // slots``
+    services after the load. Where ``swap`` has never served a request its
+    service time is unknown, and only the first ``slots`` of them (those that
+    start as soon as it is ready) can be promised a start: with more, the
+    latest start is ``-inf`` (a start-by behind them may need the load at once).
+    """
+    start_bys = swap.queue.start_bys()
+    if not start_bys:
+        return None
+    slots = max(1, swap.slots)
+    load = load_s(swap, config)
+    if len(start_bys) <= slots:
+        return start_bys[0] - load
+    if not swap.service_recent:
+        return -math.inf
+    hi = service_hi(swap, config)
+    return min(start_by - load - (k // slots) * hi for k, start_by in enumerate(start_bys))
+
+
 def overtake_denied(
     victim: Backend, swap: Backend, now: float, config: SchedulerConfig
 ) -> str | None:
     """Why a request for ``victim`` may not go ahead of the swap to ``swap`` by
     the swap's deadlines (None: it may). It may not if its service could end
-    after the latest start of the swap: the earliest start-by of the requests
-    waiting for ``swap`` minus its load time."""
-    start_by = swap.queue.earliest_start_by()
-    if start_by is None:
+    after the swap's latest start (:func:`swap_latest_start`)."""
+    latest = swap_latest_start(swap, config)
+    if latest is None:
         return None
-    latest = start_by - load_s(swap, config)
     hi = service_hi(victim, config)
     if now + hi <= latest:
         return None
-    return reasons.overtake_denied(victim.name, hi, swap.name, start_by - now, load_s(swap, config))
+    return reasons.overtake_denied(victim.name, hi, swap.name, latest - now)
 
 
 def overtake_until(victim: Backend, swap: Backend, config: SchedulerConfig) -> float | None:
     """Until when :func:`overtake_denied` lets a request for ``victim`` go ahead
     of the swap to ``swap`` (None: no deadline waits for the swap, always)."""
-    start_by = swap.queue.earliest_start_by()
-    if start_by is None:
+    latest = swap_latest_start(swap, config)
+    if latest is None:
         return None
-    return start_by - load_s(swap, config) - service_hi(victim, config)
+    return latest - service_hi(victim, config)
 
 
 def start_cost(

@@ -72,9 +72,9 @@ class Step:
     why: dict[str, str | None] = field(default_factory=dict)  # reads.refusals by name
     ordered: frozenset[str] = frozenset()  # the backends in reads.orders of two or more
     # evicting: what it read of each victim when it chose them (:func:`victim_sig`),
-    # and the earliest start-by waiting for it (batching holds by it)
+    # and its latest start for the start-bys waiting for it (batching holds by it)
     victims: dict[str, VictimSig] | None = None
-    start_by: float | None = None
+    latest_start: float | None = None
 
 
 EMPTY = Frontier()
@@ -203,13 +203,13 @@ def victim_sig(
     hi = None
     batching = False
     if head is not None and not head.urgent and head.overtakes < config.batch_bound:
-        start_by = b.queue.earliest_start_by()
-        if start_by is None:
+        latest = estimates.swap_latest_start(b, config)
+        if latest is None:
             batching = True
         else:
             # the test of estimates.overtake_denied, without its sentence
             hi = estimates.service_hi(o, config)
-            batching = now + hi <= start_by - estimates.load_s(b, config)
+            batching = now + hi <= latest
     fresh = o.state is BackendState.READY and o.dispatched_since_ready == 0
     first = o.queue.size > 0 and (fresh or batching)
     busy = None if first else o.busy()
@@ -220,13 +220,14 @@ def evicting_stale(
     st: Step, touched: set[str], backends: dict[str, Backend], now: float, config: SchedulerConfig
 ) -> bool:
     """Whether the evicting ``st`` must be planned again: the clock has run out
-    its batching, its head or the earliest start-by waiting for it changed, or
+    its batching, its head or its latest start changed
+    (:func:`~yard.core.estimates.swap_latest_start`), or
     a touched victim changed in what its plan read of it (:func:`victim_sig`)."""
     swap = st.backend
     if now >= st.reads.until - CLOCK_MARGIN_S:
         return True
     if swap.name in touched and (
-        head_changed(swap, st) or swap.queue.earliest_start_by() != st.start_by
+        head_changed(swap, st) or estimates.swap_latest_start(swap, config) != st.latest_start
     ):
         return True
     if st.victims is None:

@@ -21,7 +21,7 @@ only:
   urgency), and every backend whose place in the order moved with it;
 - a backend whose plan read something noted since, where reading it again gives
   another answer (a victim now refused, the eviction order changed);
-- an evicting plan whose head or earliest start-by changed, one of whose
+- an evicting plan whose head or latest start (its start-bys) changed, one of whose
   victims changed in what decides how it makes room (:func:`victim_sig`:
   whether it serves first, is busy, its reload and service times), or whose
   batching the clock has run out;
@@ -65,7 +65,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 
-from yard.core import placement, reasons
+from yard.core import estimates, placement, reasons
 from yard.core.decisions import Decision
 from yard.core.lifecycle import BackendState, Move
 from yard.core.placement import Outcome, Plan, Reads, Room
@@ -544,7 +544,7 @@ class Planner:
             # As it read them, before it is carried out. (A plan that starts,
             # or stops a victim, is planned again when a victim is touched:
             # the stop changes it anyway.)
-            step.start_by = b.queue.earliest_start_by()
+            step.latest_start = estimates.swap_latest_start(b, core.config)
             step.victims = {
                 name: victim_sig(core.backends[name], b, head, now, core.config)
                 for name in told.reads.victims

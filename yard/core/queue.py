@@ -148,10 +148,14 @@ class RequestQueue:
     _deadlines: list[tuple[float, int, Req, int]] = field(default_factory=list)
     _pushed: int = 0
     others_at: float = -math.inf  # when the latest request that is not patient came
+    _changes: int = 0  # pushes and removals so far
+    _start_bys: tuple[float, ...] = ()
+    _start_bys_at: int = 0  # _changes when _start_bys was worked out
 
     def push(self, req: Req) -> None:
         """Add a queued request (``req.state`` must be QUEUED)."""
         self.size += 1
+        self._changes += 1
         self._head_known = False
         if req.ages_from is None and req.arrived_at > self.others_at:
             self.others_at = req.arrived_at
@@ -160,12 +164,18 @@ class RequestQueue:
             self._pushed += 1
             heapq.heappush(self._deadlines, (req.start_by, self._pushed, req, req.gen))
 
-    def earliest_start_by(self) -> float | None:
-        """The earliest start-by of any waiting request (None: none has one)."""
-        heap = self._deadlines
-        while heap and not (heap[0][2].state is ReqState.QUEUED and heap[0][2].gen == heap[0][3]):
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None
+    def start_bys(self) -> tuple[float, ...]:
+        """The start-bys of the waiting requests that have one, earliest first."""
+        if self._start_bys_at != self._changes:
+            live = sorted(
+                entry
+                for entry in self._deadlines
+                if entry[2].state is ReqState.QUEUED and entry[2].gen == entry[3]
+            )
+            self._deadlines = live  # a sorted list is a heap; the stale entries go
+            self._start_bys = tuple(entry[0] for entry in live)
+            self._start_bys_at = self._changes
+        return self._start_bys
 
     def _push(self, req: Req) -> None:
         if req.urgent:
@@ -186,6 +196,7 @@ class RequestQueue:
     def removed(self) -> None:
         """Account for a request that left (its state already changed)."""
         self.size -= 1
+        self._changes += 1
         self._head_known = False
 
     @staticmethod

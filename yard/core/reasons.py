@@ -77,13 +77,11 @@ def load_after(name: str, load_s: float, free_wait_s: float) -> str:
     return text
 
 
-def overtake_denied(
-    victim: str, service_hi_s: float, swap: str, start_by_in_s: float, load_s: float
-) -> str:
+def overtake_denied(victim: str, service_hi_s: float, swap: str, latest_in_s: float) -> str:
+    when = f"in {secs(latest_in_s)}" if latest_in_s > 0 else "now: its start-bys need it"
     return (
         f"a request for {victim} could take {secs(service_hi_s)}, "
-        f"past the latest start of the swap to {swap} "
-        f"(start-by in {secs(start_by_in_s)}, load {secs(load_s)})"
+        f"past the latest start of the swap to {swap} ({when})"
     )
 
 
