@@ -45,7 +45,10 @@ Rules
   make the swap late: when a request waiting for the swap has a start-by, an
   overtake is allowed only if it ends, at the victim's high service estimate
   (the longest of its recent requests, not the mean), by the swap's latest
-  start (the earliest such start-by minus the swap's load time).
+  start: each start-by less the swap's load time and the services its slots
+  give the start-bys before it (:func:`yard.core.estimates.swap_latest_start`;
+  with more start-bys than slots on a swap that never served a request, no
+  overtake).
 - A load for an urgent window ahead (:mod:`yard.core.windows`) whose time has
   not come (:func:`load_due`) drains its busy victims and *holds* its idle ones
   (drained: loaded, no new work) until it is due, when they stop and it starts.
