@@ -72,8 +72,7 @@ def swap_latest_start(swap: Backend, config: SchedulerConfig) -> float | None:
         return start_bys[0] - load
     if not swap.service_recent:
         return -math.inf
-    hi = service_hi(swap, config)
-    return min(start_by - load - (k // slots) * hi for k, start_by in enumerate(start_bys))
+    return swap.queue.start_by_latest(slots, service_hi(swap, config), load)
 
 
 def overtake_denied(

@@ -151,6 +151,8 @@ class RequestQueue:
     _changes: int = 0  # pushes and removals so far
     _start_bys: tuple[float, ...] = ()
     _start_bys_at: int = 0  # _changes when _start_bys was worked out
+    _latest: float = math.inf  # start_by_latest's answer for _latest_key
+    _latest_key: tuple[int, int, float, float] = (-1, 0, 0.0, 0.0)
 
     def push(self, req: Req) -> None:
         """Add a queued request (``req.state`` must be QUEUED)."""
@@ -176,6 +178,24 @@ class RequestQueue:
             self._start_bys = tuple(entry[0] for entry in live)
             self._start_bys_at = self._changes
         return self._start_bys
+
+    def start_by_latest(self, slots: int, service_s: float, lead_s: float) -> float:
+        """The latest time for a step of ``lead_s`` seconds (a load) after which
+        ``slots`` slots serve the waiting requests with a start-by, earliest
+        start-by first, each holding its slot ``service_s`` seconds, so that
+        every one starts by its start-by (``inf``: none has one)."""
+        key = (self._changes, slots, service_s, lead_s)
+        if self._latest_key != key:
+            start_bys = self.start_bys()
+            self._latest = min(
+                (
+                    start_by - lead_s - (k // slots) * service_s
+                    for k, start_by in enumerate(start_bys)
+                ),
+                default=math.inf,
+            )
+            self._latest_key = key
+        return self._latest
 
     def _push(self, req: Req) -> None:
         if req.urgent:
