@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
+from tests.core import test_machine
 from tests.core.harness import Harness, gpu, host
 from tests.core.test_machine import (
     APPS,
@@ -364,12 +365,7 @@ class CrowdedWindowedCoreMachine(WindowedCoreMachine):
 
 
 TestWindowedCore = WindowedCoreMachine.TestCase
-TestWindowedCore.settings = settings(
-    max_examples=int(os.environ.get("YARD_CORE_EXAMPLES", "60")),
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+TestWindowedCore.settings = test_machine.TestCore.settings
 TestTightWindowedCore = TightWindowedCoreMachine.TestCase
 TestTightWindowedCore.settings = TestWindowedCore.settings
 TestCrowdedWindowedCore = CrowdedWindowedCoreMachine.TestCase
