@@ -312,6 +312,37 @@ class BatchDriver:
             self._line_ended(line.backend)
             room.release()
 
+    async def fail(self, reason: str) -> None:
+        """End the batch ``failed`` with ``reason`` after its driver failed
+        (a bug, a disk that refuses writes): its lines still queued are
+        cancelled, running ones finish unrecorded, and the lines that had
+        ended go to its output and error files. Without this the batch would
+        stay unended until a restart, which would fail it the same way."""
+        batch = await self._store.batch(self.batch_id)
+        if batch is None or batch.ended:
+            return
+        for line in await self._store.lines(self.batch_id):
+            if line.job_id is not None and line.outcome is None:
+                await cancel_if_queued(self._jobs, line.job_id)
+        error = BatchError(
+            code="batch_failed",
+            message=f"yard could not drive this batch to its end ({reason}); the lines that "
+            "had finished are in its output and error files: hand the others in again as "
+            "a new batch",
+        )
+        if batch.status == "validating":
+            await self._store.fail(self.batch_id, [error], at=self._wall())
+            return
+        hexid = uuid.uuid4().hex
+        await self._store.finish(
+            batch,
+            "failed",
+            at=self._wall(),
+            output_file_id=f"file-{hexid}o",
+            error_file_id=f"file-{hexid}e",
+            errors=[error],
+        )
+
     async def _finish(self) -> None:
         batch = await self._store.batch(self.batch_id)
         if batch is None or batch.ended:

@@ -43,7 +43,7 @@ from yard.batches.validate import BadRequest, check_metadata
 from yard.cluster.batches import PgBatchStore
 from yard.cluster.jobs import PgJobStore
 from yard.config import AppConfig, Config
-from yard.db import DatabaseError
+from yard.db import DatabaseError, passing
 from yard.http.intake import local_app
 from yard.jobs.service import Jobs
 from yard.jobs.store import JobStore
@@ -333,10 +333,20 @@ class Batches:
         try:
             with driver.scope:
                 await driver.run()
-        except Exception:
-            # A bug or a broken disk: the batch stays as stored, and the next
-            # start picks it up again.
+        except Exception as exc:
+            if _passing(exc):
+                # The cluster's database is away or busy: the batch stays as
+                # stored and a node adopts it again (this one included).
+                log.warning("batch %s: driver stopped (%s)", driver.batch_id, exc)
+                return
+            # A bug or a disk that refuses writes: a restart would fail the
+            # same way, so the batch ends failed, with the reason.
             log.exception("batch %s: driver failed", driver.batch_id)
+            try:
+                with trio.CancelScope(shield=True):
+                    await driver.fail(_reason(exc))
+            except Exception:
+                log.exception("batch %s: could not record its failure", driver.batch_id)
         finally:
             self._drivers.pop(driver.batch_id, None)
 
@@ -344,6 +354,24 @@ class Batches:
         if not self.config.apps:
             return local_app(self.config)
         return self.config.apps.get(name)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _passing(exc: BaseException) -> bool:
+    """Whether every error in ``exc`` may pass by itself (the shared database away)."""
+    return all(passing(leaf) for leaf in _leaves(exc))
+
+
+def _reason(exc: BaseException) -> str:
+    """The failure in a few words, for the batch's ``errors``."""
+    leaf = _leaves(exc)[0]
+    text = f"{type(leaf).__name__}: {leaf}"
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 @asynccontextmanager

@@ -120,6 +120,7 @@ class BatchStoreLike(Protocol):
         at: float,
         output_file_id: str,
         error_file_id: str,
+        errors: Sequence[BatchError] = (),
     ) -> bool: ...
 
     async def lines(self, batch_id: str) -> list[LineRecord]: ...
@@ -363,14 +364,27 @@ class BatchStore:
         at: float,
         output_file_id: str,
         error_file_id: str,
+        errors: Sequence[BatchError] = (),
     ) -> bool:
-        """End a batch with ``status`` (completed, expired, cancelled): write its
+        """End a batch with ``status`` (completed, expired, cancelled, or
+        failed with ``errors`` when its driver failed): write its
         output and error files from its lines' outcomes (in input order; a file
         only if it has lines), set its counts, forget its lines. One durable
         transaction; False if the batch had already ended."""
-        stamp = {"completed": "completed_at", "expired": "expired_at", "cancelled": "cancelled_at"}[
-            status
-        ]
+        stamp = {
+            "completed": "completed_at",
+            "expired": "expired_at",
+            "cancelled": "cancelled_at",
+            "failed": "failed_at",
+        }[status]
+        stored_errors = None
+        if errors:
+            stored_errors = json.dumps(
+                [
+                    {"code": e.code, "message": e.message, "param": e.param, "line": e.line}
+                    for e in errors
+                ]
+            )
 
         def _finish(conn: sqlite3.Connection) -> bool:
             rows = conn.execute(
@@ -382,7 +396,8 @@ class BatchStore:
             cursor = conn.execute(
                 f"UPDATE batches SET status = ?, {stamp} = ?, "
                 "finalizing_at = COALESCE(finalizing_at, ?), output_file_id = ?, "
-                "error_file_id = ?, completed = ?, failed = ? "
+                "error_file_id = ?, completed = ?, failed = ?, "
+                "errors = COALESCE(?, errors) "
                 f"WHERE id = ? AND status IN {UNENDED}",
                 (
                     status,
@@ -392,6 +407,7 @@ class BatchStore:
                     error_file_id if bad else None,
                     len(ok),
                     len(bad),
+                    stored_errors,
                     batch.id,
                 ),
             )

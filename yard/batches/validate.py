@@ -124,6 +124,12 @@ def _check_line(
     custom_id = value["custom_id"]
     if not isinstance(custom_id, str) or not custom_id:
         return fail("invalid_request", "custom_id must be a non-empty string", "custom_id")
+    if not _utf8(custom_id):
+        return fail(
+            "invalid_request",
+            "custom_id must be valid UTF-8 text; it holds a lone surrogate escape such as \\ud800",
+            "custom_id",
+        )
     method = value["method"]
     if method != "POST":
         return fail(

@@ -106,19 +106,24 @@ def job_line(
     (``batch_expired``, ``batch_cancelled``, ``interrupted``, ...).
     """
     if result is not None:
+
+        def text(body: object) -> str:
+            return json.dumps(
+                {
+                    "id": request_id(line),
+                    "custom_id": line.custom_id,
+                    "response": {"status_code": result.status, "request_id": job.id, "body": body},
+                    "error": None,
+                }
+            )
+
+        outcome = "ok" if 200 <= result.status < 300 else "error"
         try:
-            body: object = json.loads(result.body)
-        except ValueError:
-            body = result.body.decode("utf-8", "replace")
-        text = json.dumps(
-            {
-                "id": request_id(line),
-                "custom_id": line.custom_id,
-                "response": {"status_code": result.status, "request_id": job.id, "body": body},
-                "error": None,
-            }
-        )
-        return ("ok" if 200 <= result.status < 300 else "error"), text
+            return outcome, text(json.loads(result.body))
+        except (ValueError, RecursionError):
+            # Not JSON, or nested deeper than Python reads or writes: the
+            # answer goes in as text, as any other body that is not JSON.
+            return outcome, text(result.body.decode("utf-8", "replace"))
     error = job.error
     if job.status == "cancelled":
         if cancelling:

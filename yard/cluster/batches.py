@@ -313,14 +313,27 @@ class PgBatchStore:
         at: float,
         output_file_id: str,
         error_file_id: str,
+        errors: Sequence[BatchError] = (),
     ) -> bool:
-        """End a batch with ``status`` (completed, expired, cancelled): write its
+        """End a batch with ``status`` (completed, expired, cancelled, or
+        failed with ``errors`` when its driver failed): write its
         output and error files from its lines' outcomes (in input order; a file
         only if it has lines), set its counts, forget its lines. One
         transaction; False if the batch had already ended."""
-        stamp = {"completed": "completed_at", "expired": "expired_at", "cancelled": "cancelled_at"}[
-            status
-        ]
+        stamp = {
+            "completed": "completed_at",
+            "expired": "expired_at",
+            "cancelled": "cancelled_at",
+            "failed": "failed_at",
+        }[status]
+        stored_errors = None
+        if errors:
+            stored_errors = json.dumps(
+                [
+                    {"code": e.code, "message": e.message, "param": e.param, "line": e.line}
+                    for e in errors
+                ]
+            )
 
         def _finish(conn: psycopg.Connection[Row]) -> bool:
             rows = conn.execute(
@@ -332,7 +345,8 @@ class PgBatchStore:
             cursor = conn.execute(
                 f"UPDATE batches SET status = %s, {stamp} = %s, "
                 "finalizing_at = COALESCE(finalizing_at, %s), output_file_id = %s, "
-                "error_file_id = %s, completed = %s, failed = %s, driver = NULL "
+                "error_file_id = %s, completed = %s, failed = %s, "
+                "errors = COALESCE(%s, errors), driver = NULL "
                 f"WHERE id = %s AND status IN {_UNENDED}",
                 (
                     status,
@@ -342,6 +356,7 @@ class PgBatchStore:
                     error_file_id if bad else None,
                     len(ok),
                     len(bad),
+                    stored_errors,
                     batch.id,
                 ),
             )
