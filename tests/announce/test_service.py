@@ -17,9 +17,9 @@ import trio.testing
 from tests.engine.fakes import FakeLauncher, Script
 from tests.jobs.fakes import EPOCH, wall
 from yard.announce.metrics import AnnouncementCollector
-from yard.announce.service import Announcements, BadAnnouncement, Limits
+from yard.announce.service import AnnouncementNotFound, Announcements, BadAnnouncement, Limits
 from yard.announce.store import AnnouncementStore, Status
-from yard.config import AppConfig, BackendConfig, Config, ServerConfig
+from yard.config import AppConfig, BackendConfig, Config, JobsConfig, ServerConfig
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
 from yard.http.app import create_control_app
@@ -74,7 +74,11 @@ class SlowStore(AnnouncementStore):
 
 @asynccontextmanager
 async def yard(
-    path: Path, *, limit: int = 16, store_type: type[AnnouncementStore] = AnnouncementStore
+    path: Path,
+    *,
+    limit: int = 16,
+    store_type: type[AnnouncementStore] = AnnouncementStore,
+    keep_ended_per_app: int = 1000,
 ) -> AsyncIterator[Yard]:
     """One run of yard's engine + announcements; leaving the block is a crash."""
     scheduler = Scheduler(
@@ -93,6 +97,7 @@ async def yard(
             config=config(),
             limits=Limits(default=limit),
             wall=wall,
+            keep_ended_per_app=keep_ended_per_app,
         )
         runtime = Runtime(config=config(), engine=engine, announcements=service)
         try:
@@ -288,3 +293,48 @@ async def test_the_http_api_answers_in_openais_shapes(
         assert json.loads(await notjson.get_data())["error"]["code"] == "invalid_json"
         gone = await client.delete(f"/v1/announcements/{shown['id']}", headers=radio)
         assert (await gone.get_json())["status"] == "withdrawn"
+
+
+async def test_ended_announcements_are_deleted_after_the_job_record_retention(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # [jobs] result_ttl_s + record_ttl_s: as long as a finished job is listed.
+    keep = JobsConfig().result_ttl_s + JobsConfig().record_ttl_s
+    async with yard(tmp_path) as y:
+        old = await y.service.create(APPS["radio"], body(window_s=600))
+        await y.service.withdraw(old.id, app="radio")
+        await trio.sleep(keep / 2)
+        recent = await y.service.create(APPS["radio"], body(window_s=600))
+        await y.service.withdraw(recent.id, app="radio")
+        still_open = await y.service.create(APPS["web"], body(model="chat-llm", window_s=600))
+        await trio.sleep(keep / 2 + 120)  # past old's retention and one reap
+        assert [r.id for r in await y.service.listed(app=None)] == [still_open.id, recent.id]
+        with pytest.raises(AnnouncementNotFound):
+            await y.service.get(old.id, app="radio")
+
+
+async def test_an_app_that_makes_and_withdraws_many_keeps_only_its_newest_ended_ones(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with yard(tmp_path, keep_ended_per_app=5) as y:
+        made = []
+        for _ in range(12):
+            record = await y.service.create(APPS["radio"], body(window_s=600))
+            await y.service.withdraw(record.id, app="radio")
+            made.append(record.id)
+        await trio.sleep(120)  # one reap
+        assert [r.id for r in await y.service.listed(app="radio")] == made[::-1][:5]
+
+
+async def test_a_body_nested_too_deep_is_a_400_in_the_error_shape(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with yard(tmp_path) as y:
+        client = create_control_app(y.runtime).test_client()
+        deep = await client.post(
+            "/v1/announcements",
+            data=b"[" * 20_000 + b"]" * 20_000,
+            headers={"authorization": "Bearer sk-radio", "content-type": "application/json"},
+        )
+        assert deep.status_code == 400
+        assert (await deep.get_json())["error"]["code"] == "invalid_json"

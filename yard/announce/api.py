@@ -94,7 +94,7 @@ async def create() -> Response:
     raw = await request.get_data(as_text=False)
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep
         raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
     record = await service.create(app, body)
     return _json(service.describe(record), 201)

@@ -16,6 +16,10 @@ keeps it for the window (:mod:`yard.core.windows`). Rules it keeps:
   answer includes it from then on, while its synced write to the store follows
   (a client that sent the announced requests and then asks sees them counted,
   however slow the disk).
+- An ended announcement is listed as long as a finished job is (``[jobs]
+  result_ttl_s + record_ttl_s``), and an app keeps at most its newest
+  :data:`KEEP_ENDED_PER_APP` ended ones; older ones are deleted every ``[jobs]
+  reap_interval_s``, so making and withdrawing in a loop cannot fill the disk.
 - Recurring announcements from the configuration (``[[announcements]]``) are
   made by the same path, one window ahead: the next window of each is always
   announced (:mod:`yard.announce.recurring`).
@@ -26,6 +30,7 @@ times, converted at the moment they are sent.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -53,11 +58,16 @@ if TYPE_CHECKING:
     from yard.engine import Engine
     from yard.jobs.store import JobStore
 
+log = logging.getLogger("yard.announce")
+
 Outcome = Literal["used", "expired", "withdrawn"]
 OUTCOMES: tuple[Outcome, ...] = ("used", "expired", "withdrawn")
 
 MAX_COUNT = 10_000
 """The most requests one announcement may announce."""
+
+KEEP_ENDED_PER_APP = 1000
+"""The most ended announcements one app keeps listed (the newest)."""
 
 MAX_WINDOW_S = 24 * 3600.0
 """The longest window an announcement may hold a model for (docs/wait-bound.md)."""
@@ -107,6 +117,7 @@ class Announcements:
         limits: Limits,
         recurring: Sequence[Recurring] = (),
         wall: Callable[[], float] = time.time,
+        keep_ended_per_app: int = KEEP_ENDED_PER_APP,
     ) -> None:
         self.engine = engine
         self.store = store
@@ -114,6 +125,7 @@ class Announcements:
         self.limits = limits
         self.recurring = tuple(recurring)
         self._wall = wall
+        self._keep_ended_per_app = keep_ended_per_app
         self._counts: dict[tuple[str, str], int] = {}
         self._lock = trio.Lock()  # the cap's count and the insert go together
         # Ends the core decided that the store does not hold yet: id -> (end, wall time).
@@ -228,8 +240,24 @@ class Announcements:
             for record in await self.store.open():
                 self._tell(record)
             task_status.started()
+            nursery.start_soon(self._purge_forever)
             for entry in self.recurring:
                 nursery.start_soon(self._recur, entry)
+
+    async def purge(self) -> int:
+        """Delete the ended announcements past their retention; how many went."""
+        jobs = self.config.jobs
+        keep_s = jobs.result_ttl_s + jobs.record_ttl_s
+        return await self.store.purge(
+            ended_before=self._wall() - keep_s, keep_per_app=self._keep_ended_per_app
+        )
+
+    async def _purge_forever(self) -> None:
+        while True:
+            gone = await self.purge()
+            if gone:
+                log.info("announcements: deleted %d ended ones past their retention", gone)
+            await trio.sleep(self.config.jobs.reap_interval_s)
 
     def _see(self, at: float, item: Event | Decision) -> None:
         """The engine's watcher: an end, at the moment the core decides it (the

@@ -130,6 +130,18 @@ class AnnouncementStore:
             "UPDATE announcements SET used = ? WHERE id = ?", (used, announcement_id), durable=True
         )
 
+    async def purge(self, *, ended_before: float, keep_per_app: int) -> int:
+        """Delete the ended announcements that ended before ``ended_before``,
+        and each app's ended ones beyond its newest ``keep_per_app``. Returns
+        how many went."""
+        return await self._db.execute(
+            "DELETE FROM announcements WHERE status != 'open' AND (ended_at < ? OR seq IN "
+            "(SELECT seq FROM (SELECT seq, row_number() OVER "
+            "(PARTITION BY app ORDER BY seq DESC) AS n FROM announcements "
+            "WHERE status != 'open') WHERE n > ?))",
+            (ended_before, keep_per_app),
+        )
+
 
 def _record(row: tuple[object, ...]) -> AnnouncementRecord:
     (
