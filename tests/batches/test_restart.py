@@ -167,3 +167,21 @@ async def test_a_line_that_ends_while_the_service_time_is_read_wakes_the_feeder(
         with trio.fail_after(3600):
             done = await until_ended(batches, batch.id)
     assert (done.status, done.failed) == ("completed", 3)
+
+
+async def test_a_finished_lines_job_reads_as_it_ended_and_points_at_its_batch(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The batch takes the line's result into its output file at once; the
+    # job must not read "expired" (to an OpenAI user: it never ran in time).
+    upstream = FakeUpstream(Answer(delay=1.0))
+    async with yard(tmp_path, upstream) as batches:
+        batch = await submit(batches, jsonl([chat_line("a")]))
+        await until_ended(batches, batch.id)
+        job = await batches.jobs.get(f"job_{batch.id.removeprefix('batch_')}_0", app=None)
+        shown = batches.jobs.describe(job)
+    assert (shown["status"], shown["result"]) == ("succeeded", None)
+    assert shown["result_gone"] == (
+        f"its answer is a line of batch {batch.id}'s output or error file "
+        "(GET /v1/batches/ID, then its output_file_id)"
+    )

@@ -116,11 +116,18 @@ async def test_the_quota_over_http_refuses_with_a_clear_error_and_delete_result_
     assert refused.status_code == 429, refused.text
     assert refused.json()["error"]["code"] == "too_many_jobs"
     assert int(refused.headers["retry-after"]) > 0
-    assert (deleted.status_code, deleted.json()["status"]) == (200, "expired")
+    # The job succeeded; its result is gone, on request (not "expired", not "long ago").
+    assert (deleted.status_code, deleted.json()["status"]) == (200, "succeeded")
+    assert deleted.json()["result_gone"] == (
+        "its result was deleted on request (DELETE /v1/jobs/ID/result)"
+    )
     assert (gone.status_code, gone.json()["error"]["code"]) == (410, "job_expired")
+    assert gone.json()["error"]["message"] == (
+        f"job {job_id} succeeded; its result was deleted on request (DELETE /v1/jobs/ID/result)"
+    )
     assert again.status_code == 202
     assert code == 0
-    assert capsys.readouterr().out.strip() == f"{again_id}: result deleted (expired)"
+    assert capsys.readouterr().out.strip() == f"{again_id}: result deleted (the job succeeded)"
 
 
 @pytest.mark.parametrize(

@@ -374,7 +374,11 @@ async def test_results_expire_after_their_ttl_and_records_are_forgotten_later(
         await trio.sleep(20)  # the reaper ran at 110
         job, result = await jobs.result(job_id, app="radio")
         assert job.status == "expired" and result is None
-        assert jobs.describe(job)["result"] is None
+        shown = jobs.describe(job)
+        assert (shown["status"], shown["result"]) == ("succeeded", None)
+        assert shown["result_gone"] == (
+            "its result was deleted 100 s after it ended ([jobs] result_ttl_s)"
+        )
         await trio.sleep(1000)
         with pytest.raises(JobNotFound):
             await jobs.get(job_id, app="radio")

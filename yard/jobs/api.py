@@ -196,9 +196,9 @@ async def job_result(job_id: str) -> Response:
             f"job {job.id} is {job.status}; GET /v1/jobs/{job.id}/result?wait=60 waits for it",
         )
     if job.status == "expired":
-        raise ApiError(
-            410, "job_expired", f"job {job.id} ended long ago and its result has been deleted"
-        )
+        shown = jobs.describe(job)
+        message = f"job {job.id} {shown['status']}; {shown['result_gone']}"
+        raise ApiError(410, "job_expired", message)
     _, result = await jobs.result(job_id, app=app)
     if result is None:
         error = job.error

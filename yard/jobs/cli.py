@@ -119,7 +119,7 @@ def _run(client: httpx.Client, args: argparse.Namespace, wait: float) -> int:
         response = client.delete(f"/v1/jobs/{args.id}/result")
         if response.status_code != 200:
             return _fail(response)
-        print(f"{args.id}: result deleted ({response.json()['status']})")
+        print(f"{args.id}: result deleted (the job {response.json()['status']})")
         return 0
     response = client.delete(f"/v1/jobs/{args.id}")
     if response.status_code != 200:
@@ -143,7 +143,11 @@ def format_table(jobs: list[dict[str, Any]]) -> str:
     rows = [("ID", "APP", "MODEL", "STATUS", "CREATED", "POSITION / ERROR")]
     for job in jobs:
         error = job.get("error") or {}
-        where = str(job["position"]) if job.get("position") is not None else error.get("code", "")
+        where = (
+            str(job["position"])
+            if job.get("position") is not None
+            else error.get("code", "") or ("result deleted" if job.get("result_gone") else "")
+        )
         rows.append(
             (job["id"], job["app"], job["model"], job["status"], job["created_at"] or "", where)
         )
@@ -175,4 +179,6 @@ def format_job(job: dict[str, Any]) -> str:
             f"  result: HTTP {result['status']}, {result['bytes']} bytes, "
             f"{result['content_type'] or 'no content type'} ({result['url']})"
         )
+    if job.get("result_gone"):
+        lines.append(f"  result: {job['result_gone']}")
     return "\n".join(lines)

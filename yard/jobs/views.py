@@ -1,18 +1,63 @@
 """A job as JSON: what ``GET /v1/jobs/ID`` answers and ``GET /v1/jobs`` lists.
 
-Rule it keeps: showing a job never fails on one field. A stored value that
-cannot be shown (a time no RFC 3339 UTC string can name, an infinite number,
-a field the store could not read) is ``null`` in the JSON and explained in
-the job's ``notes``.
+Rules it keeps:
+
+- Showing a job never fails on one field. A stored value that cannot be shown
+  (a time no RFC 3339 UTC string can name, an infinite number, a field the
+  store could not read) is ``null`` in the JSON and explained in the job's
+  ``notes``.
+- A job's ``status`` says how it ended, also after its result is gone: the
+  store marks such a job ``expired`` (its result no longer counts against the
+  app's quota), but to a client that word means "it did not run in time", so
+  it is shown ``succeeded``, ``failed`` or ``cancelled`` as it ended, with
+  ``result_gone`` saying where the answer went (a batch's output file, a
+  ``DELETE`` of the result, or ``[jobs] result_ttl_s``).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime
 
 from yard.core.views import QueuedView
-from yard.jobs.store import JobRecord
+from yard.jobs.store import JobRecord, Status
+
+_BATCH_LINE = re.compile(r"job_([0-9a-f]{32})_[0-9]+")
+"""The id of a batch line's job (``yard.batches.driver``): job_<batch hex>_<idx>."""
+
+
+def ended_as(job: JobRecord) -> Status:
+    """How a job ended, also once its result is gone (stored ``expired``)."""
+    if job.status != "expired":
+        return job.status
+    if job.error is None:
+        return "succeeded"
+    return "cancelled" if job.error.code == "cancelled" else "failed"
+
+
+def result_gone(job: JobRecord, *, now_wall: float, result_ttl_s: float) -> str | None:
+    """Where the result of a job stored ``expired`` went, in words; None if
+    it has not gone."""
+    if job.status != "expired":
+        return None
+    batch = _BATCH_LINE.fullmatch(job.id)
+    if batch is not None:
+        return (
+            f"its answer is a line of batch batch_{batch.group(1)}'s output or error file "
+            "(GET /v1/batches/ID, then its output_file_id)"
+        )
+    if job.finished_at is not None and now_wall >= job.finished_at + result_ttl_s - 1.0:
+        return f"its result was deleted {_span(result_ttl_s)} after it ended ([jobs] result_ttl_s)"
+    return "its result was deleted on request (DELETE /v1/jobs/ID/result)"
+
+
+def _span(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
 
 
 def rfc3339(epoch: float | None) -> str | None:
@@ -67,7 +112,7 @@ def job_json(
         "app": job.app,
         "model": job.model,
         "backend": job.backend,
-        "status": status,
+        "status": ended_as(job) if status == "expired" else status,
         "created_at": when("created_at", job.created_at),
         "started_at": when("started_at", job.started_at),
         "finished_at": when("finished_at", job.finished_at),
@@ -112,5 +157,6 @@ def job_json(
                 "url": f"/v1/jobs/{job.id}/result",
             }
         ),
+        "result_gone": result_gone(job, now_wall=now_wall, result_ttl_s=result_ttl_s),
         "notes": notes,
     }

@@ -67,6 +67,11 @@ SCHEMAS: dict[str, Schema] = {
             "queued_ms": {"type": nullable("integer")},
             "error": {"anyOf": [ref("JobError"), {"type": "null"}]},
             "result": {"anyOf": [ref("JobResultInfo"), {"type": "null"}]},
+            "result_gone": {
+                "type": nullable("string"),
+                "description": "Where the result went once it is deleted (a batch's output "
+                "file, a DELETE, [jobs] result_ttl_s); the status still says how the job ended.",
+            },
         },
     },
     "JobList": page_of("Job"),
