@@ -63,6 +63,7 @@ from yard.http.runtime import MeterInfo, Runtime
 from yard.http.server import Server, open_listeners
 from yard.jobs import JOBS_FILE, JobStore, open_jobs
 from yard.memory import default_meter
+from yard.memory.prior import with_priors
 from yard.memory.profiles import SqliteProfileStore, open_profile_store
 from yard.observe.activity import LoggingLauncher, log_decisions, logged_kinds
 from yard.ports import MachineMeter
@@ -187,7 +188,7 @@ async def _serve(
     ]
     scheduler = Scheduler(
         devices,
-        config.backend_specs(),
+        with_priors(config, config.backend_specs()),
         config.scheduler,
         max_concurrent={
             app.name: app.max_concurrent

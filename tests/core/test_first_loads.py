@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tests.core.harness import GIB, Harness, gpu, host, of
-from yard.core import BackendSpec, ProfileMeasured, StartBackend, StopBackend
+from yard.core import BackendSpec, Flag, ProfileMeasured, StartBackend, StopBackend
 
 
 def per_process(**kw: object) -> Harness:
@@ -60,7 +60,8 @@ def test_a_first_load_that_ran_out_of_memory_next_to_others_loads_alone_next_tim
     h.load("known", "r1")
     h.finish("r1", at=1)
     h.arrive("r2", "new", at=2)
-    [stop] = h.start_failed("new", at=3, oom=True)
+    [flag, stop] = h.start_failed("new", at=3, oom=True)
+    assert isinstance(flag, Flag) and "next start is as placed, alone" in flag.reason
     assert isinstance(stop, StopBackend) and stop.backend == "known"
     assert "loads alone to be measured" in stop.reason
     [start] = h.stopped("known", at=4)

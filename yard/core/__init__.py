@@ -63,7 +63,7 @@ from yard.core.events import (
 )
 from yard.core.lifecycle import BackendState, IllegalTransition
 from yard.core.scheduler import Scheduler
-from yard.core.spec import HOST, BackendSpec, DeviceSpec, Profile, SchedulerConfig
+from yard.core.spec import HOST, BackendSpec, DeviceSpec, Prior, Profile, SchedulerConfig
 from yard.core.views import BackendView, DeviceView, QueuedView, Snapshot
 
 __all__ = [
@@ -91,6 +91,7 @@ __all__ = [
     "Flag",
     "IllegalTransition",
     "MemoryMeasured",
+    "Prior",
     "Profile",
     "ProfileMeasured",
     "ProfileRaised",

@@ -46,8 +46,20 @@ def ready(core: Core, ev: BackendReady, now: float, out: list[Decision]) -> None
     b.served = 0
     b.dispatched_since_ready = 0
     b.self_caused_start_failures = 0
+    b.failed_starts.clear()
     b.last_used = now
-    core.transition(b, Move.READY, f"ready after loading for {reasons.secs(b.learned_load_s)}")
+    took = ""
+    if ev.context is not None:
+        b.served_context = ev.context
+        if ev.context != b.context:
+            took = f"; the server took context {ev.context:,} (yard chose {b.context or 0:,})"
+    if ev.slots is not None and ev.slots != b.slots:
+        took += f"; the server has {ev.slots} slots (yard expected {b.slots})"
+        b.parallel = ev.slots
+    ready_why = f"ready after loading for {reasons.secs(b.learned_load_s)}{took}"
+    core.transition(b, Move.READY, ready_why)
+    if took:
+        out.append(Flag(backend=b.name, reason=f"{b.name}: " + took.removeprefix("; ")))
     if b.unload_requested:
         unload(core, b, out)
     else:
@@ -59,6 +71,9 @@ def start_failed(
 ) -> None:
     b = core.backends.get(name)
     if b is None or b.state is not BackendState.STARTING:
+        return
+    if oom and b.profile is None:
+        first_start_failed(core, b, detail, now, out)
         return
     caused = failures.self_caused(b, core.occupants, now) if oom else None
     core.transition(b, Move.START_FAILED, f"failed to start: {detail}")
@@ -76,6 +91,48 @@ def start_failed(
     msg = f"backend {name} failed to start: {detail}"
     for req in b.queue.ordered():
         core.end(req, 502, "backend_failed", msg, out)
+
+
+def first_start_failed(
+    core: Core, b: Backend, detail: str, now: float, out: list[Decision]
+) -> None:
+    """A start of ``b``, never measured, ran out of memory. Where yard chose its
+    place or context (:func:`yard.core.failures.first_start_caused`) that is
+    yard's doing: its waiting requests keep their place and the next start
+    steps down (:func:`yard.core.failures.next_step`); where no step is left,
+    or it was alone at its minimum on an empty device, the model does not fit
+    and its requests get 503 ``does_not_fit`` with the figures."""
+    caused = failures.self_caused(b, core.occupants, now) or failures.first_start_caused(
+        b, core.occupants, core.devices
+    )
+    alone_now = not any(o is not b for d in b.primary for o in core.occupants(d))
+    tried = reasons.start_tried(b.gpus or (HOST,), b.context, alone_now)
+    b.failed_starts.add((b.gpus, b.context, alone_now))
+    core.transition(b, Move.START_FAILED, f"failed to start: {detail}")
+    step = failures.next_step(b, alone_now) if caused is not None else None
+    figures = _free_figures(core, b)
+    core.release(b)
+    core.forget_fit(b)
+    core.room_version += 1
+    if step is not None:
+        assert caused is not None
+        b.self_caused_start_failures = step
+        nxt = failures.ladder(b)[step]
+        ranged = resources.offered(b.spec) is not None
+        why = reasons.stepping_down(b.name, tried, caused, nxt.minimum and ranged, nxt.alone)
+        out.append(Flag(backend=b.name, reason=why))
+        b.reason = why
+        return
+    b.want_load = False
+    windows.start_failed(core, b, now)
+    msg = reasons.does_not_fit_after(b.name, tried, detail, figures, b.spec.prior)
+    for req in b.queue.ordered():
+        core.end(req, 503, "does_not_fit", msg, out)
+
+
+def _free_figures(core: Core, b: Backend) -> list[tuple[str, int, int]]:
+    """(device, usable, foreign) of ``b``'s devices, for a refusal's figures."""
+    return [(d, core.devices[d].spec.usable_bytes, core.devices[d].foreign) for d in b.primary]
 
 
 def exited(core: Core, ev: BackendExited, now: float, out: list[Decision]) -> None:

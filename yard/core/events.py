@@ -124,9 +124,22 @@ class AnnouncementWithdrawn(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackendReady(Event):
-    """The backend's health check passed (and its warm-up, if any)."""
+    """The backend's health check passed (and its warm-up, if any).
+
+    context, slots: what the server itself reports it took (llama-server's
+        ``/props``: ``n_ctx`` of a slot, ``total_slots``), where it tells;
+        None: it does not (then what yard chose stands).
+    """
 
     backend: str
+    context: int | None = None
+    slots: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.context is not None and self.context < 1) or (
+            self.slots is not None and self.slots < 1
+        ):
+            raise ValueError("a server's context and slot count are positive")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

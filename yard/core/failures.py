@@ -6,13 +6,23 @@ a backend above its profile or the device above its usable size, foreign memory
 appeared after placement, or (no reading caught it) yard had placed other
 backends on the same GPU. Alone on its device, an out-of-memory is the
 backend's own.
+
+A first start (no profile yet) that runs out of memory is yard's doing where
+yard chose its place or its context (:func:`first_start_caused`): next to
+other backends or to memory other processes hold, or at a context above the
+minimum. Its waiting requests stay in their place, and the next start steps
+down the ladder (:func:`ladder`): the prior's fit (the first start), then the
+minimum context, then alone at the minimum. A start is never the same as one
+that failed (same devices, context and company): a step that would repeat it
+is skipped, and where no step is left the model does not fit, even at its
+minimum alone, and its requests get 503 ``does_not_fit``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from yard.core import reasons, resources
 from yard.core.lifecycle import BackendState
@@ -81,3 +91,66 @@ def raised_profile(
         else old.gpu_bytes,
         host_bytes=max(math.ceil(old.host_bytes * RAISE_FACTOR), live_host),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """How a first start is made: at the minimum context, alone on its devices."""
+
+    minimum: bool
+    alone: bool
+
+
+def ladder(b: Backend) -> list[Step]:
+    """The first starts of ``b``, in the order they are tried after each that
+    ran out of memory by yard's doing: as placement chooses (the prior's fit),
+    the minimum context (only where the range offers more), alone there."""
+    steps = [Step(minimum=False, alone=False)]
+    span = resources.offered(b.spec)
+    if span is not None and span[0] < span[1]:
+        steps.append(Step(minimum=True, alone=False))
+    steps.append(Step(minimum=True, alone=True))
+    return steps
+
+
+def step(b: Backend) -> Step:
+    """How ``b``'s next start is made (measured backends: as placement chooses)."""
+    if b.profile is not None:
+        return Step(minimum=False, alone=False)
+    steps = ladder(b)
+    return steps[min(b.self_caused_start_failures, len(steps) - 1)]
+
+
+def next_step(b: Backend, alone_now: bool) -> int | None:
+    """The ladder's index for ``b``'s next start after its start at
+    ``b.context`` (alone on its devices: ``alone_now``) ran out of memory, or
+    None when every step left would repeat it or none is left."""
+    steps = ladder(b)
+    span = resources.offered(b.spec)
+    at_minimum = span is None or b.context is None or b.context <= span[0]
+    for index in range(b.self_caused_start_failures + 1, len(steps)):
+        s = steps[index]
+        smaller = s.minimum and not at_minimum
+        emptier = s.alone and not alone_now
+        if smaller or emptier:
+            return index
+    return None
+
+
+def first_start_caused(
+    b: Backend, occupants: Occupants, devices: Mapping[str, Device]
+) -> str | None:
+    """Why the first start of ``b`` (no profile) that ran out of memory is
+    yard's doing, or None: alone, at its minimum context (or with no range),
+    on a device nobody else uses."""
+    others = sorted({o.name for d in b.primary for o in occupants(d) if o is not b})
+    if others:
+        return f"yard placed it next to {', '.join(others)}"
+    foreign = {d: devices[d].foreign for d in b.primary if devices[d].foreign > 0}
+    span = resources.offered(b.spec)
+    if span is not None and b.context is not None and b.context > span[0]:
+        return f"yard chose context {b.context:,} (of {span[0]:,}-{span[1]:,})"
+    if foreign:
+        where = ", ".join(f"{reasons.gib(n)} on {d}" for d, n in foreign.items())
+        return f"yard placed it next to memory other processes hold ({where})"
+    return None

@@ -15,13 +15,14 @@ Rules
   load at a time per device: its GPUs, or ``host`` for a host-only backend
   (every backend holds some host memory, so counting ``host`` for all would
   serialise every load on the machine). A backend with no profile is measured
-  during its first load. It loads alone on those devices only where the meter
-  cannot tell its memory from the others' (``DeviceSpec.per_process`` false:
-  NVML's device-delta fallback), and nothing loads next to it there until its
-  profile arrives; where the meter attributes memory per process it loads
-  next to the others in what is free (its reservation is its live use), and
-  alone only after such a load ran out of memory. Exclusive devices hold one
-  backend at a time.
+  during its first load, placed by the prior from its model file
+  (``BackendSpec.prior``) as by a profile: next to others only where that
+  estimate fits what is free (foreign memory included), else room is made.
+  It loads alone where the meter cannot tell its memory apart
+  (``DeviceSpec.per_process`` false), and nothing loads next to it there
+  until its profile arrives; elsewhere alone only when the step-down after
+  starts that ran out of memory says so (:func:`yard.core.failures.step`).
+  Exclusive devices hold one backend at a time.
 - Among several GPUs it may use, a backend goes where it needs no eviction,
   else where evicting costs least (no busy one if possible, then the least
   total reload time), then where the most memory is left, then by device name.
@@ -62,7 +63,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from yard.core import estimates, reasons, resources
+from yard.core import estimates, failures, reasons, resources
 from yard.core.lifecycle import OCCUPYING, BackendState
 from yard.core.queue import Req
 from yard.core.records import Backend, Device
@@ -193,10 +194,11 @@ def loading(device: str) -> str:
 def loads_alone(b: Backend, device: DeviceSpec) -> bool:
     """Whether ``b``'s next load must be alone on ``device`` to be measured: it
     has no profile, and the meter cannot tell its memory from its neighbours'
-    there (device deltas) or its last load next to them ran out of memory."""
+    there (device deltas) or its loads next to them ran out of memory
+    (:func:`yard.core.failures.step`)."""
     if b.profile is not None:
         return False
-    return not device.per_process or b.self_caused_start_failures > 0
+    return not device.per_process or failures.step(b).alone
 
 
 def survey(devices: Iterable[str], backends: Iterable[Backend]) -> Room:
@@ -243,24 +245,30 @@ def fits_empty(
     b: Backend,
     options: Sequence[tuple[tuple[str, ...], Mapping[str, int]]],
     devices: Mapping[str, Device],
+    margin: float = 1.0,
 ) -> tuple[bool, str]:
     """Whether ``b`` fits on an empty machine in one of its ``options`` (GPU set,
     need per device); if not, why."""
     if not options:
         present = [g for g in devices if g != HOST]
         return False, reasons.no_gpus(b.name, b.spec.gpu_count, b.spec.gpus, present)
-    if b.profile is None:
+    if b.estimate is None:
         return True, ""
+    # A prior is an estimate: it refuses at once only where its figure itself,
+    # without the margin reservations carry, exceeds the device.
+    prior = b.spec.prior if b.profile is None else None
     worst: list[tuple[str, int, int]] = []
     for _gpus, need in options:
         short = [
             (d, n, devices[d].spec.usable_bytes)
             for d, n in need.items()
-            if n > devices[d].spec.usable_bytes
+            if (n / margin if prior is not None else n) > devices[d].spec.usable_bytes
         ]
         if not short:
             return True, ""
         worst = worst or short
+    if prior is not None:
+        return False, reasons.too_big_estimated(b.name, worst, prior.source)
     return False, reasons.too_big(b.name, worst)
 
 
@@ -478,15 +486,28 @@ def plan_on(
     slack = min(-deficit[d] for d in devs)
     if not chosen:
         if not still_stopping and all(need[d] <= free_now[d] for d in devs):
-            choice = resources.choose(b.spec, b.profile, gpus, config.profile_margin, free_now)
+            prior = b.spec.prior if b.profile is None else None
+            choice = resources.choose(
+                b.spec,
+                b.estimate,
+                gpus,
+                config.profile_margin,
+                free_now,
+                estimated=prior.source if prior is not None else None,
+                minimum=failures.step(b).minimum,
+            )
             if choice is not None:
                 need = choice.need
             figures = [(d, need[d], free_now[d]) for d in devs]
-            text = reasons.placed(where, figures, b.profile is not None)
+            text = reasons.placed(where, figures, b.estimate is not None)
             plan = Plan(b, gpus, Outcome.START, text, need=need, slack=slack)
             if choice is not None:
                 plan.reason += "; " + choice.why
                 plan.context, plan.parallel = choice.context, choice.parallel
+            elif prior is not None:
+                p = prior.profile
+                nbytes = p.gpu_bytes if gpus else p.host_bytes
+                plan.reason += "; " + reasons.estimated(prior.source, nbytes, None, primary[0])
             return plan
         stopping = [
             o.name

@@ -65,7 +65,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 
-from yard.core import estimates, placement, reasons
+from yard.core import estimates, failures, placement, reasons
 from yard.core.decisions import Decision
 from yard.core.lifecycle import BackendState, Move
 from yard.core.placement import Outcome, Plan, Reads, Room
@@ -147,7 +147,7 @@ class Planner:
         self._ranks: dict[str, tuple[int, Key]] = {}
         self._rank_list: list[tuple[int, Key]] = []
         # this round's blocked plans, told again to the backends after them
-        self._told: dict[tuple[Frontier, Room, int, bool | None, str | None], Told] = {}
+        self._told: dict[tuple[Frontier, Room, int, failures.Step | None, str | None], Told] = {}
         # per backend: what plans may read of it (:func:`read_sig`) when the
         # steps were last known to agree with it
         self._seen: dict[str, Sig] = {}
@@ -484,7 +484,7 @@ class Planner:
         # one whose every refusal holds for a request ranked no higher, holds
         # for the backends after it with the same options, after the same
         # frontier: it is told again, not worked out again.
-        alone = None if b.profile is not None else b.self_caused_start_failures > 0
+        alone = None if b.profile is not None else failures.step(b)
         key = (frontier, room, sig, alone, family_of(b, head))  # siblings refuse their own
         told = self._told.get(key)
         plan: Plan | None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from yard.core.spec import Prior
+
 _GIB = 1024**3
 
 
@@ -53,6 +55,54 @@ def too_big(name: str, short: Sequence[tuple[str, int, int]]) -> str:
     """``short``: (device, bytes needed, usable bytes) for each device it exceeds."""
     worst = "; ".join(f"needs {gib(n)} on {d}, usable {gib(u)}" for d, n, u in short)
     return f"{name} does not fit even on an empty machine: {worst}"
+
+
+def start_tried(devices: Sequence[str], context: int | None, alone: bool) -> str:
+    where = "+".join(devices)
+    at = f" at context {context:,}" if context is not None else ""
+    company = "alone" if alone else "next to other backends"
+    return f"on {where}{at}, {company}"
+
+
+def stepping_down(name: str, tried: str, caused: str, minimum: bool, alone: bool) -> str:
+    nxt = "at its minimum context" if minimum else "as placed"
+    if alone:
+        nxt += ", alone on its devices"
+    return (
+        f"{name} ran out of memory starting {tried}: yard's doing ({caused}); its requests "
+        f"keep their place and the next start is {nxt}"
+    )
+
+
+def does_not_fit_after(
+    name: str,
+    tried: str,
+    detail: str,
+    figures: Sequence[tuple[str, int, int]],
+    prior: Prior | None,
+) -> str:
+    """``figures``: (device, usable bytes, bytes other processes held) of each
+    device it tried."""
+    room = "; ".join(
+        f"{d}: {gib(u)} usable, {gib(f)} held by other processes" for d, u, f in figures
+    )
+    text = f"{name} does not fit: it ran out of memory starting {tried} ({room})"
+    if prior is not None:
+        p = prior.profile
+        text += (
+            f"; estimated from {prior.source}: {gib(p.gpu_bytes)} GPU / "
+            f"{gib(p.host_bytes)} host at {p.context or 0:,} tokens"
+        )
+    return f"{text}; its last start: {detail}"
+
+
+def too_big_estimated(name: str, short: Sequence[tuple[str, int, int]], source: str) -> str:
+    """As :func:`too_big`, for a backend never measured, judged by its prior."""
+    worst = "; ".join(f"about {gib(n)} on {d}, usable {gib(u)}" for d, n, u in short)
+    return (
+        f"{name} does not fit even on an empty machine at its smallest context, "
+        f"as estimated from {source}: {worst}"
+    )
 
 
 # -- estimates ------------------------------------------------------------------------
@@ -181,6 +231,25 @@ def context_chosen(context: int, span: tuple[int, int]) -> str:
     if context == low:
         return f"context {context} (of {low}-{high}): only its minimum fits next to the others"
     return f"context {context} (of {low}-{high}): the largest that fits next to the others"
+
+
+def context_stepped_down(context: int, span: tuple[int, int]) -> str:
+    low, high = span
+    return (
+        f"context {context} (of {low}-{high}): its minimum, since a larger start ran out of memory"
+    )
+
+
+def trained_cap(top: int, span: tuple[int, int]) -> str:
+    return (
+        f"not above {top:,} tokens, the context the model was trained for (llama-server caps "
+        f"a slot there; {span[1]:,} would hold memory no request can use)"
+    )
+
+
+def estimated(source: str, nbytes: int, context: int | None, device: str) -> str:
+    at = f" at {context:,} tokens" if context is not None else ""
+    return f"estimated from {source}: {gib(nbytes)}{at} on {device}, until measured"
 
 
 def fell_back_to_deltas(device: str) -> str:

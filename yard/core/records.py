@@ -74,7 +74,14 @@ class Backend:
     ahead_load_why: str = ""
     ahead_keep_why: str = ""
     unload_requested: bool = False
+    # starts that ran out of memory by yard's doing since it was last ready
+    # (how far the next start steps down: yard.core.failures.step) and the
+    # (gpus, context, alone) of each, never tried again
     self_caused_start_failures: int = 0
+    failed_starts: set[tuple[tuple[str, ...], int | None, bool]] = field(default_factory=set)
+    # what the server itself reported taking once ready (llama-server's /props:
+    # n_ctx, total_slots); None: it reports nothing
+    served_context: int | None = None
     # what the core learned
     profile: Profile | None = None
     profile_has_load: bool = False
@@ -82,6 +89,15 @@ class Backend:
     service_ewma: float | None = None
     service_max: float | None = None
     service_recent: deque[float] = field(default_factory=lambda: deque(maxlen=SERVICE_WINDOW))
+
+    @property
+    def estimate(self) -> Profile | None:
+        """What placement goes by: the measured profile, else the prior read
+        from the model file (None: nothing known)."""
+        if self.profile is not None:
+            return self.profile
+        prior = self.spec.prior
+        return prior.profile if prior is not None else None
 
     @property
     def primary(self) -> tuple[str, ...]:

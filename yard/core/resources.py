@@ -34,8 +34,16 @@ Rules
   the additive line is exact on the path.
 - Contexts are chosen in multiples of :data:`STEP` tokens (or the minimum),
   slot counts one by one.
-- A first load (no profile) starts at both maxima, the worst case, and is
-  measured there.
+- A first load (no profile) is placed by the prior read from its model file
+  (:class:`~yard.core.spec.Prior`: weights, KV bytes per token, compute), a
+  line of the same shape: it starts at the largest context that estimate says
+  fits next to what is there, foreign memory included, and is measured there.
+  With no prior either, it starts at both maxima, the worst case.
+- A context above the model's trained one is not offered (:func:`offered`):
+  llama-server caps each slot there anyway, while its cache takes the memory
+  of the whole ``-c``.
+- A start that ran out of memory by yard's doing steps down
+  (:mod:`yard.core.failures`): the next one gets the minimum context.
 - With one point and no slope, a setting starts at its measured value, which is
   all that is known (memory grows with it, so it is a safe bound for smaller
   ones only); a second point at another value gives the slope.
@@ -70,6 +78,20 @@ class Choice:
     parallel: int | None
     need: dict[str, int]
     why: str
+
+
+def offered(spec: BackendSpec) -> tuple[int, int] | None:
+    """The context range a start may be given: the configured one, capped at
+    the model's trained context where the prior knows it (None: no range)."""
+    span = spec.context
+    prior = spec.prior
+    if span is None or prior is None or prior.trained_context is None:
+        return span
+    low, high = span
+    cap = prior.trained_context
+    if high <= cap:
+        return span
+    return min(low, cap), cap
 
 
 def context_of(
@@ -107,7 +129,7 @@ def required(
     spec: BackendSpec, profile: Profile | None, gpus: tuple[str, ...]
 ) -> tuple[int | None, int | None]:
     """The (context, slots) whose need is the *required* part."""
-    return context_of(spec.context, profile, gpus), parallel_of(spec.parallel, profile, gpus)
+    return context_of(offered(spec), profile, gpus), parallel_of(spec.parallel, profile, gpus)
 
 
 def has_slope(profile: Profile, gpus: tuple[str, ...]) -> bool:
@@ -250,25 +272,42 @@ def choose(
     gpus: tuple[str, ...],
     margin: float,
     free: Mapping[str, int],
+    *,
+    estimated: str | None = None,
+    minimum: bool = False,
 ) -> Choice | None:
     """What a start on ``gpus`` gets, with ``free`` bytes free on each device
     (the required part is known to fit): the context first, as large as fits
-    up to its maximum; then, with the context at its top, as many slots as
-    fit. None when the backend declares neither range."""
+    up to its maximum (no more than the model's trained context,
+    :func:`offered`); then, with the context at its top, as many slots as fit.
+    None when the backend declares neither range.
+
+    estimated: ``profile`` is the prior read from this source (the reason says
+        so, with the figure at the chosen context). minimum: the start steps
+        down after one that ran out of memory: the context is the minimum.
+    """
     if spec.context is None and spec.parallel is None:
         return None
-    context, parallel = required(spec, profile, gpus)
+    span = offered(spec)
+    if span is not None and minimum:
+        span = (span[0], span[0])
+    context = context_of(span, profile, gpus)
+    parallel = parallel_of(spec.parallel, profile, gpus)
     why: list[str] = []
     context_top = True
-    if spec.context is not None:
+    if span is not None and spec.context is not None:
         assert context is not None
-        grown = grow(spec.context, profile, gpus, margin, free, parallel)
-        if grown is None:
-            why.append(reasons.context_fixed(context, spec.context, profile is None))
+        grown = grow(span, profile, gpus, margin, free, parallel)
+        if minimum:
+            why.append(reasons.context_stepped_down(span[0], spec.context))
+        elif grown is None:
+            why.append(reasons.context_fixed(context, span, profile is None))
         else:
             context = grown[0]
-            context_top = context == spec.context[1]
-            why.append(reasons.context_chosen(context, spec.context))
+            context_top = context == span[1]
+            why.append(reasons.context_chosen(context, span))
+        if span[1] < spec.context[1]:
+            why.append(reasons.trained_cap(span[1], spec.context))
     if spec.parallel is not None:
         assert parallel is not None
         more = grow_slots(spec.parallel, profile, gpus, margin, free, context)
@@ -280,6 +319,11 @@ def choose(
             parallel = more[0]
             why.append(reasons.parallel_chosen(parallel, spec.parallel))
     need = need_at(profile, gpus, margin, context, parallel)
+    if estimated is not None and profile is not None:
+        device = gpus[0] if gpus else HOST
+        figures = at(profile, context, parallel)
+        held = figures.gpu_bytes if gpus else figures.host_bytes
+        why.append(reasons.estimated(estimated, held, context, device))
     return Choice(context=context, parallel=parallel, need=need, why="; ".join(why))
 
 

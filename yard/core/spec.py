@@ -86,6 +86,8 @@ class BackendSpec:
     instance_load_penalty: this backend's own
         :attr:`SchedulerConfig.instance_load_penalty` (None: the scheduler's);
         every instance carries the same.
+    prior: what its model file says it needs (None: nothing known), used
+        until its first measurement (:class:`Prior`).
     spread_windows: with several instances, whether held work and
         announcements ready the further instances ahead of their windows too,
         where the work announced is more than the first's slots
@@ -106,6 +108,7 @@ class BackendSpec:
     instance_of: str | None = None
     instance_load_penalty: float | None = None
     spread_windows: bool = False
+    prior: Prior | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -226,6 +229,30 @@ class Profile:
     def __post_init__(self) -> None:
         if self.gpu_bytes < 0 or self.host_bytes < 0 or self.load_s < 0:
             raise ValueError("a profile cannot hold negative figures")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prior:
+    """What a backend's model file says it needs, before it was ever measured
+    (:mod:`yard.memory.prior` reads it). The core places a backend with no
+    profile by it, as by a measured profile, until the first measurement
+    replaces it.
+
+    profile: the estimate, in a profile's shape: figures at ``profile.context``
+        and bytes per token of context (no load time: ``load_s`` is 0 and
+        unused). Margin not applied.
+    trained_context: the context the model was trained for (None: unknown);
+        no start is offered a larger one.
+    source: what it was read from, for reasons ("the model file").
+    """
+
+    profile: Profile
+    trained_context: int | None = None
+    source: str = "the model file"
+
+    def __post_init__(self) -> None:
+        if self.trained_context is not None and self.trained_context < 1:
+            raise ValueError("a trained context must be positive")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -179,7 +179,7 @@ class Core:
         context and slot count its start got (not the required ones: those
         only place it)."""
         m = self.config.profile_margin
-        return resources.need_at(b.profile, b.gpus, m, b.context, b.parallel)
+        return resources.need_at(b.estimate, b.gpus, m, b.context, b.parallel)
 
     def options(self, b: Backend) -> Options:
         """Every GPU set ``b`` may take with its need there; cached until its
@@ -199,7 +199,8 @@ class Core:
     def fits_empty_machine(self, b: Backend) -> tuple[bool, str]:
         known = self.fit_cache.get(b.name)
         if known is None:
-            known = placement.fits_empty(b, self.options(b), self.devices)
+            margin = self.config.profile_margin
+            known = placement.fits_empty(b, self.options(b), self.devices, margin)
             self.fit_cache[b.name] = known
         return known
 
@@ -291,7 +292,9 @@ class Core:
         b.devices = (*plan.gpus, HOST)
         self.touched_devices.update(b.devices)
         self.touched_devices.update(loading(d) for d in b.devices)
-        b.reserved = {} if measure else dict(plan.need)
+        # A first load holds its estimate (the prior) until measured, or
+        # nothing: its live use, whichever is higher (Backend.held).
+        b.reserved = {} if measure and b.estimate is None else dict(plan.need)
         b.live = {}
         b.loading = ""
         b.measuring = measure
@@ -308,6 +311,7 @@ class Core:
                     b.overcommit = b.overcommit or text
         b.context = plan.context
         b.parallel = plan.parallel
+        b.served_context = None
         placed = plan.reason
         if measure:
             alone = any(placement.loads_alone(b, self.devices[d].spec) for d in b.primary)
@@ -327,6 +331,7 @@ class Core:
 
 def _need(b: Backend, gpus: tuple[str, ...], margin: float) -> dict[str, int]:
     """The reservation on each device of a placement on ``gpus`` (0s while
-    unmeasured), at its required context and slot count where it has ranges."""
-    context, parallel = resources.required(b.spec, b.profile, gpus)
-    return resources.need_at(b.profile, gpus, margin, context, parallel)
+    unmeasured with no prior), at its required context and slot count where it
+    has ranges."""
+    context, parallel = resources.required(b.spec, b.estimate, gpus)
+    return resources.need_at(b.estimate, gpus, margin, context, parallel)

@@ -14,7 +14,7 @@ from yard.core import estimates, reasons
 from yard.core.lifecycle import LOADED, OCCUPYING, BackendState
 from yard.core.queue import Req, order_key
 from yard.core.records import Backend, Device
-from yard.core.spec import DeviceKind, Profile, SchedulerConfig
+from yard.core.spec import DeviceKind, Prior, Profile, SchedulerConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,7 +43,13 @@ class QueuedView:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackendView:
     """One backend: its state (``stopped``, ``starting``, ``ready``, ``draining``,
-    ``stopping``, ``failed``) and why it is in it."""
+    ``stopping``, ``failed``) and why it is in it.
+
+    context, parallel, slots: what its running instance has: the context and
+    slot count the server itself reported once ready (llama-server's
+    ``/props``), else those yard chose. prior: the estimate read from its
+    model file while it has no profile (None: measured, or no file).
+    """
 
     name: str
     state: str
@@ -59,6 +65,7 @@ class BackendView:
     queued: int = 0
     context: int | None = None
     parallel: int | None = None
+    prior: Prior | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,8 +254,9 @@ def backend_view(b: Backend, profile: Profile | None) -> BackendView:
         last_load_s=b.learned_load_s,
         reason=_reason(b, bool(waiting)),
         queued=b.queue.size,
-        context=b.context if b.state in OCCUPYING else None,
+        context=(b.served_context or b.context) if b.state in OCCUPYING else None,
         parallel=b.parallel if b.state in OCCUPYING else None,
+        prior=b.spec.prior if b.profile is None else None,
     )
 
 
