@@ -17,11 +17,11 @@ from typing import Any, cast
 
 import trio
 
+from yard.app.runtime import Runtime
+from yard.app.web import create_app, serve_app
 from yard.config import BackendConfig, Config, ServerConfig
 from yard.core.spec import SchedulerConfig
 from yard.engine import Assignment, Engine
-from yard.http.app import create_app, serve_app
-from yard.http.runtime import Runtime
 
 
 class _Admission:

@@ -172,7 +172,7 @@ def test_the_cycle_check_finds_a_cycle(tmp_path: Path) -> None:
 MAX_MODULE_LINES = 600
 """The most lines a module of yard may have (issue 11)."""
 
-LONG_MODULES = frozenset({"yard/http/wire.py"})
+LONG_MODULES = frozenset({"yard/h1/wire.py"})
 """The exceptions: the HTTP/1.1 codec, one protocol read top to bottom and kept
 honest by the differential tests against h11."""
 
@@ -196,8 +196,8 @@ def test_no_module_of_yard_over_600_lines_but_the_wire_codec() -> None:
 
 def test_the_size_check_finds_a_long_module_and_spares_the_codec(tmp_path: Path) -> None:
     pkg = tmp_path / "yard"
-    (pkg / "http").mkdir(parents=True)
+    (pkg / "h1").mkdir(parents=True)
     (pkg / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
     (pkg / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
-    (pkg / "http" / "wire.py").write_text("x = 1\n" * 2000)
+    (pkg / "h1" / "wire.py").write_text("x = 1\n" * 2000)
     assert _too_long(pkg) == {"yard/long.py": MAX_MODULE_LINES + 1}

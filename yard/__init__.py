@@ -17,7 +17,7 @@ The rooms, from the inside out:
   ``process``, ``readiness``, ``groups``, ``pidfiles``).
 - ``yard.memory``: meters (``nvml``, ``drm``, ``apple``, ``host``; ``gpus``:
   which GPU is which), profiles, first-load measurement, ``yard probe``.
-- ``yard.upstream``: the HTTP client that sends requests to backends.
+- ``yard.h1.upstream``: the HTTP client that sends requests to backends.
 - ``yard.http``: yard's HTTP/1.1 server (``server``, ``connection``,
   ``exchange``, ``wire``, ``sockio``, ``limits``), the browser ``guard``, the
   data plane (``gateway``, ``intake``), the whole ``app`` with its Quart
@@ -27,7 +27,7 @@ The rooms, from the inside out:
 - ``yard.observe``: dashboard, ``/metrics``, admin API; ``yard.status``: the
   same in a terminal.
 - ``yard.config``: the TOML configuration, by section; ``yard.cli``: the
-  command line (``yard.serve``; ``yard.keys``: ``yard key new``).
+  command line (``yard.app.serve``; ``yard.keys``: ``yard key new``).
 - ``yard.testing``: test backends (a real process, an in-process fake);
   ``yard.demo``: a tiny model and the demo servers.
 - ``sim`` (beside the package): the same engine and core under virtual time.

@@ -22,7 +22,7 @@ class Command(NamedTuple):
 
 
 COMMANDS: dict[str, Command] = {
-    "serve": Command("yard.serve", "run the gateway"),
+    "serve": Command("yard.app.serve", "run the gateway"),
     "check": Command("yard.config", "validate a configuration file without starting anything"),
     "probe": Command("yard.memory.probe", "measure one model's memory and load time"),
     "status": Command("yard.status", "show a running yard in the terminal"),

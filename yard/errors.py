@@ -5,7 +5,7 @@ catch the same type: the engine (the core refused the request, its deadline
 passed, its backend failed, yard is shutting down), the HTTP layer (a missing
 key, a malformed header, a body too large) and the job service (a quota, a
 job too large). The HTTP layer answers it in the OpenAI error shape
-(``yard.http.errors.error_body``).
+(``yard.h1.errors.error_body``).
 """
 
 from __future__ import annotations

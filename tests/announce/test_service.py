@@ -19,11 +19,11 @@ from tests.jobs.fakes import EPOCH, wall
 from yard.announce.metrics import AnnouncementCollector
 from yard.announce.service import AnnouncementNotFound, Announcements, BadAnnouncement, Limits
 from yard.announce.store import AnnouncementStore, Status
+from yard.app.runtime import Runtime
+from yard.app.web import create_control_app
 from yard.config import AppConfig, BackendConfig, Config, JobsConfig, ServerConfig
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
-from yard.http.app import create_control_app
-from yard.http.runtime import Runtime
 from yard.jobs.store import JobStore
 
 APPS = {

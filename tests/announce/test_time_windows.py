@@ -12,8 +12,8 @@ import trio.testing
 
 from tests.jobs.fakes import Answer, FakeUpstream, proxy_request
 from tests.jobs.test_real_engine import yard
-from yard.http.errors import ApiError
-from yard.http.intake import check_window, parse_not_before, parse_start_by
+from yard.api.intake import check_window, parse_not_before, parse_start_by
+from yard.h1.errors import ApiError
 
 NOW = 100.0  # engine clock
 WALL = 1_796_306_400.0  # 2026-12-03T14:00:00Z

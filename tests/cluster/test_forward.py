@@ -17,6 +17,8 @@ import pytest
 import trio
 
 from tests.http.fakes import FakeEngine
+from yard.app.runtime import Runtime
+from yard.app.web import create_app, serve_app
 from yard.cluster.forward import (
     ARRIVED_AT,
     FORWARDED_BY,
@@ -32,8 +34,6 @@ from yard.cluster.policy import Peer
 from yard.config import AppConfig, BackendConfig, Config, ServerConfig
 from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
-from yard.http.app import create_app, serve_app
-from yard.http.runtime import Runtime
 from yard.observe.metrics import REQUESTS
 from yard.testing.fake import FakeBackend, serve_fake
 

@@ -25,9 +25,9 @@ from tests.cluster.test_jobs_database_lost import LosingStore, node_jobs
 from tests.jobs.fakes import EPOCH, Answer, FakeEngine, FakeUpstream, proxy_request
 from yard.cluster.pg import DatabaseBusy
 from yard.db import DatabaseError
+from yard.h1.upstream import UpstreamError
 from yard.jobs.records import JobError, Status, StoredRequest, StoredResult
 from yard.jobs.service import Jobs
-from yard.upstream import UpstreamError
 
 
 class Logged(logging.Handler):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from yard.api.intake import authenticate
 from yard.config import AppConfig, Config, ConfigError, key_digest, load_config
-from yard.http.errors import ApiError
-from yard.http.intake import authenticate
+from yard.h1.errors import ApiError
 
 BACKENDS = """
 [backends.llm]

@@ -1,4 +1,4 @@
-"""Harness for the gateway tests. The real-path tests run ``yard.serve.serve``
+"""Harness for the gateway tests. The real-path tests run ``yard.app.serve.serve``
 in this process on a free loopback port, with real test-backend processes
 (``yard.testing.backend``); :func:`virtual_yard` runs the gateway and the real
 engine on virtual time, with scripted processes and the in-process fake."""
@@ -17,13 +17,13 @@ import trio
 from tests.engine.fakes import Script
 from tests.http.conftest import APPS, make_config
 from tests.http.virtual import ServedLauncher, VirtualGateway
+from yard.app.runtime import Runtime
+from yard.app.serve import serve
+from yard.app.web import create_app
 from yard.config import AppConfig, load_config
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
-from yard.http.app import create_app
-from yard.http.runtime import Runtime
-from yard.http.server import Server
-from yard.serve import serve
+from yard.h1.server import Server
 from yard.testing.backend import backend_command
 from yard.testing.fake import FakeBackend, Options, serve_fake
 

@@ -23,12 +23,12 @@ from tests.gateway.conftest import (
     wait_until,
     write_config,
 )
+from yard.app.runtime import Runtime
+from yard.app.serve import serve
 from yard.config import load_config
 from yard.core.spec import Profile
-from yard.http.runtime import Runtime
 from yard.memory import default_meter
 from yard.memory.profiles import open_profile_store
-from yard.serve import serve
 
 pytestmark = pytest.mark.slow
 

@@ -1,11 +1,11 @@
-"""What each stop signal does to ``yard serve`` at each stage (:class:`yard.serve.Shutdown`),
+"""What each stop signal does to ``yard serve`` at each stage (:class:`yard.app.serve.Shutdown`),
 without processes: a scope stands for yard's nursery, a list for the supervisor's hurry."""
 
 from __future__ import annotations
 
 import trio
 
-from yard.serve import Shutdown
+from yard.app.serve import Shutdown
 
 
 def _attached(serving: bool) -> tuple[Shutdown, trio.CancelScope, list[str]]:

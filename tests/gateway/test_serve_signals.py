@@ -18,11 +18,11 @@ import pytest
 import trio
 
 from tests.gateway.conftest import free_port, wait_healthy, wait_until
+from yard.app.serve import stop_signals
 from yard.config import load_config
 from yard.core.spec import Profile
 from yard.memory import default_meter
 from yard.memory.profiles import open_profile_store
-from yard.serve import stop_signals
 from yard.supervisor import group_members
 from yard.testing.backend import backend_command
 

@@ -22,14 +22,14 @@ import trio.testing
 
 from tests.http.fakes import FakeEngine
 from tests.http.virtual import VirtualGateway
+from yard.app.runtime import JobService, RequestHook, Runtime
+from yard.app.web import create_app, create_control_app, serve_app
 from yard.config import AppConfig, BackendConfig, Config, ServerConfig
 from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
-from yard.http.app import create_app, create_control_app, serve_app
-from yard.http.asgi import ASGIApp
+from yard.h1.asgi import ASGIApp
+from yard.h1.server import Server
 from yard.http.gateway import Gateway as GatewayApp
-from yard.http.runtime import JobService, RequestHook, Runtime
-from yard.http.server import Server
 from yard.testing.fake import FakeBackend as Upstream
 from yard.testing.fake import serve_fake as serve_upstream
 

@@ -409,7 +409,7 @@ async def test_respond_async_hands_the_parsed_request_to_the_job_service(
     assert response.json() == {"id": "job-1", "status": "queued"}
     ((request, rerun_safe),) = jobs.submitted
     assert rerun_safe is True
-    from yard.upstream import ProxyRequest
+    from yard.h1.upstream import ProxyRequest
 
     assert isinstance(request, ProxyRequest)
     assert (request.backend, request.priority, request.model) == ("llm", 5.0, "tiny")

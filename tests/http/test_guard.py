@@ -15,10 +15,11 @@ import pytest
 import trio
 
 from tests.observe.fakes import FakeEngine
+from yard.app.runtime import Runtime
+from yard.app.web import create_app, serve_app
 from yard.config import AppConfig, BackendConfig, Config, ConfigError, ServerConfig, load_config
 from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
-from yard.http.app import create_app, serve_app
 from yard.http.guard import (
     Guard,
     GuardPolicy,
@@ -27,7 +28,6 @@ from yard.http.guard import (
     normalize_origin,
     origin_matches_host,
 )
-from yard.http.runtime import Runtime
 
 FORM = "application/x-www-form-urlencoded"
 EVIL = "http://evil.example"

@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from tests.http.virtual import tcp_pair
-from yard.http.server import ASGIApp, Limits, Server
+from yard.h1.server import ASGIApp, Limits, Server
 
 Scope = dict[str, Any]
 Connect = Callable[[], Awaitable[trio.SocketStream]]
@@ -409,7 +409,7 @@ class _Holder:
 
 
 async def test_over_the_cap_only_healthz_and_the_admin_key_are_served_then_all_is_refused() -> None:
-    from yard.http.server import serve
+    from yard.h1.server import serve
 
     app = _Holder()
     limits = Limits(max_connections=3, reserved_connections=2)
@@ -477,7 +477,7 @@ async def test_over_the_cap_only_healthz_and_the_admin_key_are_served_then_all_i
 def test_the_cap_is_lowered_to_fit_the_open_file_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     import resource
 
-    from yard.http.server import connection_cap
+    from yard.h1.server import connection_cap
 
     monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
     # Each connection may hold a backend connection too; 128 kept for the rest.
@@ -503,7 +503,7 @@ def test_the_cap_is_lowered_to_fit_the_open_file_limit(monkeypatch: pytest.Monke
 async def test_at_the_cap_the_connection_waiting_longest_on_its_client_makes_room(
     slow_request: bytes,
 ) -> None:
-    from yard.http.server import open_listeners
+    from yard.h1.server import open_listeners
 
     async def app(scope: Scope, receive: Any, send: Any) -> None:
         if scope.get("path") != "/refused":

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from yard.config import ConfigError, load_config
-from yard.http.server import Limits
+from yard.h1.server import Limits
 
 
 def _load(tmp_path: Path, server: str) -> Limits:

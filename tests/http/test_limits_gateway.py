@@ -14,11 +14,11 @@ import trio
 
 from tests.engine.fakes import Script
 from tests.http.virtual import ServedLauncher
+from yard.app.runtime import Runtime
+from yard.app.web import create_app, serve_app
 from yard.config import BackendConfig, Config, ServerConfig
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
-from yard.http.app import create_app, serve_app
-from yard.http.runtime import Runtime
 
 SLOTS = 8
 ANSWER = 8 * 2**20

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.http.conftest import Gateway
+from yard.h1.errors import ApiError
 from yard.http import model_scan
-from yard.http.errors import ApiError
 from yard.http.model_scan import model_of
 
 FORM = b"application/x-www-form-urlencoded"

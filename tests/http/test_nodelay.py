@@ -8,8 +8,8 @@ import socket
 
 import trio
 
-from yard.http.server import open_listeners
-from yard.upstream import UpstreamPool, _origin
+from yard.h1.server import open_listeners
+from yard.h1.upstream import UpstreamPool, _origin
 
 
 def _nodelay(stream: trio.SocketStream) -> bool:

@@ -1,4 +1,4 @@
-"""The OpenAPI document (:mod:`yard.http.openapi`) stays true.
+"""The OpenAPI document (:mod:`yard.app.openapi`) stays true.
 
 - Every route the control plane (Quart) and the gateway serve is in the
   document, and every path of the document is served, by the part it says.
@@ -28,12 +28,12 @@ from schemathesis.core.result import Ok
 from tests.gateway.conftest import backend_toml, running_yard
 from tests.http.conftest import make_config
 from tests.http.fakes import FakeEngine
+from yard.app.openapi import OPENAI_ROUTES, PROXY_METHODS, document
+from yard.app.runtime import Runtime
+from yard.app.web import create_control_app
 from yard.engine import Engine
-from yard.http.app import create_control_app
-from yard.http.asgi import Message, Scope
+from yard.h1.asgi import Message, Scope
 from yard.http.gateway import Gateway
-from yard.http.openapi import OPENAI_ROUTES, PROXY_METHODS, document
-from yard.http.runtime import Runtime
 
 DOC = document()
 _IGNORED_METHODS = {"HEAD", "OPTIONS"}

@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from yard.http.server import ASGIApp, serve
+from yard.h1.server import ASGIApp, serve
 
 Scope = dict[str, Any]
 

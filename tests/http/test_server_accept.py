@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from tests.http.virtual import tcp_pair
-from yard.http.server import ASGIApp, Limits, Server, open_listeners, serve
+from yard.h1.server import ASGIApp, Limits, Server, open_listeners, serve
 
 Scope = dict[str, Any]
 HOLD = b"GET /hold HTTP/1.1\r\nhost: x\r\n\r\n"

@@ -1,5 +1,5 @@
 """A new connection waits for its first request without a task of its own
-(:class:`yard.http.lobby.Lobby`), under the same limits as a connection's
+(:class:`yard.h1.lobby.Lobby`), under the same limits as a connection's
 task keeps: the head timeout, the small body's timeout, the cap's eviction of
 the longest waiting, shutdown. Timed cases on loopback TCP pairs handed to
 :meth:`Server.admit` under MockClock (exact virtual times); the accept loop's
@@ -17,7 +17,7 @@ import trio.lowlevel
 import trio.testing
 
 from tests.http.virtual import tcp_pair
-from yard.http.server import ASGIApp, Limits, Server, open_listeners
+from yard.h1.server import ASGIApp, Limits, Server, open_listeners
 
 Scope = dict[str, Any]
 

@@ -1,4 +1,4 @@
-"""yard.http.sockio: the hot path's socket calls, over real socket pairs."""
+"""yard.h1.sockio: the hot path's socket calls, over real socket pairs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from yard.http import sockio
+from yard.h1 import sockio
 
 
 def _pair() -> tuple[trio.SocketStream, trio.SocketStream]:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 import trio
 
-from yard.upstream import UpstreamError, UpstreamPool
+from yard.h1.upstream import UpstreamError, UpstreamPool
 
 
 async def _scripted(

@@ -1,4 +1,4 @@
-"""yard.http.wire, the sans-I/O HTTP/1.1 server connection: table tests of
+"""yard.h1.wire, the sans-I/O HTTP/1.1 server connection: table tests of
 requests good and bad, bodies split at every byte, pipelining, 100-continue,
 end of file, keep-alive, response framing; and differential tests that run
 the same bytes through h11 and expect the same answer, except where wire
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from yard.http import wire
-from yard.http.wire import (
+from yard.h1 import wire
+from yard.h1.wire import (
     DONE,
     ERROR,
     IDLE,
@@ -944,7 +944,7 @@ def test_responses_read_by_an_h11_client_as_h11_writes_them(
 
 
 def test_the_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    """Not a timing test: only that ``python -m yard.http.wire`` works."""
+    """Not a timing test: only that ``python -m yard.h1.wire`` works."""
     wire._bench(number=10, repeat=1)
     assert "wire" in capsys.readouterr().out
 

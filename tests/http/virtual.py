@@ -1,5 +1,5 @@
 """The gateway on virtual time. Clients: loopback TCP pairs handed straight to
-yard's :class:`~yard.http.server.Server` (no listener), read with h11, so that
+yard's :class:`~yard.h1.server.Server` (no listener), read with h11, so that
 a test under MockClock sees every piece of a response at its exact virtual
 time (the server watches its sockets, so the pair is TCP, not a memory
 stream). Backends: scripted fake processes whose HTTP is an in-process
@@ -15,8 +15,8 @@ import h11
 import trio
 
 from tests.engine.fakes import FakeLauncher, FakeProcess, Script
-from yard.http.runtime import Runtime
-from yard.http.server import Server
+from yard.app.runtime import Runtime
+from yard.h1.server import Server
 from yard.testing.fake import FakeBackend
 
 E = TypeVar("E")
@@ -52,7 +52,7 @@ class Reply:
 
 @dataclass
 class VirtualGateway(Generic[E]):
-    """The gateway on :class:`~yard.http.server.Server`, reached through
+    """The gateway on :class:`~yard.h1.server.Server`, reached through
     loopback TCP pairs handed to :meth:`Server.handle` (see ``vgw``)."""
 
     server: Server

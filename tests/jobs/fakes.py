@@ -16,15 +16,15 @@ from typing import Any
 import trio
 
 from yard.admission import Assignment
+from yard.app.runtime import JobService
 from yard.config import JobsConfig
 from yard.core.events import Outcome
 from yard.core.views import QueuedView
 from yard.errors import Rejected
-from yard.http.runtime import JobService
+from yard.h1.upstream import ProxyRequest, UpstreamError
 from yard.jobs.service import Jobs
 from yard.jobs.store import JobStore
 from yard.jobs.upstream import UpstreamResponseLike
-from yard.upstream import ProxyRequest, UpstreamError
 
 EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the wall clock at virtual time 0
 

@@ -20,11 +20,11 @@ import pytest
 import trio
 
 from tests.jobs.fakes import FakeEngine
+from yard.app.runtime import Runtime
+from yard.app.web import create_app, serve_app
 from yard.config import AppConfig, BackendConfig, Config, ServerConfig, load_config
 from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
-from yard.http.app import create_app, serve_app
-from yard.http.runtime import Runtime
 from yard.jobs import JobsConfig, open_jobs
 from yard.jobs.service import Jobs
 from yard.testing.fake import FakeBackend as Backend

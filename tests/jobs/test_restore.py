@@ -18,7 +18,7 @@ from tests.jobs.fakes import (
     settle,
 )
 from yard.engine import Rejected
-from yard.upstream import UpstreamError
+from yard.h1.upstream import UpstreamError
 
 
 async def test_queued_jobs_come_back_in_order_with_their_arrival_and_deadline(

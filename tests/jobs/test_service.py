@@ -19,9 +19,9 @@ from tests.jobs.fakes import (
 )
 from yard.config import JobsConfig
 from yard.engine import Rejected
+from yard.h1.upstream import UpstreamError
 from yard.jobs.service import JobFinished, JobNotFound
 from yard.jobs.views import rfc3339
-from yard.upstream import UpstreamError
 
 
 async def test_a_job_is_on_disk_before_it_enters_the_queue(

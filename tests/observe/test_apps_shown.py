@@ -12,9 +12,9 @@ from rich.console import Console
 from tests.observe.conftest import ADMIN_KEY
 from tests.observe.fakes import FakeEngine, statistics
 from tests.observe.test_metrics import scrape
+from yard.app.runtime import Runtime
 from yard.config import load_config
 from yard.engine import Engine
-from yard.http.runtime import Runtime
 from yard.observe import Observer, install
 
 LIMITS: dict[str, dict[str, object]] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from yard.http.server import ServerStatistics
+from yard.h1.server import ServerStatistics
 from yard.observe.metrics import HttpCollector
 
 

@@ -1,4 +1,4 @@
-"""The dashboard, /metrics and ``yard status`` against a real yard (``yard.serve``
+"""The dashboard, /metrics and ``yard status`` against a real yard (``yard.app.serve``
 in this process, real test-backend processes, loopback sockets), the dashboard
 in a real browser: Playwright driving Debian's chromium (``make browser``)."""
 

@@ -6,9 +6,9 @@ from typing import cast
 from quart_trio import QuartTrio
 
 from tests.observe.fakes import FakeEngine
+from yard.app.runtime import Runtime
 from yard.config import load_config
 from yard.engine import Engine
-from yard.http.runtime import Runtime
 from yard.observe import Observer, observe_request, register
 
 

@@ -21,10 +21,10 @@ from quart import Blueprint, Response, request
 from werkzeug.datastructures import Headers
 
 from yard.announce.service import AnnouncementNotFound, Announcements, BadAnnouncement
+from yard.api.intake import authenticate
+from yard.app.runtime import current_runtime
 from yard.config import AppConfig
-from yard.http.errors import ApiError, error_body, error_headers
-from yard.http.intake import authenticate
-from yard.http.runtime import current_runtime
+from yard.h1.errors import ApiError, error_body, error_headers
 
 blueprint = Blueprint("announcements", __name__)
 """Mounted with ``url_prefix="/v1/announcements"``."""

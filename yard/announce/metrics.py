@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 from yard.announce.service import Announcements
 
 if TYPE_CHECKING:
-    from yard.http.runtime import Runtime
+    from yard.app.runtime import Runtime
 
 
 class AnnouncementCollector(Collector):

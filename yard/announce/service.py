@@ -43,6 +43,7 @@ import trio
 
 from yard.announce.recurring import Recurring, next_window, window_after
 from yard.announce.store import AnnouncementRecord, AnnouncementStore
+from yard.api.intake import parse_rfc3339, wall_label
 from yard.core import (
     AnnouncementEnded,
     AnnouncementMade,
@@ -50,8 +51,7 @@ from yard.core import (
     Decision,
     Event,
 )
-from yard.http.errors import ApiError
-from yard.http.intake import parse_rfc3339, wall_label
+from yard.h1.errors import ApiError
 
 if TYPE_CHECKING:
     from yard.config import AppConfig, Config

@@ -20,14 +20,14 @@ import re
 
 from quart import Blueprint, Response, request
 
+from yard.api.intake import authenticate, local_app
+from yard.app.runtime import current_runtime
 from yard.batches.service import Batches
 from yard.batches.validate import BadRequest
 from yard.batches.views import batch_json, file_json
 from yard.config import AppConfig
 from yard.errors import Rejected
-from yard.http.errors import error_type
-from yard.http.intake import authenticate, local_app
-from yard.http.runtime import current_runtime
+from yard.h1.errors import error_type
 
 files = Blueprint("files", __name__)
 """Mounted at ``/v1/files``."""

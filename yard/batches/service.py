@@ -36,6 +36,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from yard.api.intake import local_app
 from yard.batches.driver import BatchDriver, cancel_if_queued
 from yard.batches.records import ENDPOINTS, BatchRecord, FileRecord
 from yard.batches.store import BatchStore, BatchStoreLike, FileLimit
@@ -44,7 +45,6 @@ from yard.cluster.batches import PgBatchStore
 from yard.cluster.jobs import PgJobStore
 from yard.config import AppConfig, Config
 from yard.db import DatabaseError, passing
-from yard.http.intake import local_app
 from yard.jobs.service import Jobs
 from yard.jobs.store import JobStore
 

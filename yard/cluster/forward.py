@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from yard.cluster.policy import Peer, route
-from yard.http.errors import error_body, error_headers
-from yard.upstream import HOP_BY_HOP, Headers, UpstreamError, UpstreamPool
+from yard.h1.errors import error_body, error_headers
+from yard.h1.upstream import HOP_BY_HOP, Headers, UpstreamError, UpstreamPool
 
 log = logging.getLogger("yard.cluster")
 

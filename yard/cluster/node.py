@@ -64,9 +64,9 @@ from yard.core.views import Snapshot
 from yard.db import DatabaseError
 from yard.engine import Engine
 from yard.errors import Rejected
+from yard.h1.upstream import UpstreamPool
 from yard.jobs.records import JobError, JobRecord
 from yard.jobs.service import Jobs
-from yard.upstream import UpstreamPool
 
 log = logging.getLogger("yard.cluster")
 

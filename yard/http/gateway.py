@@ -13,7 +13,7 @@ One request, in order:
    backend named in ``/backends/NAME/...``, or another node of the cluster
    (steps 1 and 2: :class:`yard.http.reader.RequestReader`);
 3. ``Prefer: respond-async`` -> hand it to the job service (202), else
-4. ``engine.submit`` -> wait for dispatch -> :func:`yard.upstream.forward`
+4. ``engine.submit`` -> wait for dispatch -> :func:`yard.h1.upstream.forward`
    -> stream back -> ``admission.report``;
 5. the metrics hook (``runtime.observe_request``, left there by
    ``yard.observe.register``) hears the outcome, queue wait and latency.
@@ -39,16 +39,16 @@ from typing import TYPE_CHECKING
 import trio
 
 from yard.admission import Assignment, ResponseCut, UpstreamLost, run_turn
+from yard.api.intake import authenticate, new_request_id, without_connection_options
+from yard.app.runtime import RequestHook, Runtime
 from yard.cluster.forward import Forwarder
 from yard.core.spec import instance_name
 from yard.engine import Rejected
-from yard.http.asgi import ASGIApp, Receive, Scope, Send
-from yard.http.errors import ApiError, error_body, error_headers
-from yard.http.intake import authenticate, new_request_id, without_connection_options
+from yard.h1.asgi import ASGIApp, Receive, Scope, Send
+from yard.h1.errors import ApiError, error_body, error_headers
+from yard.h1.upstream import HOP_BY_HOP, Headers, ProxyRequest, UpstreamError
 from yard.http.reader import ClientGone, Forward, RequestReader
-from yard.http.runtime import RequestHook, Runtime
 from yard.observe.auth import COOKIE as SESSION_COOKIE
-from yard.upstream import HOP_BY_HOP, Headers, ProxyRequest, UpstreamError
 
 if TYPE_CHECKING:
     from yard.engine import Admission
@@ -202,7 +202,7 @@ class Gateway:
                     )
                     started = True
                     # When the body is already here, the head waits for it
-                    # and both go out in one write (see yard.http.server).
+                    # and both go out in one write (see yard.h1.server).
                     await send(
                         {
                             "type": "http.response.start",

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from yard.config import Config, is_loopback
-from yard.http.errors import error_body, error_headers
+from yard.h1.errors import error_body, error_headers
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -20,7 +20,7 @@ thread, so what it costs is bounded:
 
 The answer is the one parsing the whole body would give (``json.loads``,
 ``parse_qs``, the multipart field); where there is none, the functions raise
-:class:`~yard.http.errors.ApiError` with a stable code. None of them does I/O.
+:class:`~yard.h1.errors.ApiError` with a stable code. None of them does I/O.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Generator
 from typing import TypeVar
 from urllib.parse import unquote
 
-from yard.http.errors import ApiError
+from yard.h1.errors import ApiError
 
 _DISPOSITION_NAME = re.compile(rb'(?:^|;)\s*name="([^"]*)"', re.IGNORECASE)
 

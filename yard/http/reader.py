@@ -1,9 +1,9 @@
 """Reading and routing one data-plane request: from the ASGI scope and body
-to a :class:`~yard.upstream.ProxyRequest` for one backend.
+to a :class:`~yard.h1.upstream.ProxyRequest` for one backend.
 
 These are the gateway's first two steps (:mod:`yard.http.gateway`), apart
 from the exchange that follows them: headers in one pass, the API key to an
-app, the scheduling headers (with :mod:`yard.http.intake`), the body, then
+app, the scheduling headers (with :mod:`yard.api.intake`), the body, then
 the backend: the one named in ``/backends/NAME/...``, or the one that serves
 the ``model`` the body names (:mod:`yard.http.model_scan`), or another node
 of the cluster (:class:`Forward`).
@@ -30,10 +30,7 @@ from typing import TypeVar
 
 import trio
 
-from yard.cluster.forward import Forwarder, Target, trusted_arrival
-from yard.http.asgi import Receive, Scope
-from yard.http.errors import ApiError
-from yard.http.intake import (
+from yard.api.intake import (
     authenticate,
     check_window,
     clamp_priority,
@@ -44,9 +41,12 @@ from yard.http.intake import (
     too_large,
     without_connection_options,
 )
+from yard.app.runtime import Runtime
+from yard.cluster.forward import Forwarder, Target, trusted_arrival
+from yard.h1.asgi import Receive, Scope
+from yard.h1.errors import ApiError
+from yard.h1.upstream import HOP_BY_HOP, Headers, ProxyRequest
 from yard.http.model_scan import INLINE_LIMIT, Steps, model_of, model_steps
-from yard.http.runtime import Runtime
-from yard.upstream import HOP_BY_HOP, Headers, ProxyRequest
 
 # Request headers yard consumes and never passes on.
 _DROPPED = HOP_BY_HOP | {b"host", b"content-length", b"prefer"}
@@ -88,7 +88,7 @@ class RequestReader:
         """Read and check one request: (request, respond-async?, rerun-safe?,
         original arrival on the engine clock for a trusted forwarded one).
 
-        Raises :class:`~yard.http.errors.ApiError` for a request yard refuses
+        Raises :class:`~yard.h1.errors.ApiError` for a request yard refuses
         (the caller answers it), :class:`ClientGone` when the client left
         while its body was read, and :class:`Forward` when another node of
         the cluster serves it (with the body, already read).

@@ -6,7 +6,7 @@ Layout:
   quota; ``store``: the SQLite record of them (``data_dir/jobs.sqlite``),
   its tables in ``schema``, a row read into a record by ``rows`` (shared with
   the cluster's PostgreSQL store).
-- ``service``: :class:`Jobs`, the :class:`~yard.http.runtime.JobService` the
+- ``service``: :class:`Jobs`, the :class:`~yard.app.runtime.JobService` the
   proxy hands ``Prefer: respond-async`` requests to, and the reaper that
   expires old results; ``refusals``: what a client is told when a job is
   not taken.
@@ -36,9 +36,9 @@ from pathlib import Path
 import trio
 
 from yard.config import JobsConfig
+from yard.h1.upstream import UpstreamPool
 from yard.jobs.service import EngineLike, Jobs
 from yard.jobs.store import JobStore
-from yard.upstream import UpstreamPool
 
 __all__ = ["JOBS_FILE", "JobStore", "Jobs", "JobsConfig", "open_jobs"]
 

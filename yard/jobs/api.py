@@ -24,12 +24,12 @@ import trio
 from quart import Blueprint, Response, request
 from werkzeug.datastructures import Headers
 
-from yard.http.errors import ApiError, error_body, error_headers
-from yard.http.intake import authenticate
-from yard.http.runtime import current_runtime
+from yard.api.intake import authenticate
+from yard.app.runtime import current_runtime
+from yard.h1.errors import ApiError, error_body, error_headers
+from yard.h1.upstream import HOP_BY_HOP
 from yard.jobs.service import JobFinished, JobNotFinished, JobNotFound, Jobs
 from yard.jobs.store import STATUSES, JobRecord, Status
-from yard.upstream import HOP_BY_HOP
 
 blueprint = Blueprint("jobs", __name__)
 """Mounted by the gateway with ``url_prefix="/v1/jobs"``."""

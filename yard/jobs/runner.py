@@ -35,11 +35,11 @@ import trio
 from yard.admission import AdmissionLike, Assignment, UpstreamLost, run_turn
 from yard.db import DatabaseError, passing
 from yard.errors import Rejected
+from yard.h1.upstream import UpstreamError
 from yard.jobs.kept_writes import KeptWrites
 from yard.jobs.records import JobError, JobRecord, Status, StoredResult
 from yard.jobs.store import JobStoreLike
 from yard.jobs.upstream import ResultTooLarge, Upstream, fetch
-from yard.upstream import UpstreamError
 
 __all__ = ["Runner", "Running"]
 

@@ -49,6 +49,7 @@ from yard.config import JobsConfig
 from yard.core.views import QueuedView
 from yard.db import DatabaseError
 from yard.errors import Rejected
+from yard.h1.upstream import ProxyRequest, UpstreamPool
 from yard.jobs import refusals
 from yard.jobs.kept_writes import KeptWrites
 from yard.jobs.restore import restore
@@ -65,7 +66,6 @@ from yard.jobs.store import (
 )
 from yard.jobs.upstream import Upstream, pooled
 from yard.jobs.views import job_json, rfc3339
-from yard.upstream import ProxyRequest, UpstreamPool
 
 log = logging.getLogger("yard.jobs")
 

@@ -3,7 +3,7 @@
 :func:`fetch` sends a stored request to the backend a job was dispatched to
 and reads the whole answer into a :class:`~yard.jobs.store.StoredResult`, up
 to ``max_result_bytes``. The transport is an :data:`Upstream`: the gateway's
-:func:`yard.upstream.forward` over its connection pool in production, a fake
+:func:`yard.h1.upstream.forward` over its connection pool in production, a fake
 in tests.
 """
 
@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
+from yard.h1.upstream import ProxyRequest, UpstreamPool, forward
 from yard.jobs.store import JobRecord, StoredRequest, StoredResult
-from yard.upstream import ProxyRequest, UpstreamPool, forward
 
 
 class UpstreamResponseLike(Protocol):
-    """What a runner reads of :class:`yard.upstream.UpstreamResponse`."""
+    """What a runner reads of :class:`yard.h1.upstream.UpstreamResponse`."""
 
     status: int
     headers: list[tuple[bytes, bytes]]
@@ -27,7 +27,7 @@ class UpstreamResponseLike(Protocol):
 
 
 Upstream = Callable[[ProxyRequest, str], AbstractAsyncContextManager[UpstreamResponseLike]]
-"""Sends a request to a backend's base URL: :func:`yard.upstream.forward`
+"""Sends a request to a backend's base URL: :func:`yard.h1.upstream.forward`
 (with the gateway's pool), or a fake in tests. Raises ``UpstreamError``."""
 
 

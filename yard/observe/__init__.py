@@ -24,7 +24,7 @@ from yard.observe.state import Observer
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from yard.http.runtime import Runtime
+    from yard.app.runtime import Runtime
 
 __all__ = ["Observer", "install", "observe_proxy_latency", "observe_request", "register"]
 

@@ -31,7 +31,7 @@ from quart import Blueprint, Response
 
 from yard.core.events import AdminForgetProfile, AdminLoad, AdminPin, AdminUnload, Event
 from yard.core.instances import admin_targets
-from yard.http.errors import error_body
+from yard.h1.errors import error_body
 from yard.observe.state import Observer, current_observer
 
 blueprint = Blueprint("yard_admin", __name__, url_prefix="/admin")

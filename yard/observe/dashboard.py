@@ -27,7 +27,7 @@ from jinja2 import Environment
 from markupsafe import Markup
 from quart import Blueprint, Response, current_app, render_template, request
 
-from yard.http.errors import error_body
+from yard.h1.errors import error_body
 from yard.observe import auth
 from yard.observe.report import Json
 from yard.observe.state import current_observer

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
     from yard.core.views import Snapshot
     from yard.engine import EngineStatistics, LoggedDecision
-    from yard.http.server import ServerStatistics
+    from yard.h1.server import ServerStatistics
 
 BACKEND_STATES = ("stopped", "starting", "ready", "busy", "draining", "stopping", "failed")
 

@@ -18,8 +18,8 @@ from yard.observe.report import EngineSource, Json, apps_json, build_status
 from yard.observe.timeline_svg import render_svg
 
 if TYPE_CHECKING:
-    from yard.http.runtime import MeterInfo, Runtime
-    from yard.http.server import ServerStatistics
+    from yard.app.runtime import MeterInfo, Runtime
+    from yard.h1.server import ServerStatistics
 
 
 class ProfileForgetter(Protocol):

@@ -25,8 +25,8 @@ and ``document`` (the service routes, :func:`document` that puts the sections
 together, and :func:`register` that serves it).
 """
 
-from yard.http.openapi.common import ERROR_CODES, Schema
-from yard.http.openapi.document import document, register
-from yard.http.openapi.proxied import OPENAI_ROUTES, PROXY_METHODS
+from yard.app.openapi.common import ERROR_CODES, Schema
+from yard.app.openapi.document import document, register
+from yard.app.openapi.proxied import OPENAI_ROUTES, PROXY_METHODS
 
 __all__ = ["ERROR_CODES", "OPENAI_ROUTES", "PROXY_METHODS", "Schema", "document", "register"]

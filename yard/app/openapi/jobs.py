@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from yard.http.openapi.common import (
+from yard.app.openapi.common import (
     AFTER,
     Schema,
     error_response,

@@ -1,8 +1,8 @@
 """What the front door says and checks before the app sees a request.
 
-Shared by a connection (:mod:`yard.http.connection`), the lobby where new
-connections wait for their first request (:mod:`yard.http.lobby`) and the
-server (:mod:`yard.http.server`): the whole 503 that turns away a connection
+Shared by a connection (:mod:`yard.h1.connection`), the lobby where new
+connections wait for their first request (:mod:`yard.h1.lobby`) and the
+server (:mod:`yard.h1.server`): the whole 503 that turns away a connection
 over the cap, the 408 messages, the small body read before the app is
 called, the admin key's bearer check, and the count of what the limits did.
 """
@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import hmac
 
-from yard.http.errors import error_body, error_headers
-from yard.http.limits import Limits
+from yard.h1.errors import error_body, error_headers
+from yard.h1.limits import Limits
 
 CLOSE = (b"connection", b"close")
 """The header that ends a connection after its answer."""
 
 READ_BEFORE_APP = 64 * 1024
 """A body with a Content-Length up to this is read whole before the app is
-called (see :meth:`yard.http.connection.Connection._wait_small_body`)."""
+called (see :meth:`yard.h1.connection.Connection._wait_small_body`)."""
 
 
 def refusal(code: str, message: str, retry_after_s: float) -> bytes:
@@ -32,7 +32,7 @@ def refusal(code: str, message: str, retry_after_s: float) -> bytes:
 
 class Tally:
     """What the server's limits have done so far, counted (read through
-    :meth:`yard.http.server.Server.statistics`)."""
+    :meth:`yard.h1.server.Server.statistics`)."""
 
     __slots__ = (
         "body_timeouts",

@@ -11,7 +11,7 @@ Rules this module keeps:
 - Bodies are bytes and go through unchanged, in both directions.
 - It never retries. A pooled keep-alive connection is checked before it is
   reused (a closed one is dropped), so that a request is written at most once.
-- Responses are read with :class:`yard.http.wire.ClientConnection`, the same
+- Responses are read with :class:`yard.h1.wire.ClientConnection`, the same
   sans-I/O HTTP/1.1 code as the server side (h11 cost a third of the proxy's
   time per request). What a backend sends that could not go on to a client
   as a well-formed response (conflicting framing, a line break in a header,
@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from yard.http import sockio, wire
+from yard.h1 import sockio, wire
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -263,7 +263,7 @@ _NEED_DATA = wire.NEED_DATA
 class UpstreamResponse:
     """A backend's response: status and headers now, body as it arrives.
 
-    Framing is RFC 9112 section 6 as :class:`yard.http.wire.ClientConnection`
+    Framing is RFC 9112 section 6 as :class:`yard.h1.wire.ClientConnection`
     reads it: no body for HEAD, 1xx, 204 and 304; chunked transfer coding;
     Content-Length; otherwise until the backend closes the connection.
     """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from yard.http.openapi.common import (
+from yard.app.openapi.common import (
     AUTH_ERRORS,
     Schema,
     error_response,

@@ -61,7 +61,7 @@ to ``IDLE``. ``MUST_CLOSE`` replaces ``DONE`` when the connection will not be
 kept alive; a client's end of file makes it ``CLOSED``; a malformed request
 makes it ``ERROR``.
 
-Run ``python -m yard.http.wire`` for a side-by-side timing against h11.
+Run ``python -m yard.h1.wire`` for a side-by-side timing against h11.
 """
 
 from __future__ import annotations
@@ -973,7 +973,7 @@ class ServerConnection(_Reader):
 
 # -- the client side -------------------------------------------------------------
 #
-# yard's upstream client (yard.upstream) reads its backends' responses with
+# yard's upstream client (yard.h1.upstream) reads its backends' responses with
 # ClientConnection. A backend is trusted no more than a client: whatever it
 # sends that could not go on to the client as a well-formed response is a
 # ProtocolError here, before the client sees a byte of it. Deliberate

@@ -6,7 +6,7 @@ schema is the backend's."""
 
 from __future__ import annotations
 
-from yard.http.openapi.common import (
+from yard.app.openapi.common import (
     AUTH_ERRORS,
     Schema,
     error_response,

@@ -6,7 +6,7 @@ from typing import Any
 
 import trio
 
-from yard.http.asgi import ASGIApp, Message
+from yard.h1.asgi import ASGIApp, Message
 
 
 async def run_lifespan(

@@ -19,7 +19,7 @@ request, each with the core's reason, and what became of each backend
 process: ready, stopped, exited on its own, failed to start
 (:mod:`yard.observe.activity`).
 
-The :class:`~yard.http.runtime.Runtime` it hands the HTTP side carries the
+The :class:`~yard.app.runtime.Runtime` it hands the HTTP side carries the
 supervisor, the job service, the profile store (for ``DELETE
 /admin/profiles/NAME``), which meter it reads (``yard status`` and
 ``/metrics`` show it) and the shutdown event (open dashboard streams and log
@@ -51,6 +51,8 @@ from pathlib import Path
 import trio
 
 from yard.announce.service import announcement_service
+from yard.app.runtime import MeterInfo, Runtime
+from yard.app.web import create_app, serve_app
 from yard.batches.service import open_batches
 from yard.cluster.node import open_database, open_node
 from yard.cluster.profiles import PgProfileStore
@@ -58,9 +60,7 @@ from yard.config import Config, ConfigError, exposure, is_loopback, load_config
 from yard.core import Scheduler
 from yard.db import DatabaseError
 from yard.engine import Engine
-from yard.http.app import create_app, serve_app
-from yard.http.runtime import MeterInfo, Runtime
-from yard.http.server import Server, open_listeners
+from yard.h1.server import Server, open_listeners
 from yard.jobs import JOBS_FILE, JobStore, open_jobs
 from yard.memory import default_meter
 from yard.memory.prior import with_priors

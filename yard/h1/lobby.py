@@ -16,7 +16,7 @@ trip of a task through the run loop, so a crowd of them cannot keep a real
 request waiting behind it.
 
 The lobby keeps the server's rules for these waits (see
-:mod:`yard.http.connection`): the head must be in within ``head_timeout_s``
+:mod:`yard.h1.connection`): the head must be in within ``head_timeout_s``
 of the connection's start (408 when some of it came, a plain close when
 none did), a small body may go ``body_timeout_s`` without progress (408),
 and a waiting connection is one the server may close at its cap, the
@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from yard.http import sockio, wire
-from yard.http.screening import body_timeout_message, head_timeout_message, small_content_length
+from yard.h1 import sockio, wire
+from yard.h1.screening import body_timeout_message, head_timeout_message, small_content_length
 
 if TYPE_CHECKING:
-    from yard.http.connection import Connection, Host
+    from yard.h1.connection import Connection, Host
 
 __all__ = ["First", "Lobby"]
 

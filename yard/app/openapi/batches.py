@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from yard.batches.records import ENDPOINTS, BatchStatus
-from yard.http.openapi.common import (
+from yard.app.openapi.common import (
     AFTER,
     Schema,
     error_response,
@@ -20,6 +19,7 @@ from yard.http.openapi.common import (
     service_errors,
     text_response,
 )
+from yard.batches.records import ENDPOINTS, BatchStatus
 
 _BATCH_STATUSES = list(get_args(BatchStatus))
 _STAMP = {"type": nullable("integer")}

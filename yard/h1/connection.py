@@ -2,7 +2,7 @@
 
 The rules a connection keeps:
 
-- **Every wait on the client has a limit** (:class:`yard.http.limits.Limits`):
+- **Every wait on the client has a limit** (:class:`yard.h1.limits.Limits`):
   a new connection's first request head must be in within
   ``head_timeout_s``; between requests the connection may stay idle for
   ``keep_alive_s``, and once a head's first byte is there the rest of it
@@ -13,7 +13,7 @@ The rules a connection keeps:
   own time is not limited: a stream lasts as long as the app sends.
 - **Limits cost nothing when nobody waits.** A read or write the kernel
   answers at once runs without a cancel scope; the deadline is put only
-  around the part that waits (:func:`yard.http.sockio.receive_now`).
+  around the part that waits (:func:`yard.h1.sockio.receive_now`).
 - **Bad requests get a JSON answer**, in the OpenAI error shape, with a
   stable ``code`` (``malformed_request``, ``request_timeout``, ...), then
   the connection closes; never the 500 of an app that saw its client go.
@@ -35,12 +35,12 @@ from urllib.parse import unquote
 
 import trio
 
-from yard.http import sockio, wire
-from yard.http.asgi import ASGIApp, Scope
-from yard.http.errors import error_body, error_headers
-from yard.http.exchange import Exchange, protocol_failure
-from yard.http.limits import Limits
-from yard.http.screening import (
+from yard.h1 import sockio, wire
+from yard.h1.asgi import ASGIApp, Scope
+from yard.h1.errors import error_body, error_headers
+from yard.h1.exchange import Exchange, protocol_failure
+from yard.h1.limits import Limits
+from yard.h1.screening import (
     CLOSE,
     Tally,
     body_timeout_message,
@@ -58,7 +58,7 @@ _PIPELINE_LIMIT = 1 * 2**20
 
 
 class Host(Protocol):
-    """What a connection needs of its server (:class:`yard.http.server.Server`)."""
+    """What a connection needs of its server (:class:`yard.h1.server.Server`)."""
 
     app: ASGIApp
     limits: Limits
@@ -444,7 +444,7 @@ class Connection:
         connection, or the server closes.
 
         ``first``: what the parser gave first when that was read before the
-        task started (see :class:`yard.http.lobby.Lobby`): the first
+        task started (see :class:`yard.h1.lobby.Lobby`): the first
         request's head (with its small body read), or the error of a
         malformed one; it is served also if the server is closing by now."""
         try:

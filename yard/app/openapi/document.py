@@ -11,8 +11,8 @@ import json
 from quart import Quart, Response
 
 from yard import __version__
-from yard.http.openapi import admin, announcements, batches, common, jobs, proxied
-from yard.http.openapi.common import (
+from yard.app.openapi import admin, announcements, batches, common, jobs, proxied
+from yard.app.openapi.common import (
     AUTH_ERRORS,
     Schema,
     error_response,

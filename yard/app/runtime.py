@@ -1,13 +1,13 @@
 """What every HTTP part of yard is handed: the running gateway's parts.
 
 ``yard serve`` builds one :class:`Runtime` and gives it to the app factory
-(:func:`yard.http.app.create_app`); Quart blueprints (jobs, dashboard, admin,
+(:func:`yard.app.web.create_app`); Quart blueprints (jobs, dashboard, admin,
 metrics) read it with :func:`current_runtime` inside a request, or keep the one
 they were given by ``register(app, runtime)``.
 
 Jobs plug into the proxy through :class:`JobService`: a request sent with
 ``Prefer: respond-async`` is parsed and checked by the proxy exactly like a
-synchronous one, then handed over as a :class:`~yard.upstream.ProxyRequest`.
+synchronous one, then handed over as a :class:`~yard.h1.upstream.ProxyRequest`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ if TYPE_CHECKING:
     from yard.cluster.node import Node
     from yard.config import Config
     from yard.engine import Engine
-    from yard.http.server import ServerStatistics
+    from yard.h1.server import ServerStatistics
+    from yard.h1.upstream import ProxyRequest, UpstreamPool
     from yard.ports import ProfileStore
     from yard.supervisor import Supervisor
-    from yard.upstream import ProxyRequest, UpstreamPool
 
 RUNTIME_KEY = "yard.runtime"
 """Where the runtime sits in ``app.extensions`` (and ``app.config``)."""
@@ -127,7 +127,7 @@ class Runtime:
 
 
 def _default_pool() -> UpstreamPool:
-    from yard.upstream import UpstreamPool
+    from yard.h1.upstream import UpstreamPool
 
     return UpstreamPool()
 

@@ -19,14 +19,15 @@ from quart_trio import QuartTrio
 
 from yard.announce import api as announce_api
 from yard.announce.metrics import AnnouncementCollector
+from yard.app import openapi
+from yard.app.runtime import RUNTIME_KEY, Runtime
 from yard.batches import api as batch_api
 from yard.config import ServerConfig
-from yard.http import openapi, server
-from yard.http.asgi import ASGIApp
-from yard.http.errors import error_body
+from yard.h1 import server
+from yard.h1.asgi import ASGIApp
+from yard.h1.errors import error_body
 from yard.http.gateway import Gateway
 from yard.http.guard import Guard, guard
-from yard.http.runtime import RUNTIME_KEY, Runtime
 from yard.jobs.api import blueprint as jobs_blueprint
 from yard.observe import register as register_observe
 
@@ -88,16 +89,16 @@ async def serve_app(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` (or on ``listeners`` already bound with
-    :func:`yard.http.server.open_listeners`) with yard's lean HTTP/1.1 server.
+    :func:`yard.h1.server.open_listeners`) with yard's lean HTTP/1.1 server.
     ``server_config``: the ``[server]`` table whose connection limits and
-    admin key apply (:class:`yard.http.server.Limits`' defaults if None).
+    admin key apply (:class:`yard.h1.server.Limits`' defaults if None).
 
     Reports the bound addresses (``["http://127.0.0.1:8080"]``; port 0 picks a
     free one) through ``task_status`` once the socket listens. When
     ``shutdown_trigger`` returns, stops accepting and gives in-flight requests
     ``graceful_s`` seconds before they are cancelled. No response timeout
     applies: a stream lasts as long as its backend sends. ``on_server`` is
-    handed the :class:`~yard.http.server.Server` before it accepts (its
+    handed the :class:`~yard.h1.server.Server` before it accepts (its
     ``statistics()`` feed ``/metrics``).
     """
     await server.serve(

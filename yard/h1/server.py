@@ -8,7 +8,7 @@ with its first body chunk, so a small proxied answer costs one read and one
 write on the client side.
 
 What it supports, and nothing more: HTTP/1.1 and 1.0 with keep-alive
-(:mod:`yard.http.wire` does the parsing and framing: h11 did, at four to
+(:mod:`yard.h1.wire` does the parsing and framing: h11 did, at four to
 seven times the cost), ASGI 3 ``http`` and ``lifespan`` scopes,
 ``Expect: 100-continue``, ``http.disconnect`` when the client goes away (also
 while the response streams), and graceful shutdown. No TLS, HTTP/2 or
@@ -18,14 +18,14 @@ Its rooms, one per role:
 
 - this module: the accept loop and its connection cap (:class:`Server`),
   :func:`serve` (the lifecycle);
-- :mod:`yard.http.limits`: :class:`Limits`, what a client may hold;
-- :mod:`yard.http.lobby`: new connections waiting for their first request,
+- :mod:`yard.h1.limits`: :class:`Limits`, what a client may hold;
+- :mod:`yard.h1.lobby`: new connections waiting for their first request,
   without a task each (so that a crowd of slow clients costs little);
-- :mod:`yard.http.connection`: one client connection, its requests in turn,
+- :mod:`yard.h1.connection`: one client connection, its requests in turn,
   its time limits and the hang-up watch;
-- :mod:`yard.http.exchange`: one request/response, the ASGI ``receive`` and
+- :mod:`yard.h1.exchange`: one request/response, the ASGI ``receive`` and
   ``send`` (and the ``yard.hold`` and ``yard.disconnect`` extensions);
-- :mod:`yard.http.lifespan`: the ASGI lifespan protocol.
+- :mod:`yard.h1.lifespan`: the ASGI lifespan protocol.
 
 What a client may hold is bounded (:class:`Limits`): time for a head, for a
 body's progress, for a write's progress, idle time between requests, and
@@ -50,13 +50,13 @@ from typing import Any
 
 import trio
 
-from yard.http import sockio, wire
-from yard.http.asgi import ASGIApp, Message, Scope
-from yard.http.connection import Connection
-from yard.http.lifespan import run_lifespan
-from yard.http.limits import Limits, connection_cap
-from yard.http.lobby import First, Lobby
-from yard.http.screening import Tally, bearer_matches, refusal
+from yard.h1 import sockio, wire
+from yard.h1.asgi import ASGIApp, Message, Scope
+from yard.h1.connection import Connection
+from yard.h1.lifespan import run_lifespan
+from yard.h1.limits import Limits, connection_cap
+from yard.h1.lobby import First, Lobby
+from yard.h1.screening import Tally, bearer_matches, refusal
 
 __all__ = [
     "ASGIApp",
@@ -229,7 +229,7 @@ class Server:
 
     async def handle(self, stream: trio.SocketStream, *, restricted: bool = False) -> None:
         """Serve one accepted connection until it ends (``restricted``: from
-        the reserve, see :class:`~yard.http.connection.Connection`)."""
+        the reserve, see :class:`~yard.h1.connection.Connection`)."""
         try:
             peer = stream.socket.getpeername()
             client: tuple[str, int] | None = (str(peer[0]), int(peer[1]))
@@ -298,7 +298,7 @@ class Server:
         """Take a new connection as the accept loop does: it counts against
         the cap at once (or is refused), and gets a task of its own once its
         first request is in (at once, usually; see
-        :class:`~yard.http.lobby.Lobby`)."""
+        :class:`~yard.h1.lobby.Lobby`)."""
         ready = self._arrive(stream)
         if ready is not None:
             self.start(*ready)
@@ -357,7 +357,7 @@ class Server:
         attacker's reconnecting sockets) for as many trips.
 
         A connection whose request is not in yet gets no task: it waits in
-        the :class:`~yard.http.lobby.Lobby`, and this task goes on
+        the :class:`~yard.h1.lobby.Lobby`, and this task goes on
         accepting.
         """
         assert self.nursery is not None

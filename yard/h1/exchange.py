@@ -19,8 +19,8 @@ from typing import Protocol
 
 import trio
 
-from yard.http import wire
-from yard.http.asgi import Message
+from yard.h1 import wire
+from yard.h1.asgi import Message
 
 _CODES = {
     400: "malformed_request",
@@ -45,7 +45,7 @@ _BodyEvent = wire.Event | wire.Signal
 
 class Channel(Protocol):
     """What an exchange needs of its connection
-    (:class:`yard.http.connection.Connection`)."""
+    (:class:`yard.h1.connection.Connection`)."""
 
     wire: wire.ServerConnection
     gone: bool

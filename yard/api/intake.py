@@ -6,7 +6,7 @@ before it is scheduled: :func:`authenticate` (API key -> app),
 :func:`clamp_priority`, :func:`parse_start_by`, :func:`parse_not_before`,
 :func:`flag`; the gateway's ``/v1/models`` and the jobs, Batch and
 announcement APIs use some of them too. Each raises
-:class:`~yard.http.errors.ApiError` with a stable code and a message that
+:class:`~yard.h1.errors.ApiError` with a stable code and a message that
 says what to do; none of them does I/O. The ``model`` a body names is found
 by :mod:`yard.http.model_scan`.
 """
@@ -20,8 +20,8 @@ import time
 from datetime import UTC, datetime
 
 from yard.config import AppConfig, Config
-from yard.http.errors import ApiError
-from yard.upstream import Headers
+from yard.h1.errors import ApiError
+from yard.h1.upstream import Headers
 
 _ID_PREFIX = secrets.token_hex(6)
 _ID_COUNTER = itertools.count(1)
