@@ -77,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         add_arguments = cast(Callable[[argparse.ArgumentParser], None], module.add_arguments)
         add_arguments(subparsers[name])
         run = cast(Callable[[argparse.Namespace], int], module.run)
+        args_list = hoist(args_list, name, subparsers[name])
     args = parser.parse_args(args_list)
     if run is None:  # pragma: no cover - argparse exits first for unknown commands
         parser.error("choose a command")
@@ -84,6 +85,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except KeyboardInterrupt:
         return 130
+
+
+def hoist(argv: Sequence[str], command: str, parser: argparse.ArgumentParser) -> list[str]:
+    """``argv`` with every option of ``command``'s own ``parser`` (and its
+    value) moved right after the command word, so that it may be written
+    anywhere: after a positional argument or after an action's name. Words
+    after ``--`` stay where they are."""
+    takes_value: dict[str, bool] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction | argparse._HelpAction):
+            continue
+        for option in action.option_strings:
+            takes_value[option] = action.nargs != 0
+    words = list(argv)
+    at = words.index(command) + 1
+    head, moved, rest = words[:at], [], []
+    i = at
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            rest.extend(words[i:])
+            break
+        name = word.split("=", 1)[0]
+        if name in takes_value:
+            moved.append(word)
+            if takes_value[name] and "=" not in word and i + 1 < len(words):
+                moved.append(words[i + 1])
+                i += 1
+        else:
+            rest.append(word)
+        i += 1
+    return head + moved + rest
 
 
 if __name__ == "__main__":

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,15 +20,14 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from yard.config import ConfigError, load_config
+from yard import target
+from yard.config import ConfigError
 from yard.observe.dashboard import format_bytes, format_duration
 
 Json = dict[str, Any]
 
-KEY_ENV = "YARD_ADMIN_KEY"
-"""Environment variable read for the admin key when ``--key`` is not given."""
-
-DEFAULT_URL = "http://127.0.0.1:8080"
+KEY_ENV = target.KEY_ENV
+DEFAULT_URL = target.DEFAULT_URL
 
 _STATE_STYLES = {
     "ready": "green",
@@ -57,33 +54,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Show a running yard: memory per device, backends, the queue, recent decisions "
         "and failures, stored profiles."
     )
-    parser.add_argument(
-        "--url",
-        help=f"where yard listens (default: from --config's [server] listen, else {DEFAULT_URL})",
+    target.add_target_arguments(
+        parser, key_help=f"the admin key (default: ${KEY_ENV}, else server.admin_key of --config)"
     )
-    parser.add_argument(
-        "--key", help=f"the admin key (default: ${KEY_ENV}, else server.admin_key of --config)"
-    )
-    parser.add_argument("--config", type=Path, help="yard's configuration file")
     parser.add_argument("--json", action="store_true", help="print the status document as JSON")
 
 
 def resolve_target(args: argparse.Namespace) -> tuple[str, str | None]:
-    """Where yard is and the admin key: ``--url``/``--key`` first, then
-    ``$YARD_ADMIN_KEY``, then ``--config`` (its listen address, a wildcard
-    one read as loopback, and ``server.admin_key``), else the default URL."""
-    url: str | None = args.url
-    key: str | None = args.key or os.environ.get(KEY_ENV) or None
-    if args.config is not None and (url is None or key is None):
-        config = load_config(args.config)
-        host = config.server.listen_host
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        if ":" in host:
-            host = f"[{host}]"
-        url = url or f"http://{host}:{config.server.listen_port}"
-        key = key or config.server.admin_key
-    return (url or DEFAULT_URL).rstrip("/"), key
+    """Where yard is and the admin key (:func:`yard.target.resolve_target`)."""
+    found = target.resolve_target(args)
+    return found.url, found.key
 
 
 def fetch_status(url: str, key: str | None) -> Json:

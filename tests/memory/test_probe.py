@@ -10,6 +10,7 @@ import psutil
 import pytest
 import trio
 
+from yard import datadir
 from yard.cli import main
 from yard.config import load_config
 from yard.memory.probe import live_yard
@@ -100,10 +101,19 @@ def test_probe_refuses_an_unknown_model(tmp_path: Path, capsys: pytest.CaptureFi
     assert "'nope' is neither a model nor a backend" in capsys.readouterr().err
 
 
-def test_probe_refuses_to_share_a_data_dir_with_a_running_yard(
+def test_probe_refuses_a_data_dir_that_a_running_yard_holds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config_path = write_config(tmp_path)
+    # This test process plays the running yard: it holds the data directory.
+    with datadir.hold(tmp_path / "data", command="yard serve", listen="127.0.0.1:8123"):
+        assert main(["probe", "tb-model", "--config", str(config_path)]) == 3
+    err = capsys.readouterr().err
+    assert f"yard serve (pid {os.getpid()}, listening on 127.0.0.1:8123)" in err
+    assert not list((tmp_path / "data" / "run").glob("*.pid"))  # nothing was started
+
+
+def test_live_yard_names_a_backend_whose_yard_still_runs(tmp_path: Path) -> None:
     run_dir = tmp_path / "data" / "run"
     run_dir.mkdir(parents=True)
     me = os.getpid()
@@ -111,8 +121,6 @@ def test_probe_refuses_to_share_a_data_dir_with_a_running_yard(
     record = {"backend": "tb", "pid": me, "start_time": psutil.Process(me).create_time()}
     (run_dir / "tb.pid").write_text(json.dumps({**record, "yard_pid": me}))
     assert live_yard(tmp_path / "data") is not None
-    assert main(["probe", "tb-model", "--config", str(config_path)]) == 3
-    assert "a running yard uses" in capsys.readouterr().err
     # A pid file left by a yard that is gone (its pid's start time differs) is no obstacle.
     (run_dir / "tb.pid").write_text(json.dumps({**record, "start_time": 1.0, "yard_pid": me}))
     assert live_yard(tmp_path / "data") is None

@@ -50,6 +50,7 @@ from pathlib import Path
 
 import trio
 
+from yard import datadir
 from yard.announce.service import announcement_service
 from yard.app.runtime import MeterInfo, Runtime
 from yard.app.web import create_app, serve_app
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         for error in exc.errors:
             print(error, file=sys.stderr)
         return 2
-    except CannotListen as exc:
+    except (CannotListen, datadir.DataDirInUse) as exc:
         print(f"yard: {exc}", file=sys.stderr)
         return 1
     except DatabaseError as exc:
@@ -146,7 +147,9 @@ async def serve(
     ``/healthz`` answers. Raises :class:`CannotListen` when the address is
     taken (before anything is started).
     Raises :class:`ConfigError` when the configuration does not match this
-    machine (a GPU it names is not there).
+    machine (a GPU it names is not there), and
+    :class:`yard.datadir.DataDirInUse` when another yard holds its data
+    directory (after the port was claimed, before anything is started).
     """
     # The stop signals stay caught until serve returns: a signal's default
     # action would end yard with its backends still running (orphans).
@@ -159,13 +162,19 @@ async def serve(
         except OSError as exc:
             raise CannotListen(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
         try:
-            await _serve(
-                config,
-                listeners,
-                signals,
-                freeze_heap=freeze_heap,
-                task_status=task_status,
-            )
+            # One yard per data directory (yard.datadir): a second one on
+            # another port must not restore the first one's jobs or load
+            # its models again. The kernel drops the lock when we die.
+            with datadir.hold(
+                config.server.data_dir, command="yard serve", listen=f"{host}:{port}"
+            ):
+                await _serve(
+                    config,
+                    listeners,
+                    signals,
+                    freeze_heap=freeze_heap,
+                    task_status=task_status,
+                )
         finally:
             for listener in listeners:
                 listener.socket.close()

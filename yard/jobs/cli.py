@@ -8,9 +8,12 @@ It talks to yard's HTTP API (``/v1/jobs``) like any client:
     yard jobs cancel ID
     yard jobs delete-result ID
 
-``--url`` (default ``$YARD_URL`` or http://127.0.0.1:8080) says where yard
-listens; ``--key`` (default ``$YARD_API_KEY``, then ``$YARD_ADMIN_KEY``) is an
-app's key (its own jobs) or the admin key (every job).
+``--url`` (default ``$YARD_URL``, else ``--config``'s listen address, else
+http://127.0.0.1:8080) says where yard listens; ``--key`` (default
+``$YARD_API_KEY``, then ``$YARD_ADMIN_KEY``, then ``--config``'s admin key) is
+an app's key (its own jobs) or the admin key (every job). From this machine,
+while yard has no admin key, no key is needed to see every job (as for the
+admin API). The options go anywhere: ``yard jobs list --key K`` works.
 """
 
 from __future__ import annotations
@@ -23,18 +26,19 @@ from typing import Any
 
 import httpx
 
+from yard import target
+from yard.config import ConfigError
+
+_KEY_ENVS = ("YARD_API_KEY", "YARD_ADMIN_KEY")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``yard jobs``."""
-    parser.add_argument(
-        "--url",
-        default=os.environ.get("YARD_URL", "http://127.0.0.1:8080"),
-        help="where yard listens (default: $YARD_URL or http://127.0.0.1:8080)",
-    )
-    parser.add_argument(
-        "--key",
-        default=os.environ.get("YARD_API_KEY") or os.environ.get("YARD_ADMIN_KEY"),
-        help="an app's API key, or the admin key (default: $YARD_API_KEY, $YARD_ADMIN_KEY)",
+    target.add_target_arguments(
+        parser,
+        key_help="an app's API key (its jobs), or the admin key (every job); default: "
+        "$YARD_API_KEY, $YARD_ADMIN_KEY, else server.admin_key of --config. From this "
+        "machine no key is needed while yard has no admin key",
     )
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = sub.add_parser("list", help="list jobs, newest first")
@@ -63,13 +67,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``yard jobs ACTION``; 0 on success, 1 on an error answer, 2 if yard
     cannot be reached."""
-    headers = {"authorization": f"Bearer {args.key}"} if args.key else {}
+    try:
+        found = target.resolve_target(args, key_envs=_KEY_ENVS)
+    except ConfigError as exc:
+        for line in exc.errors:
+            print(line, file=sys.stderr)
+        return 2
+    url = found.url if args.url or args.config else os.environ.get("YARD_URL", found.url)
+    headers = {"authorization": f"Bearer {found.key}"} if found.key else {}
     wait = float(getattr(args, "wait", 0.0) or 0.0)
     try:
-        with httpx.Client(base_url=args.url, headers=headers, timeout=wait + 30.0) as client:
+        with httpx.Client(base_url=url, headers=headers, timeout=wait + 30.0) as client:
             return _run(client, args, wait)
     except httpx.HTTPError as exc:
-        print(f"yard jobs: cannot reach yard at {args.url}: {exc}", file=sys.stderr)
+        print(
+            f"yard jobs: cannot reach yard at {url}: {exc} ({target.not_reached(found)})",
+            file=sys.stderr,
+        )
         return 2
 
 

@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from yard import datadir
 from yard.config import BackendConfig, Config, ConfigError, load_config
 from yard.core import resources
 from yard.core.spec import HOST, Profile
@@ -218,19 +219,18 @@ def run(args: argparse.Namespace) -> int:
     if not 0.05 <= args.interval <= 1.0:
         err.print("yard probe: --interval must be between 0.05 and 1 second", markup=False)
         return 2
-    busy = live_yard(config.server.data_dir)
-    if busy is not None:
-        err.print(
-            f"yard probe: a running yard uses {config.server.data_dir}: {busy}. Stop it, "
-            "or probe with --data-dir pointing elsewhere.",
-            markup=False,
-        )
-        return 3
-    meter = default_meter()
     try:
-        return trio.run(_probe, config, backend, args, meter, err)
-    finally:
-        meter.close()
+        # One yard per data directory (yard.datadir): a probe starts the
+        # backend and writes its profile, as yard serve would.
+        with datadir.hold(config.server.data_dir, command="yard probe"):
+            meter = default_meter()
+            try:
+                return trio.run(_probe, config, backend, args, meter, err)
+            finally:
+                meter.close()
+    except datadir.DataDirInUse as exc:
+        err.print(f"yard probe: {exc}", markup=False)
+        return 3
 
 
 def _placement(backend: BackendConfig, args: argparse.Namespace) -> tuple[str, ...]:
