@@ -601,7 +601,8 @@ def test_the_shipped_example_is_valid_and_uses_every_key(tmp_path: Path) -> None
 def test_yard_check_prints_a_summary_and_exits_0(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = write(tmp_path, MINIMAL_BACKEND + "[apps.a]\nkey = 'k'\n")
+    runnable = MINIMAL_BACKEND.replace('"server"', '"{python}"')
+    path = write(tmp_path, runnable + "[apps.a]\nkey = 'k'\n")
     assert cli.main(["check", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"{path}: OK" in out
@@ -644,7 +645,7 @@ def test_a_subcommand_whose_module_is_missing_fails_only_when_used(
     assert cli.main(["check", str(path)]) == 0
 
 
-def test_yard_check_warns_about_what_is_missing_on_this_machine(
+def test_yard_check_fails_naming_the_key_of_a_program_that_cannot_be_found(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = write(
@@ -663,14 +664,55 @@ def test_yard_check_warns_about_what_is_missing_on_this_machine(
         command = ["{python}", "-m", "http.server", "{port}"]
         """,
     )
-    assert cli.main(["check", str(path)]) == 0
+    assert cli.main(["check", str(path)]) == 1
     captured = capsys.readouterr()
     assert captured.err.splitlines() == [
-        f"{path}: backends.a.command[0]: warning: no-such-program-here is not on PATH",
         f"{path}: backends.a.model_file: warning: {tmp_path / 'models' / 'a.gguf'} does not "
         "exist (yet)",
-        f"{path}: backends.b.command[0]: warning: {tmp_path / 'work/bin/server'} is not an "
-        "executable file",
         f"{path}: backends.b.cwd: warning: {tmp_path / 'work'} is not a directory (yet)",
+        f"{path}: backends.a.command[0]: no-such-program-here is not on PATH",
+        f"{path}: backends.b.command[0]: {tmp_path / 'work/bin/server'} is not an executable file",
+        "2 errors",
     ]
-    assert f"{path}: OK" in captured.out
+    assert "OK" not in captured.out
+
+
+def test_yard_check_names_what_to_do_when_no_llama_server_is_here(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(
+        tmp_path,
+        """
+        [backends.llm]
+        models = ["m"]
+        command = ["{llama_server}", "--port", "{port}"]
+        """,
+    )
+    monkeypatch.setenv("YARD_LLAMA_SERVER", str(tmp_path / "not-here"))
+    assert cli.main(["check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}: backends.llm.command[0]: YARD_LLAMA_SERVER={tmp_path / 'not-here'}" in err
+    server = tmp_path / "llama-server"
+    server.write_text("#!/bin/sh\n")
+    server.chmod(0o755)
+    monkeypatch.setenv("YARD_LLAMA_SERVER", str(server))
+    assert cli.main(["check", str(path)]) == 0
+
+
+def test_llama_server_placeholder_stands_alone_as_the_first_word(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        [backends.llm]
+        models = ["m"]
+        command = ["nice", "{llama_server}"]
+        env = { X = "{llama_server}" }
+        """,
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert refused.value.errors == [
+        f"{path}: backends.llm.command[1]: {{llama_server}} stands alone as the first word of "
+        'command, e.g. command = ["{llama_server}", "--port", "{port}", ...]',
+        f"{path}: backends.llm.env.X: {{llama_server}} is for the first word of command only",
+    ]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from yard.config.programs import LLAMA_SERVER
 from yard.config.reading import (
     _GPU,
     _NAME,
@@ -387,6 +388,12 @@ def _backend(
             problem = _placeholders(arg, PLACEHOLDERS)
             if problem:
                 r.error(f"{key}.command[{i}]", problem)
+            elif LLAMA_SERVER in arg and (i > 0 or arg != LLAMA_SERVER):
+                r.error(
+                    f"{key}.command[{i}]",
+                    f"{LLAMA_SERVER} stands alone as the first word of command, e.g. "
+                    f'command = ["{LLAMA_SERVER}", "--port", "{{port}}", ...]',
+                )
 
     env: dict[str, str] = {}
     env_table = r.get(table, key, "env", dict, {})
@@ -395,6 +402,8 @@ def _backend(
             r.error(f"{key}.env.{var}", f"must be a string, got {_kind(value)}")
             continue
         problem = _placeholders(value, PLACEHOLDERS)
+        if not problem and LLAMA_SERVER in value:
+            problem = f"{LLAMA_SERVER} is for the first word of command only"
         if problem:
             r.error(f"{key}.env.{var}", problem)
             continue

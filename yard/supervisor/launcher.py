@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import trio
 
-from yard.config import BackendConfig, Config
+from yard.config import BackendConfig, Config, programs
 from yard.memory.gpus import visible_devices_env
 from yard.ports import BackendStartError
 from yard.supervisor.groups import signal_group, wait_group_gone
@@ -173,7 +173,7 @@ class Supervisor:
     ) -> list[str]:
         """The backend's argv with every placeholder filled in."""
         values = self._placeholders(backend, port, gpus, context, parallel)
-        return [arg.format_map(values) for arg in backend.command]
+        return [arg.format_map(values) for arg in programs.expand(backend.command)]
 
     def _placeholders(
         self,
@@ -230,9 +230,14 @@ class Supervisor:
         previous = self._processes.get(backend)
         if previous is not None and previous.exit_status is None:
             raise BackendStartError(f"{backend} is already running (pid {previous.pid})")
+        try:
+            # {llama_server}: found now, not when the file was read (yard.config.programs).
+            command = programs.expand(config.command)
+        except programs.ProgramNotFound as exc:
+            raise BackendStartError(f"cannot start {backend}: {exc}") from None
         port = free_port()
         values = self._placeholders(config, port, gpus, context, parallel)
-        argv = [arg.format_map(values) for arg in config.command]
+        argv = [arg.format_map(values) for arg in command]
         env = dict(os.environ)
         # CUDA numbers GPUs fastest first by default, NVML (and so gpuN) by
         # PCI bus: make them agree, whatever yard itself inherited, unless the
