@@ -8,7 +8,8 @@ Layout:
   load, serve, grow and crash; faults); it is the engine's launcher, meter and profile
   store.
 - ``workload``: arrivals and scenarios as data; ``scenarios``: the named ones.
-- ``baselines``: llama-swap's default, FIFO with LRU eviction, Ollama-like.
+- ``baselines``: today's peers: llama-swap (FIFO grouping, matrix), Ollama, llama.cpp's
+  router (count LRU, ``--fit``), LocalAI (LRU, memory reclaimer).
 - ``runner``: one scenario under one policy with one seed, on ``MockClock``.
 - ``metrics``: deadlines, waits, loads and their lower bounds, GPU time.
 - ``__main__``: the report and the benchmark; ``bench_core``: the core's own benchmark.

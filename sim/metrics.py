@@ -171,6 +171,20 @@ def metrics(result: SimResult) -> dict[str, float]:
         out[f"{prefix}wait_p95_s"] = round(percentile(values, 0.95), 3)
         out[f"{prefix}wait_max_s"] = round(max(values, default=0.0), 3)
 
+    # A request refused or failed (a peer's backend dying of OOM, a concurrency
+    # limit) was never served: counted as an endless wait, so a policy cannot look
+    # fast by failing its slowest requests. Cancelled ones are the client's doing.
+    for cls in CLASSES:
+        mine = [r for r in records if r.arrival.cls == cls and r.outcome != "cancelled"]
+        failed = [r for r in mine if r.outcome == "rejected"]
+        out[f"{cls}_failed"] = len(failed)
+        waits_all = [
+            r.dispatches[0] - r.arrival.at if r.outcome != "rejected" else math.inf
+            for r in mine
+            if r.dispatches or r.outcome == "rejected"
+        ]
+        out[f"{cls}_wait_p95_all_s"] = round(percentile(waits_all, 0.95), 3)
+
     out.update(app_metrics(records))
 
     out["loads"] = len(result.launches)

@@ -22,7 +22,7 @@ import trio.testing
 
 from sim.baselines import BASELINES
 from sim.workload import Announcement, Arrival, Scenario
-from sim.world import Fault, ModelSpec, OomKill, SimWorld
+from sim.world import FIT_MARGIN, Fault, ModelSpec, OomKill, SimWorld
 from yard.core.decisions import AnnouncementEnded, Decision, Dispatch
 from yard.core.events import AnnouncementMade, Event
 from yard.core.spec import Profile
@@ -150,7 +150,15 @@ def make_policy(name: str, scenario: Scenario) -> Policy:
     fixed = [m.fixed() for m in scenario.models]
     factory = BASELINES[name]
     return factory(
-        devices, [m.backend_spec() for m in fixed], {m.name: m.declared_bytes for m in fixed}
+        devices,
+        [m.backend_spec() for m in fixed],
+        # llama-swap's matrix is written by hand: from what each model was seen to
+        # hold at its most; the others are told the declared size.
+        {
+            m.name: m.peak_gpu_bytes if getattr(factory, "sizes_seen", False) else m.declared_bytes
+            for m in fixed
+        },
+        {m.name: m.load_s for m in fixed},
     )
 
 
@@ -252,8 +260,17 @@ async def _simulate(
         stored = dict(scenario.profiles)
     elif scenario.stored_profiles:
         stored = {m.name: stored_profile(m) for m in scenario.models}
-    world = SimWorld(scenario.machine, scenario.models, rng, faults=faults, stored_profiles=stored)
-    recorder = _Recorder(make_policy(policy_name, scenario), keep_log)
+    policy = make_policy(policy_name, scenario)
+    world = SimWorld(
+        scenario.machine,
+        scenario.models,
+        rng,
+        faults=faults,
+        stored_profiles=stored,
+        # llama.cpp's router starts each server with --fit: it fits itself.
+        fit_margin=FIT_MARGIN if getattr(policy, "fits_children", False) else None,
+    )
+    recorder = _Recorder(policy, keep_log)
     load_s = {m.name: m.load_s for m in scenario.models}
     engine = Engine(
         scheduler=recorder,

@@ -101,6 +101,9 @@ def _radio_models(gpus: tuple[str, ...]) -> tuple[ModelSpec, ...]:
             warmup_extra_bytes=1 * GiB,
             growth_bytes=1 * GiB,
             gpus=gpus,
+            # A 12 B model with grouped-query attention: 160 KiB a token, 8k context.
+            kv_bytes=5 * GiB // 4,
+            context_tokens=8192,
         ),
         ModelSpec(
             name="chat-llm",
@@ -110,6 +113,9 @@ def _radio_models(gpus: tuple[str, ...]) -> tuple[ModelSpec, ...]:
             growth_bytes=GiB // 2,
             slots=4,
             gpus=gpus,
+            # A 3 B model: 112 KiB a token, 4k context for each of its 4 slots.
+            kv_bytes=7 * GiB // 4,
+            context_tokens=16384,
         ),
         ModelSpec(
             name="tts",

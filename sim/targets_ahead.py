@@ -273,6 +273,13 @@ def _mark(ok: bool) -> str:
     return "ok" if ok else "MISSED"
 
 
+def high_p95(row: Mapping[str, float]) -> float:
+    """The high class's p95 wait with a refused or failed request counted as never
+    served (``high_wait_p95_all_s``): a peer cannot look fast by failing its
+    slowest requests. Rows without it (older or synthetic) give the plain p95."""
+    return row.get("high_wait_p95_all_s", row["high_wait_p95_s"])
+
+
 def announced_jobs(seeds: Sequence[int]) -> list[tuple[str, str, int | None]]:
     """yard on the announced radio day, per shape and seed (the plain day's rows
     come from the radio targets)."""
@@ -310,10 +317,10 @@ def announced_table(
             yard = found[(name, "yard", seed)]
             plain = found[(plain_name, "yard", seed)]
             others = {p: found[(plain_name, p, seed)] for p in POLICIES if p != "yard"}
-            best = min(others.items(), key=lambda item: item[1]["high_wait_p95_s"])
+            best = min(others.items(), key=lambda item: high_p95(item[1]))
             feasible = yard["deadlines_met"] + yard["deadlines_missed_avoidable"]
             ratio = yard["loads"] / yard["loads_lower_bound"]
-            p95 = yard["high_wait_p95_s"]
+            p95 = high_p95(yard)
             cells = [
                 f"{gpus} GPU" + (", spread_windows" if spread else ""),
                 str(seed),
@@ -322,9 +329,9 @@ def announced_table(
                 f"{_mark(yard['deadlines_missed_avoidable'] == 0)}",
                 f"{yard['loads']:.0f}/{yard['loads_lower_bound']:.0f} = {ratio:.2f} "
                 f"{_mark(ratio <= 1.2)}",
-                f"{p95:.0f} s vs {best[1]['high_wait_p95_s']:.0f} s ({best[0]}) "
-                f"({plain['high_wait_p95_s']:.0f} s) "
-                f"{_mark(p95 <= best[1]['high_wait_p95_s'] / 2)}",
+                f"{p95:.0f} s vs {high_p95(best[1]):.0f} s ({best[0]}) "
+                f"({high_p95(plain):.0f} s) "
+                f"{_mark(p95 <= high_p95(best[1]) / 2)}",
                 f"{instances_floor(seed, gpus):.0f} s "
                 f"(x{scenarios_ahead.NEWS_INSTANCES.get(gpus, 1)})",
                 f"{instances_bound(seed, gpus):.0f} s",
@@ -383,14 +390,14 @@ def slots_table(
             yard = found[(name, "yard", seed)]
             quiet = found[(plain, "yard", seed)]
             others = {p: found[(plain, p, seed)] for p in baselines}
-            best = min(others.items(), key=lambda item: item[1]["high_wait_p95_s"])
+            best = min(others.items(), key=lambda item: high_p95(item[1]))
             without = min(
                 ((p, found[(one_slot, p, seed)]) for p in baselines),
-                key=lambda item: item[1]["high_wait_p95_s"],
+                key=lambda item: high_p95(item[1]),
             )
             feasible = yard["deadlines_met"] + yard["deadlines_missed_avoidable"]
             ratio = yard["loads"] / yard["loads_lower_bound"]
-            p95 = yard["high_wait_p95_s"]
+            p95 = high_p95(yard)
             starts = ", ".join(
                 f"{yard.get(f'loads_news-llm_slots_{n}', 0):.0f} x {n}" for n in range(most, 0, -1)
             )
@@ -402,10 +409,10 @@ def slots_table(
                 f"{_mark(yard['deadlines_missed_avoidable'] == 0)}",
                 f"{yard['loads']:.0f}/{yard['loads_lower_bound']:.0f} = {ratio:.2f} "
                 f"{_mark(ratio <= 1.2)}",
-                f"{p95:.0f} s vs {best[1]['high_wait_p95_s']:.0f} s ({best[0]}) "
-                f"({without[1]['high_wait_p95_s']:.0f} s, {without[0]}; "
-                f"{quiet['high_wait_p95_s']:.0f} s) "
-                f"{_mark(p95 <= best[1]['high_wait_p95_s'] / 2)}",
+                f"{p95:.0f} s vs {high_p95(best[1]):.0f} s ({best[0]}) "
+                f"({high_p95(without[1]):.0f} s, {without[0]}; "
+                f"{high_p95(quiet):.0f} s) "
+                f"{_mark(p95 <= high_p95(best[1]) / 2)}",
                 f"{yard['high_turnaround_p95_s']:.0f} s vs "
                 f"{best[1]['high_turnaround_p95_s']:.0f} s",
                 f"{shared_floor(seed, variant):.0f} s",

@@ -40,6 +40,17 @@ SLOTS_INDEPENDENT = None
 """A model's ``speedup`` where each slot runs at full speed whatever the others do
 (every scenario before slot ranges: chat's four slots, TTS's two)."""
 
+FIT_MARGIN = 1024 * MiB
+"""What llama.cpp's ``--fit`` leaves free on each device (``--fit-target``'s default)."""
+
+FIT_MIN_CONTEXT = 4096
+"""The smallest context ``--fit`` shrinks to (``--fit-ctx``'s default)."""
+
+HOST_TO_GPU_SPEED = 12.5
+"""How much slower a layer runs from host memory than from the GPU's: decoding
+reads every weight once a token, so the ratio of memory bandwidths (about 1 TB/s
+on a 24 GiB card against 80 GB/s of dual-channel DDR5)."""
+
 LLAMA_CPP_SPEEDUP = (1.0, 1.2, 1.5, 1.8)
 """Aggregate decode throughput of llama.cpp serving k = 1..4 sequences at once,
 relative to one: llama.cpp's own ``batched-bench`` sample (LLaMA 7B F16, 128 prompt
@@ -73,6 +84,11 @@ class ModelSpec:
         configured fixed ``-np`` gives (:meth:`fixed`).
     slot_bytes: what each slot beyond the first adds on each GPU (its KV cache,
         allocated at load); ``gpu_bytes`` is the size at one slot.
+    kv_bytes, context_tokens: the KV cache inside ``gpu_bytes_at(slots)`` (every
+        slot's) and the context it is sized for (tokens over all slots): what
+        llama.cpp's ``--fit`` may shrink, down to :data:`FIT_MIN_CONTEXT` tokens
+        (0: nothing to shrink). Only a process launched on a world with
+        ``fit_margin`` uses them.
     speedup: the aggregate throughput of ``k`` requests served at once, relative to
         one alone, for k = 1, 2, ... (the last entry holds beyond): each of the
         ``k`` runs at ``speedup[k-1] / k`` of its speed alone, recomputed whenever
@@ -98,6 +114,8 @@ class ModelSpec:
     parallel: tuple[int, int] | None = None
     slot_bytes: int = 0
     speedup: tuple[float, ...] | None = SLOTS_INDEPENDENT
+    kv_bytes: int = 0
+    context_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.speedup is not None and (
@@ -355,6 +373,10 @@ class SimProcess:
         self.gpus = gpus
         self.serial = serial
         self.slots = model.slots if slots is None else slots
+        # What ``--fit`` took off its footprint on each GPU, and how much slower it
+        # serves for the layers it put in host memory (1.0: none).
+        self.shrunk = 0
+        self.slowdown = 1.0
         self.state = "loading"
         self.usage: dict[str, int] = {}
         self.active = 0
@@ -514,6 +536,36 @@ class SimProcess:
             del self._left[me]
             self._shared_change()
 
+    def fit(self, margin: int) -> None:
+        """What llama.cpp's ``--fit`` does at start-up: project the footprint
+        (resident at its slots plus the warm-up's buffers) against the free memory
+        of its fullest GPU less ``margin``; where it does not fit, shrink the KV
+        cache (the context) down to :data:`FIT_MIN_CONTEXT` tokens, then put as
+        many weights as needed in host memory, which slows every request by the
+        share of weights there times :data:`HOST_TO_GPU_SPEED`."""
+        model = self.model
+        resident = model.gpu_bytes_at(self.slots)
+        free = min(
+            self._world.devices[g].capacity
+            - self._world.devices[g].used
+            - self._world.devices[g].foreign
+            for g in self.gpus
+        )
+        over = resident + model.warmup_extra_bytes - (free - margin)
+        if over <= 0:
+            return
+        kv = model.kv_bytes + model.slot_bytes * (self.slots - 1) if model.kv_bytes else 0
+        if kv and model.context_tokens > FIT_MIN_CONTEXT:
+            least = kv * FIT_MIN_CONTEXT // model.context_tokens
+            cut = min(over, kv - least)
+        else:
+            cut = 0
+        weights = resident - kv
+        spill = min(max(0, over - cut), weights)
+        self.shrunk = cut + spill
+        if spill:
+            self.slowdown = 1.0 + (HOST_TO_GPU_SPEED - 1.0) * spill / weights
+
     async def life(self, load_s: float, crash: bool, hang: bool) -> None:
         """Load: host memory and half the weights at once, the rest halfway, the
         warm-up's extra during the second half; then ready."""
@@ -523,8 +575,11 @@ class SimProcess:
         half = model.gpu_bytes // 2
         # The slots beyond the first (their KV cache) are allocated at start.
         extra = model.gpu_bytes_at(self.slots) - model.gpu_bytes
+        if self._world.fit_margin is not None:
+            self.fit(self._world.fit_margin)
+        first = half + extra - min(self.shrunk, half + extra)
         for gpu in self.gpus:
-            if not self.allocate(gpu, half + extra, "loading"):
+            if not self.allocate(gpu, first, "loading"):
                 return
         await trio.sleep(load_s / 2)
         if self.state == "dead":
@@ -532,8 +587,9 @@ class SimProcess:
         if crash:
             self.die(ExitStatus(code=1, detail="crashed while loading the model"))
             return
+        second = model.gpu_bytes - half - max(0, self.shrunk - half - extra)
         for gpu in self.gpus:
-            if not self.allocate(gpu, model.gpu_bytes - half + model.warmup_extra_bytes, "loading"):
+            if not self.allocate(gpu, second + model.warmup_extra_bytes, "loading"):
                 return
         if hang:
             await self._dead.wait()
@@ -564,8 +620,13 @@ class SimWorld:
         faults: Sequence[Fault] = (),
         stored_profiles: Mapping[str, Profile] | None = None,
         stop_s: float = 1.0,
+        fit_margin: int | None = None,
     ) -> None:
+        """fit_margin: every process fits itself to the free memory it finds at its
+        start, leaving this much (llama.cpp's ``--fit``, :meth:`SimProcess.fit`);
+        None: each takes its full size."""
         self.machine = machine
+        self.fit_margin = fit_margin
         self.models = {m.name: m for m in models}
         self.rng = rng
         self.faults = tuple(faults)
@@ -715,6 +776,7 @@ class SimWorld:
         process.most_active = max(process.most_active, process.active)
         self.ledger.serve(process.gpus, +1)
         try:
+            service_s *= process.slowdown
             if process.model.speedup is None:
                 with trio.move_on_after(service_s):
                     await process._dead.wait()
@@ -752,6 +814,9 @@ class SimWorld:
 
 
 __all__ = [
+    "FIT_MARGIN",
+    "FIT_MIN_CONTEXT",
+    "HOST_TO_GPU_SPEED",
     "CrashWhileLoading",
     "CrashWhileServing",
     "Fault",

@@ -64,8 +64,8 @@ def test_an_announced_slice_replays_byte_for_byte_and_loads_the_news_model_ahead
 
 
 def test_the_baselines_see_the_same_requests_and_no_announcements() -> None:
-    plain = run(scenarios.radio_day(1, hours=1.0), "lru", seed=3)
-    announced = run(radio_day_announced(1, hours=1.0), "lru", seed=3)
+    plain = run(scenarios.radio_day(1, hours=1.0), "localai", seed=3)
+    announced = run(radio_day_announced(1, hours=1.0), "localai", seed=3)
     assert announced.announced == 0
     assert announced.log_digest == plain.log_digest
     assert [r.arrival for r in announced.records] == [r.arrival for r in plain.records]

@@ -32,7 +32,13 @@ def test_report_json_gives_every_metric_per_scenario_and_policy(
     assert main(["report", "--json", "--scenario", "ten-jobs", "--jobs", "1"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert list(report) == ["ten-jobs"]
-    assert list(report["ten-jobs"]) == ["yard", "llama-swap", "lru", "ollama"]
+    assert list(report["ten-jobs"]) == [
+        "yard",
+        "llama-swap",
+        "ollama",
+        "llama.cpp-router",
+        "localai",
+    ]
     for row in report["ten-jobs"].values():
         assert set(METRICS) <= set(row)
     yard = report["ten-jobs"]["yard"]
@@ -53,6 +59,14 @@ def test_report_skips_a_scenario_that_none_of_the_chosen_policies_runs(
 ) -> None:
     # The first day is yard's alone: asking for a baseline there prints nothing for
     # it, instead of failing on an empty table.
-    argv = ["report", "--scenario", "radio-day-1gpu-first-day", "--policy", "lru", "--jobs", "1"]
+    argv = [
+        "report",
+        "--scenario",
+        "radio-day-1gpu-first-day",
+        "--policy",
+        "localai",
+        "--jobs",
+        "1",
+    ]
     assert main(argv) == 0
     assert "radio-day-1gpu-first-day" not in capsys.readouterr().out

@@ -8,18 +8,9 @@ import trio
 import trio.testing
 
 from sim import scenarios
-from sim.baselines import LlamaSwap
 from sim.metrics import belady_loads, metrics, percentile
 from sim.runner import SimResult, run
 from sim.world import GiB, MachineSpec, ModelSpec, SimWorld
-from yard.core.decisions import StartBackend, StopBackend
-from yard.core.events import (
-    BackendReady,
-    BackendStopped,
-    RequestArrived,
-    RequestFinished,
-)
-from yard.core.spec import BackendSpec, DeviceSpec
 from yard.ports import BackendStartError
 
 
@@ -72,30 +63,16 @@ def test_a_slice_of_the_radio_day_meets_its_deadlines_without_oom() -> None:
     scenario = scenarios.radio_day(1, hours=3.0)
     yard = metrics(run(scenario, "yard"))
     swap = metrics(run(scenario, "llama-swap"))
+    ollama = metrics(run(scenario, "ollama"))
     assert yard["stuck"] == 0
     assert yard["ooms"] == 0
     assert yard["deadlines_missed_avoidable"] == 0
     assert yard["deadlines_met"] >= 15
-    assert yard["loads"] < swap["loads"]
-    assert yard["high_wait_p95_s"] <= swap["high_wait_p95_s"] / 2
-
-
-def test_llama_swap_baseline_runs_one_backend_at_a_time() -> None:
-    devices = [DeviceSpec(name="gpu0", kind="gpu", total_bytes=24 * GiB)]
-    backends = [BackendSpec(name="a", gpus=("gpu0",)), BackendSpec(name="b", gpus=("gpu0",))]
-    policy = LlamaSwap(devices, backends, {"a": GiB, "b": GiB})
-    assert policy.handle(RequestArrived(request_id="1", backend="a", priority=1), 0.0) == [
-        StartBackend(reason="llama-swap", backend="a", gpus=("gpu0",))
-    ]
-    policy.handle(RequestArrived(request_id="2", backend="b", priority=99), 1.0)
-    decisions = policy.handle(BackendReady(backend="a"), 2.0)
-    assert [type(d).__name__ for d in decisions] == ["Dispatch"]
-    # b is next in line: a (busy) drains, is stopped once its request is done, then b
-    # starts.
-    decisions = policy.handle(RequestFinished(request_id="1"), 3.0)
-    assert decisions == [StopBackend(reason="llama-swap: making room", backend="a")]
-    decisions = policy.handle(BackendStopped(backend="a"), 4.0)
-    assert decisions == [StartBackend(reason="llama-swap", backend="b", gpus=("gpu0",))]
+    # llama-swap's matrix (sets from the sizes seen, costs from load times) makes
+    # the same loads in these three night hours and the same waits; Ollama, which
+    # unloads by name and at 80 % of free memory, twice the loads.
+    assert yard["loads"] <= swap["loads"] and 2 * yard["loads"] <= ollama["loads"]
+    assert yard["high_wait_p95_s"] <= swap["high_wait_p95_s"]
 
 
 def test_belady_by_size_evicts_what_is_used_furthest_ahead() -> None:

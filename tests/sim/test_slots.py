@@ -140,7 +140,7 @@ def _times(result: SimResult) -> list[tuple[float, float]]:
     return sorted(out)
 
 
-@pytest.mark.parametrize("policy", ["yard", "llama-swap", "lru", "ollama"])
+@pytest.mark.parametrize("policy", ["yard", "llama-swap", "ollama", "llama.cpp-router", "localai"])
 def test_every_policy_runs_the_slots_and_never_more(policy: str) -> None:
     model = _model(parallel=(1, 2), slot_bytes=GiB, speedup=SPEEDUP)
     seen: list[SimWorld] = []
@@ -151,7 +151,7 @@ def test_every_policy_runs_the_slots_and_never_more(policy: str) -> None:
     assert seen[0].queued_in_process == 0 and result.ooms == []
 
 
-@pytest.mark.parametrize("policy", ["yard", "lru"])
+@pytest.mark.parametrize("policy", ["yard", "localai"])
 def test_a_one_slot_model_is_served_one_at_a_time(policy: str) -> None:
     result = run(_scenario(_model(speedup=SPEEDUP)), policy)
     assert _times(result) == [(10.0, 20.0), (20.0, 30.0), (30.0, 40.0)]
@@ -225,9 +225,9 @@ def test_a_slot_day_slice_serves_news_two_at_once_without_oom() -> None:
     assert news and news[0].slots == 2 and news[0].most_active == 2
     assert seen[0].queued_in_process == 0
     # The baselines run the same range as a fixed -np 2.
-    lru: list[SimWorld] = []
-    run(scenario, "lru", on_started=lambda _, w: lru.append(w))
-    assert {p.slots for p in lru[0]._last.values() if p.name == "news-llm"} == {2}
+    localai: list[SimWorld] = []
+    run(scenario, "localai", on_started=lambda _, w: localai.append(w))
+    assert {p.slots for p in localai[0]._last.values() if p.name == "news-llm"} == {2}
 
 
 def test_the_shared_queueing_floor_shares_the_speed_among_the_slots() -> None:
