@@ -41,6 +41,7 @@ import dataclasses
 import functools
 import gc
 import logging
+import os
 import signal
 import sys
 import time
@@ -50,14 +51,14 @@ from pathlib import Path
 
 import trio
 
-from yard import datadir
+from yard import datadir, modelfolder
 from yard.announce.service import announcement_service
 from yard.app.runtime import MeterInfo, Runtime
 from yard.app.web import create_app, serve_app
 from yard.batches.service import open_batches
 from yard.cluster.node import open_database, open_node
 from yard.cluster.profiles import PgProfileStore
-from yard.config import Config, ConfigError, exposure, is_loopback, load_config
+from yard.config import Config, ConfigError, default_config, exposure, is_loopback, load_config
 from yard.core import Scheduler
 from yard.db import DatabaseError
 from yard.engine import Engine
@@ -78,9 +79,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
         type=Path,
-        default=Path("yard.toml"),
+        default=None,
         metavar="FILE",
-        help="the configuration file (default: yard.toml)",
+        help="the configuration file (default: yard.toml; with --models and no yard.toml "
+        "here, none: every default)",
+    )
+    parser.add_argument(
+        "--models",
+        type=Path,
+        metavar="DIR",
+        help="serve every GGUF file in DIR as a model named after its file "
+        "(overrides [models] dir)",
+    )
+    parser.add_argument(
+        "--alias",
+        action="append",
+        default=[],
+        metavar="MODEL=NAME",
+        help="another name for a model of --models (repeatable)",
     )
     parser.add_argument(
         "--listen",
@@ -98,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the gateway until SIGINT/SIGTERM. Exit status 2 for a bad configuration."""
     try:
-        config = load_config(args.config).with_overrides(listen=args.listen, data_dir=args.data_dir)
+        config = _config(args)
     except ConfigError as exc:
         for error in exc.errors:
             print(error, file=sys.stderr)
@@ -123,6 +139,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"yard: the cluster's database ([cluster] database): {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _config(args: argparse.Namespace) -> Config:
+    """The configuration ``yard serve``'s options ask for. Raises ConfigError."""
+    path: Path | None = args.config
+    if path is None:
+        path = Path("yard.toml")
+        if args.models is not None and not path.exists():
+            # yard serve --models DIR alone: every default, data in the
+            # user's data directory (not wherever the command was typed).
+            config = default_config(Path.cwd() / "(command line)")
+            data_dir = args.data_dir or _user_data_dir()
+            return config.with_overrides(
+                listen=args.listen, data_dir=data_dir, models=args.models, aliases=args.alias
+            )
+    return load_config(path).with_overrides(
+        listen=args.listen, data_dir=args.data_dir, models=args.models, aliases=args.alias
+    )
+
+
+def _user_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "yard"
 
 
 class CannotListen(Exception):
@@ -190,6 +229,19 @@ async def _serve(
 ) -> None:
     config.server.data_dir.mkdir(parents=True, exist_ok=True)
     meter: MachineMeter = default_meter()
+    # [models]: every GGUF file of the folder, on the GPUs found here.
+    config, skipped = await trio.to_thread.run_sync(
+        modelfolder.scan, config, tuple(meter.device_totals())
+    )
+    for line in skipped:
+        log.warning("models: %s", line)
+    if config.folder is not None:
+        log.info(
+            "models: %d in %s (%s)",
+            len(config.from_folder),
+            config.folder.dir,
+            ", ".join(sorted(config.from_folder)) or "none yet",
+        )
     per_process = meter.per_process_devices()
     devices = [
         dataclasses.replace(spec, per_process=spec.name in per_process)

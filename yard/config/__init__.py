@@ -40,7 +40,14 @@ from yard.config.backends import (
 )
 from yard.config.check import add_arguments, exposure, run, summary, warnings
 from yard.config.jobs import JOBS_KEYS, JobsConfig
-from yard.config.loader import SCHEDULER_KEYS, TOP_KEYS, Config, is_loopback, load_config
+from yard.config.loader import (
+    SCHEDULER_KEYS,
+    TOP_KEYS,
+    Config,
+    default_config,
+    is_loopback,
+    load_config,
+)
 from yard.config.reading import (
     LOG_LEVELS,
     PATH_PLACEHOLDERS,
@@ -74,6 +81,7 @@ __all__ = [
     "ServerConfig",
     "WarmupConfig",
     "add_arguments",
+    "default_config",
     "exposure",
     "is_loopback",
     "key_digest",

@@ -9,7 +9,7 @@ import fnmatch
 import hashlib
 import hmac
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,11 +220,15 @@ def _not_negative(value: int) -> str | None:
 
 
 def _check_app_models(
-    r: _Reader, apps: Mapping[str, AppConfig], backends: Mapping[str, BackendConfig]
+    r: _Reader,
+    apps: Mapping[str, AppConfig],
+    backends: Mapping[str, BackendConfig],
+    more: Sequence[str] = (),
 ) -> None:
     """Each ``models`` pattern of an app must match a configured model (or the
-    name of a backend that names none): a typo must not hide a model."""
-    names = [m for b in backends.values() for m in (b.models or (b.name,))]
+    name of a backend that names none, or one of ``more``: the models of the
+    folder): a typo must not hide a model."""
+    names = [m for b in backends.values() for m in (b.models or (b.name,))] + list(more)
     for app in apps.values():
         for i, pattern in enumerate(app.models or ()):
             if not any(fnmatch.fnmatchcase(n, pattern) for n in names):

@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from yard.config.folder import model_files
 from yard.config.loader import Config, is_loopback, load_config
 from yard.config.programs import missing_program
 from yard.config.reading import ConfigError
@@ -109,6 +110,10 @@ def warnings(config: Config) -> list[str]:
             f"{config.path}: server.allow_anonymous: warning: has no effect while apps have "
             "keys (every data-plane request needs one)"
         )
+    if config.folder is not None and not config.folder.dir.is_dir():
+        found.append(
+            f"{config.path}: models.dir: warning: {config.folder.dir} is not a directory (yet)"
+        )
     for b in config.backends.values():
         if b.instance_of is not None:
             continue
@@ -132,6 +137,14 @@ def summary(config: Config) -> str:
         f"  listen:   {server.listen_host}:{server.listen_port}   data_dir: {server.data_dir}",
         f"  backends: {len(config.backends)} ({', '.join(config.backends) or 'none'})",
         f"  models:   {len(models)} ({', '.join(m for m, _ in models) or 'none'})",
+        *(
+            [
+                f"  folder:   {config.folder.dir} ({len(model_files(config.folder.dir))} GGUF "
+                "file(s) now; each is a model, named after its file)"
+            ]
+            if config.folder is not None
+            else []
+        ),
         f"  apps:     {len(config.apps)} ({', '.join(config.apps) or 'none'})",
         f"  devices:  {', '.join(devices)}",
         *(f"  access:   {line}" for line in exposure(config)),

@@ -10,7 +10,7 @@ import hmac
 import ipaddress
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from yard.announce.recurring import Recurring
 from yard.config.apps import AppConfig, _apps, _check_app_models, key_digest
 from yard.config.backends import BackendConfig, DeviceConfig, _backends, _devices
 from yard.config.cluster import ClusterConfig, _cluster
+from yard.config.folder import FolderConfig, model_files, model_name, read_folder
 from yard.config.jobs import JobsConfig, _jobs
 from yard.config.reading import ConfigError, _Reader, parse_listen
 from yard.config.server import ServerConfig, _server
@@ -39,6 +40,12 @@ class Config:
     jobs: JobsConfig = field(default_factory=JobsConfig)
     announcements: tuple[Recurring, ...] = ()
     cluster: ClusterConfig | None = None
+    folder: FolderConfig | None = None
+    """``[models]``: a folder of GGUF files served without hand-written backends
+    (:mod:`yard.config.folder`); its backends are in ``backends`` once
+    :meth:`with_folder` put them there."""
+    from_folder: frozenset[str] = frozenset()
+    """The names of the backends in ``backends`` that the folder gave."""
 
     @property
     def config_dir(self) -> Path:
@@ -147,13 +154,50 @@ class Config:
             )
         return specs
 
-    def with_overrides(self, *, listen: str | None = None, data_dir: Path | None = None) -> Config:
-        """The same configuration with ``--listen`` / ``--data-dir`` applied
-        (command-line values; a relative ``data_dir`` is relative to the current
-        directory). Raises :class:`ConfigError` if the result breaks a rule (a
-        non-loopback address with no keys)."""
+    def with_folder(self, backends: Mapping[str, BackendConfig]) -> Config:
+        """This configuration with the folder's backends replaced by
+        ``backends`` (the hand-written ones first, then the folder's)."""
+        kept = {n: b for n, b in self.backends.items() if n not in self.from_folder}
+        return dataclasses.replace(
+            self, backends={**kept, **backends}, from_folder=frozenset(backends)
+        )
+
+    def with_overrides(
+        self,
+        *,
+        listen: str | None = None,
+        data_dir: Path | None = None,
+        models: Path | None = None,
+        aliases: Sequence[str] = (),
+    ) -> Config:
+        """The same configuration with ``--listen`` / ``--data-dir`` /
+        ``--models`` / ``--alias MODEL=NAME`` applied (command-line values; a
+        relative path is relative to the current directory). Raises
+        :class:`ConfigError` if the result breaks a rule (a non-loopback
+        address with no keys, an alias without ``=``, ``--alias`` without a
+        folder)."""
         server = self.server
         errors: list[str] = []
+        folder = self.folder
+        if models is not None:
+            where = models.expanduser().resolve()
+            folder = (
+                FolderConfig(dir=where)
+                if folder is None
+                else dataclasses.replace(folder, dir=where)
+            )
+        if aliases:
+            if folder is None:
+                raise ConfigError(["--alias: names a model of a folder; give --models DIR"])
+            more = {k: list(v) for k, v in folder.aliases.items()}
+            for text in aliases:
+                model, sep, alias = text.partition("=")
+                if not sep or not model or not alias:
+                    raise ConfigError([f"--alias: expected MODEL=NAME, got {text!r}"])
+                more.setdefault(model, []).append(alias)
+            folder = dataclasses.replace(folder, aliases={k: tuple(v) for k, v in more.items()})
+        if folder is not self.folder:
+            self = dataclasses.replace(self, folder=folder)
         if listen is not None:
             try:
                 host, port = parse_listen(listen)
@@ -210,12 +254,24 @@ TOP_KEYS = (
     "devices",
     "apps",
     "backends",
+    "models",
+    "defaults",
     "jobs",
     "announcements",
     "cluster",
 )
 
 SCHEDULER_KEYS = tuple(f.name for f in dataclasses.fields(SchedulerConfig))
+
+
+def default_config(path: Path, *, env: Mapping[str, str] | None = None) -> Config:
+    """The configuration of an empty file at ``path`` (every default): what
+    ``yard serve --models DIR`` runs with when there is no file."""
+    r = _Reader(path, os.environ if env is None else env)
+    config = _build(r, {})
+    if r.errors:
+        raise ConfigError(r.errors)
+    return config
 
 
 def load_config(path: Path, *, env: Mapping[str, str] | None = None) -> Config:
@@ -253,8 +309,14 @@ def _build(r: _Reader, data: dict[str, Any]) -> Config:
     devices = _devices(r, r.table(data, "", "devices"))
     apps = _apps(r, r.table(data, "", "apps"), server, scheduler)
     backends = _backends(r, r.table(data, "", "backends"), server)
+    folder = read_folder(r, r.table(data, "", "models"), r.table(data, "", "defaults"), server)
     jobs = _jobs(r, r.table(data, "", "jobs"), server)
-    _check_app_models(r, apps, backends)
+    # An app may be scoped to a model of the folder: the names of the files
+    # there now count (their backends are built when yard starts).
+    in_folder = [] if folder is None else [model_name(p) for p in model_files(folder.dir)]
+    if folder is not None:
+        in_folder += [a for names in folder.aliases.values() for a in names]
+    _check_app_models(r, apps, backends, in_folder)
     announcements = _announcements(r, data.get("announcements"), apps, backends)
     cluster = _cluster(r, data.get("cluster"))
     if server.admin_key is not None:
@@ -272,6 +334,7 @@ def _build(r: _Reader, data: dict[str, Any]) -> Config:
         jobs=jobs,
         announcements=announcements,
         cluster=cluster,
+        folder=folder,
     )
 
 
