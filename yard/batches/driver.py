@@ -68,6 +68,7 @@ log = logging.getLogger("yard.batches")
 
 _SERVICE_REFRESH_S = 5.0
 _INLINE_CHECK_BYTES = 256 * 2**10
+_RECORD_CHUNK = 1000  # outcomes of lines that never became jobs, per transaction
 
 
 async def cancel_if_queued(jobs: Jobs, job_id: str) -> None:
@@ -121,6 +122,15 @@ class BatchDriver:
         # Lines queued or running per backend, and an event set when one ends.
         self._inflight: Counter[str] = Counter()
         self._ended = trio.Event()
+        # Lines ended without becoming jobs, not yet written.
+        self._unsubmitted: list[tuple[LineRecord, str, str]] = []
+        self._watching: set[str] = set()
+
+    @property
+    def watching(self) -> frozenset[str]:
+        """The job ids of this batch's lines that are jobs and have not ended
+        (what a cancel of the batch cancels), as this driver knows them."""
+        return frozenset(self._watching)
 
     async def run(self) -> None:
         """Validate the batch if it is new, hand in its lines, watch them end
@@ -130,13 +140,19 @@ class BatchDriver:
             return
         if batch.status == "validating" and not await self._validate(batch):
             return
-        lines = await self._store.lines(self.batch_id)
-        left = Counter(line.backend for line in lines if line.outcome is None)
+        lines = [line for line in await self._store.lines(self.batch_id) if line.outcome is None]
+        left = Counter(line.backend for line in lines)
         room = trio.Semaphore(self._config.jobs.batch_queued_lines)
         async with trio.open_nursery() as nursery:
             for line in lines:
-                if line.outcome is not None:
+                if line.job_id is None and await self._ends_unsubmitted(batch, line):
+                    # Cancelled or expired before it became a job: its outcome
+                    # is written with its neighbours', a chunk per transaction.
+                    left[line.backend] -= 1
+                    if len(self._unsubmitted) >= _RECORD_CHUNK:
+                        await self._record_unsubmitted()
                     continue
+                await self._record_unsubmitted()
                 await room.acquire()
                 if line.job_id is None:
                     await self._first_measurement(line.backend)
@@ -149,8 +165,35 @@ class BatchDriver:
                 else:
                     left[line.backend] -= 1
                 self._inflight[line.backend] += 1
+                assert line.job_id is not None
+                self._watching.add(line.job_id)
                 nursery.start_soon(self._watch, line, room)
+            await self._record_unsubmitted()
         await self._finish()
+
+    async def _ends_unsubmitted(self, batch: BatchRecord, line: LineRecord) -> bool:
+        """Whether ``line`` (not yet a job) ends now without becoming one: the
+        batch is cancelling, or the line can no longer start in its window.
+        If so its outcome is queued for :meth:`_record_unsubmitted`."""
+        await self._cancelled_elsewhere()
+        if self.cancelling:
+            output = error_line(line, "batch_cancelled", CANCELLED_MESSAGE)
+            self._unsubmitted.append((line, "error", output))
+            return True
+        _, high, _ = await self._service_time(line.backend)
+        if self._wall() >= batch.expires_at - high:
+            output = error_line(line, "batch_expired", EXPIRED_MESSAGE)
+            self._unsubmitted.append((line, "expired", output))
+            return True
+        return False
+
+    async def _record_unsubmitted(self) -> None:
+        """Write the outcomes :meth:`_ends_unsubmitted` queued, in one
+        transaction (a driver cut before it writes them again: same outcome)."""
+        if self._unsubmitted:
+            chunk, self._unsubmitted = self._unsubmitted, []
+            with trio.CancelScope(shield=True):
+                await self._store.record_many(chunk)
 
     def _line_ended(self, backend: str) -> None:
         self._inflight[backend] -= 1
@@ -309,6 +352,7 @@ class BatchDriver:
                 # (and its place in the app's job quota).
                 await self._jobs.store.forget_result(job.id)
         finally:
+            self._watching.discard(line.job_id)
             self._line_ended(line.backend)
             room.release()
 

