@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from yard.core.spec import BackendSpec
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Event:
@@ -255,6 +257,17 @@ class AdminForgetProfile(Event):
     """Forget a backend's profile; its next load is measured alone again."""
 
     backend: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendsChanged(Event):
+    """The configuration changed (``yard reload``, a new file in the models
+    folder): backends to add, to remove (they drain and stop), and to replace
+    (they restart with the new spec once idle). See :mod:`yard.core.catalog`."""
+
+    added: tuple[BackendSpec, ...] = ()
+    removed: tuple[str, ...] = ()
+    replaced: tuple[BackendSpec, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

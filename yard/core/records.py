@@ -78,6 +78,10 @@ class Backend:
     # (how far the next start steps down: yard.core.failures.step) and the
     # (gpus, context, alone) of each, never tried again
     self_caused_start_failures: int = 0
+    # leaving the configuration (yard.core.catalog): why, and the spec that
+    # replaces its own once it stopped (None: removed)
+    retiring: str | None = None
+    next_spec: BackendSpec | None = None
     failed_starts: set[tuple[tuple[str, ...], int | None, bool]] = field(default_factory=set)
     # what the server itself reported taking once ready (llama-server's /props:
     # n_ctx, total_slots); None: it reports nothing

@@ -107,7 +107,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
-from yard.core import backend_events, estimates, reasons, request_events, views, windows
+from yard.core import backend_events, catalog, estimates, reasons, request_events, views, windows
 from yard.core.decisions import Decision, Dispatch, Flag
 from yard.core.events import (
     AdminForgetProfile,
@@ -119,6 +119,7 @@ from yard.core.events import (
     BackendExited,
     BackendLoading,
     BackendReady,
+    BackendsChanged,
     BackendStartFailed,
     BackendStopped,
     Event,
@@ -132,7 +133,7 @@ from yard.core.events import (
 from yard.core.fairness import Shares
 from yard.core.lifecycle import BackendState
 from yard.core.planning import Planner
-from yard.core.queue import Req, ReqState, RequestQueue, leaves_last_slot
+from yard.core.queue import Req, ReqState, leaves_last_slot
 from yard.core.records import Backend, Device
 from yard.core.spec import HOST, BackendSpec, DeviceSpec, Profile, SchedulerConfig
 from yard.core.state import Core
@@ -185,13 +186,7 @@ class Scheduler:
         for bspec in backends:
             if bspec.name in bks:
                 raise ValueError(f"backend {bspec.name} is listed twice")
-            bks[bspec.name] = Backend(
-                spec=bspec,
-                name=bspec.name,
-                queue=RequestQueue(self.config.deadline_boost),
-                pinned=bspec.pinned,
-                family=(bspec.instance_of or bspec.name) if bspec.instances > 1 else None,
-            )
+            bks[bspec.name] = catalog.new_backend(bspec, self.config)
         self._core = Core(
             config=self.config,
             devices=dict(sorted(devs.items())),
@@ -255,6 +250,8 @@ class Scheduler:
                 backend_events.admin_pin(core, event, now, out)
             case AdminForgetProfile():
                 backend_events.forget(core, event)
+            case BackendsChanged():
+                catalog.changed(core, event, out)
             case Tick():
                 pass
             case AnnouncementMade():
@@ -358,6 +355,9 @@ class Scheduler:
     def _pass(self, now: float, out: list[Decision]) -> None:
         """What the state now allows: loads first (starts, evictions, drains),
         then dispatches to ready backends, then idle bookkeeping."""
+        # Backends leaving the configuration move on first: one that just
+        # stopped takes its new spec before anything plans to start it.
+        catalog.settle_touched(self._core, out)
         self._planner.round(now, out)
         # Plan again only when an overtake used up a swap's allowance: its
         # victim must start draining now.
@@ -454,7 +454,12 @@ class Scheduler:
         names = core.unsettled | core.touched
         core.unsettled = set()
         for name in sorted(names):
-            b = core.backends[name]
+            b = core.backends.get(name)
+            if b is None:
+                continue  # removed from the configuration (yard.core.catalog)
+            if b.retiring is not None:
+                catalog.settle(core, b, out)
+                continue
             if b.state is BackendState.DRAINING and not b.running:
                 if b.drain_reason == "admin":
                     core.stop(b, "unloaded by an operator", out)

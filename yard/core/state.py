@@ -77,6 +77,7 @@ class Core:
     fit_cache: dict[str, tuple[bool, str]] = field(default_factory=dict)
     shares: Shares | None = None  # the apps' fairness term; None: no app has a weight
     windows: Windows = field(default_factory=Windows)
+    retiring: set[str] = field(default_factory=set)  # leaving the configuration (catalog)
 
     def unqueue(self, req: Req) -> None:
         req.state = ReqState.DONE
@@ -266,8 +267,8 @@ class Core:
 
     def timer_live(self, kind: Timer, key: str, token: int) -> bool:
         if kind is Timer.IDLE:
-            b = self.backends[key]
-            return b.idle_token == token and b.idle_since is not None
+            b = self.backends.get(key)  # None: removed from the configuration since
+            return b is not None and b.idle_token == token and b.idle_since is not None
         if kind in (Timer.HOLD, Timer.AHEAD, Timer.CLOSE):
             return self.windows.live(kind, key, token, self.requests)
         req = self.requests.get(key)
