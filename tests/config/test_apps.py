@@ -158,6 +158,8 @@ def test_model_patterns_match_whole_names_case_sensitively(tmp_path: Path) -> No
     only_70b = load(tmp_path, "[apps.a]\nkey = 'k'\nmodels = ['llama-70b']\n").apps["a"]
     assert only_70b.may_reach(config.backends["llm"])
     assert not only_70b.may_reach(config.backends["tts"])
+    # Reaching a backend is not using all of it: llm also serves llama-70b.
+    assert not app.may_use_all(config.backends["llm"]) and app.may_use_all(config.backends["tts"])
 
 
 def test_the_example_file_s_hashed_key_is_the_documented_one() -> None:

@@ -114,3 +114,35 @@ async def test_models_lists_only_the_apps_models(scoped: tuple[Gateway, _Jobs]) 
     assert (await gw.client.get("/v1/models/tiny-alias", headers=GUEST)).status_code == 200
     hidden = await gw.client.get("/v1/models/tiny", headers=GUEST)
     assert error(hidden)[:2] == (404, "model_not_found")
+
+
+async def test_backends_route_checks_the_model_the_body_names(
+    scoped: tuple[Gateway, _Jobs],
+) -> None:
+    # llm serves tiny (outside the guest's scope) and tiny-alias (inside): the
+    # body's model decides, as on /v1, synchronous or as a job.
+    gw, jobs = scoped
+    path = "/backends/llm/v1/chat/completions"
+    hidden = await gw.client.post(path, json=chat("tiny"), headers=GUEST)
+    assert error(hidden) == (
+        404,
+        "model_not_found",
+        "the model tiny does not exist in this yard; GET /v1/models lists them",
+    )
+    as_job = await gw.client.post(
+        path, json=chat("tiny"), headers={**GUEST, "prefer": "respond-async"}
+    )
+    assert error(as_job)[:2] == (404, "model_not_found")
+    assert jobs.submitted == []
+    # A body that names no model would let the backend choose one.
+    unnamed = await gw.client.post(path, json={"messages": []}, headers=GUEST)
+    assert error(unnamed)[:2] == (400, "model_required")
+    assert gw.engine.admissions == []
+    allowed = await gw.client.post(path, json=chat("tiny-alias"), headers=GUEST)
+    assert allowed.status_code == 200
+    # An app without a scope, or a backend all of whose models are in scope
+    # (music, by name), needs no model in the body.
+    assert (await gw.client.post(path, json={"messages": []}, headers=STUDIO)).status_code == 200
+    assert (
+        await gw.client.post("/backends/music/x", content=b"raw", headers=GUEST)
+    ).status_code == 200

@@ -71,6 +71,13 @@ class AppConfig:
             return True
         return any(map(self.may_use, backend.models or (backend.name,)))
 
+    def may_use_all(self, backend: BackendConfig) -> bool:
+        """Whether the app may use every model ``backend`` serves, so that a
+        request at ``/backends/NAME/...`` needs no look at the model it names."""
+        if self._scope is None:
+            return True
+        return all(map(self.may_use, backend.models or (backend.name,)))
+
     def has_key(self, key: str, digest: bytes | None = None) -> bool:
         """Whether ``key`` is this app's key. ``digest``: ``key``'s
         :func:`key_digest` if the caller has it already. A hashed key is

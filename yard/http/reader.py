@@ -18,7 +18,10 @@ Rules it keeps:
 - The model of a large body is found on the loop, in turns of
   :data:`_TURN_S`, not in a worker thread (see :mod:`yard.http.model_scan`).
 - A backend or model the app may not reach answers as one that does not
-  exist, so that the app cannot tell them apart.
+  exist, so that the app cannot tell them apart. At ``/backends/NAME/...``
+  of a backend that also serves models outside the app's scope, a request
+  with a body (or a method other than a read) must name one of the app's
+  models, as on ``/v1``.
 - The backend gets the path as it came over the wire (still
   percent-encoded), never the decoded one.
 """
@@ -50,6 +53,8 @@ from yard.http.model_scan import INLINE_LIMIT, Steps, model_of, model_steps
 
 # Request headers yard consumes and never passes on.
 _DROPPED = HOP_BY_HOP | {b"host", b"content-length", b"prefer"}
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
+"""Methods that, without a body, run no model (``/backends/NAME/props``)."""
 _TURN_S = 0.001
 """How long a scan of a large body runs on the loop before other tasks get
 a turn (:func:`_in_turns`)."""
@@ -171,6 +176,19 @@ class RequestReader:
                     404, "backend_not_found", f"no backend named {name!r} (configured: {known})"
                 )
             upstream_path = "/" + rest.decode("latin-1")
+            if not app.may_use_all(backend_config) and (body or method not in _READS):
+                # The backend also serves models outside the app's scope: a
+                # request that does work must name one of the app's, or the
+                # backend would pick (or be told) a model the app may not use.
+                # A bodiless read (GET /props, /health) names none and runs none.
+                model = await self._scoped_model(method, content_type, body)
+                if not app.may_use(model):
+                    raise ApiError(
+                        404,
+                        "model_not_found",
+                        f"the model {model!r} does not exist in this yard; "
+                        "GET /v1/models lists them",
+                    )
         else:
             if len(body) <= INLINE_LIMIT:
                 model = model_of(method, content_type, body)
@@ -238,6 +256,27 @@ class RequestReader:
             if first is not None:
                 arrived_at = now - (wall - first)
         return request, is_async, rerun_safe, arrived_at
+
+    async def _scoped_model(self, method: str, content_type: bytes | None, body: bytes) -> str:
+        """The model a ``/backends/NAME/...`` request of a scoped app names.
+
+        Raises :class:`ApiError` 400 ``model_required`` when it names none:
+        without one the backend would choose, perhaps a model the app may
+        not use.
+        """
+        try:
+            if len(body) <= INLINE_LIMIT:
+                return model_of(method, content_type, body)
+            return await _in_turns(model_steps(method, content_type, body))
+        except ApiError as error:
+            if error.code != "model_required":
+                raise
+            raise ApiError(
+                400,
+                "model_required",
+                "this backend also serves models your app may not use: name one of "
+                "yours in the body's 'model' field",
+            ) from None
 
     async def _read_body(self, receive: Receive) -> bytes:
         message = await receive()
