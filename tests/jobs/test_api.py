@@ -370,3 +370,22 @@ async def test_wait_is_capped_by_the_jobs_table_and_nonsense_is_refused(tmp_path
     # Cut to max_wait_s (well below the 30 s bound that would fail the test).
     assert 0.2 <= capped_s < 20
     assert [(b.status_code, b.json()["error"]["code"]) for b in bad] == [(400, "invalid_wait")] * 4
+
+
+async def test_wrong_keys_on_every_route_share_the_admin_apis_throttle(yard: Yard) -> None:
+    # Issue 24, case 9: /v1/jobs, /v1/batches and /v1/announcements compared
+    # the admin key themselves, outside the throttle (1,325 guesses a second,
+    # never a 429). Now every guess counts, on whichever route it is made.
+    wrong = {"authorization": "Bearer not-the-admin-key"}
+    routes = ["/v1/jobs", "/v1/batches", "/v1/announcements", "/v1/jobs", "/v1/files"]
+    answers = [(await yard.client.get(route, headers=wrong)).status_code for route in routes]
+    assert all(status in (401, 403) for status in answers), answers
+    # The sixth wrong key makes the address wait; it is told how long.
+    sixth = await yard.client.get("/v1/jobs", headers=wrong)
+    assert sixth.status_code in (401, 403) and int(sixth.headers["retry-after"]) >= 1
+    for route in ("/v1/jobs", "/v1/batches", "/v1/announcements", "/admin/status"):
+        waiting = await yard.client.get(route, headers=ADMIN)
+        assert waiting.status_code == 429, (route, waiting.text)
+        assert waiting.headers["retry-after"] == "1"
+    # An app's right key does not clear the record either.
+    assert (await yard.client.get("/v1/jobs", headers=RADIO)).status_code == 429

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from yard.observe.auth import bearer_key, check_admin, is_loopback
+from yard.api.keys import bearer_key
+from yard.observe.auth import check_admin, is_loopback
 
 
 @pytest.mark.parametrize(

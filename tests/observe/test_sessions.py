@@ -12,6 +12,7 @@ from quart_trio import QuartTrio
 
 from tests.observe.conftest import ADMIN_KEY, REMOTE
 from tests.observe.fakes import FakeEngine
+from yard.api.keys import LoginThrottle
 from yard.config import ConfigError, load_config
 from yard.observe import Observer, auth, install
 
@@ -181,7 +182,7 @@ async def test_wrong_bearer_keys_are_slowed_down_too(engine: FakeEngine) -> None
 
 
 def test_the_failure_table_is_bounded() -> None:
-    throttle = auth.LoginThrottle(failures_before_delay=0, max_delay_s=60.0, max_clients=3)
+    throttle = LoginThrottle(failures_before_delay=0, max_delay_s=60.0, max_clients=3)
     for n in range(10):
         throttle.failed(f"192.0.2.{n}", 0.0)
     assert len(throttle) == 3
@@ -194,7 +195,7 @@ def test_the_failure_table_is_bounded() -> None:
 
 
 def test_a_client_is_forgiven_after_a_quiet_spell() -> None:
-    throttle = auth.LoginThrottle(failures_before_delay=1, max_delay_s=10.0)
+    throttle = LoginThrottle(failures_before_delay=1, max_delay_s=10.0)
     throttle.failed("192.0.2.1", 0.0)
     assert throttle.failed("192.0.2.1", 0.0) == 1.0
     assert throttle.failed("192.0.2.1", 5.0) == 2.0

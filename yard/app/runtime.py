@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from yard.api.keys import KeyCheck
+
 if TYPE_CHECKING:
     from yard.announce.service import Announcements
     from yard.batches.service import Batches
@@ -106,6 +108,8 @@ class Runtime:
         or None for a yard on its own.
     http_statistics: what the HTTP server's connection limits have done
         (``Server.statistics``), once it serves; ``/metrics`` shows it.
+    keys: the one key check (and wrong-key throttle) of every route that
+        apps and the admin share, the dashboard's login included.
     """
 
     config: Config
@@ -124,6 +128,10 @@ class Runtime:
     observe_request: RequestHook | None = None
     cluster: Node | None = None
     http_statistics: Callable[[], ServerStatistics] | None = None
+    keys: KeyCheck = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.keys = KeyCheck(self.config)
 
 
 def _default_pool() -> UpstreamPool:

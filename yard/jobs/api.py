@@ -25,7 +25,6 @@ import trio
 from quart import Blueprint, Response, request
 from werkzeug.datastructures import Headers
 
-from yard.api.intake import authenticate
 from yard.app.runtime import current_runtime
 from yard.h1.errors import ApiError, error_body, error_headers
 from yard.h1.upstream import HOP_BY_HOP
@@ -45,24 +44,25 @@ _RESULT_DROPPED = HOP_BY_HOP | {b"content-length", b"date", b"server"}
 def _caller() -> tuple[Jobs, str | None]:
     """The job service and the caller's app (None: the admin, who sees all)."""
     runtime = current_runtime()
+    header = request.headers.get("authorization")
+    if (
+        runtime.config.server.admin_key is None
+        and header is None
+        and is_loopback(request.remote_addr)
+    ):
+        # The same rule as the admin API: with no admin key, a client on
+        # this machine is the operator (yard jobs list on the demo).
+        app = None
+    else:
+        # The key before the service: a wrong one counts as a guess even
+        # where the service is off.
+        app = runtime.keys.caller(header, request.remote_addr)
     jobs = runtime.jobs
     if not isinstance(jobs, Jobs):
         raise ApiError(
             501, "jobs_unavailable", "this yard runs without the job service; no jobs exist"
         )
-    header = request.headers.get("authorization")
-    authorization = None if header is None else header.encode("latin-1")
-    admin_key = runtime.config.server.admin_key
-    if admin_key is None and authorization is None and is_loopback(request.remote_addr):
-        # The same rule as the admin API: with no admin key, a client on
-        # this machine is the operator (yard jobs list on the demo).
-        return jobs, None
-    if admin_key and authorization is not None:
-        scheme, _, key = authorization.decode("latin-1").partition(" ")
-        if scheme.lower() == "bearer" and key.strip() == admin_key:
-            return jobs, None
-    app, _ = authenticate(runtime.config, authorization)
-    return jobs, app.name
+    return jobs, None if app is None else app.name
 
 
 def _wait_arg(jobs: Jobs) -> float:

@@ -25,12 +25,12 @@ Rules:
 from __future__ import annotations
 
 import hashlib
-import hmac
 import ipaddress
 import math
 import secrets
-from collections import OrderedDict
 from dataclasses import dataclass
+
+from yard.api.keys import bearer_key, key_matches
 
 COOKIE = "yard_admin"
 """The dashboard's login cookie."""
@@ -54,10 +54,6 @@ class Refusal:
 
 MAX_SESSIONS = 256
 """Most live dashboard sessions; a login past it ends the oldest one."""
-
-MAX_CLIENTS = 4096
-"""Most client addresses whose failed keys are remembered (the oldest is
-forgotten first): a few hundred KiB at most."""
 
 
 def _digest(token: str) -> bytes:
@@ -108,77 +104,6 @@ class Sessions:
             self._expiry.pop(_digest(token), None)
 
 
-@dataclass(frozen=True, slots=True)
-class _Failures:
-    count: int
-    waits_until: float
-
-
-def client_key(remote_addr: str | None) -> str:
-    """Whose failures these are: the IPv4 address, or the /64 of an IPv6 one
-    (one host may hold a whole /64)."""
-    if not remote_addr:
-        return "unknown"
-    try:
-        address = ipaddress.ip_address(remote_addr.split("%", 1)[0])
-    except ValueError:
-        return remote_addr[:64]
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network((address, 64), strict=False))
-    return str(address)
-
-
-class LoginThrottle:
-    """Failed admin keys per client address, and how long each must wait.
-
-    failures_before_delay: failures answered at once; the next one makes the
-        client wait 1 s, then 2 s, 4 s, ... up to ``max_delay_s``.
-    A client's record is forgotten ``max_delay_s`` after its wait ended with
-    no new failure, or after a right key, or when ``max_clients`` newer
-    records push it out.
-    """
-
-    def __init__(
-        self,
-        *,
-        failures_before_delay: int,
-        max_delay_s: float,
-        max_clients: int = MAX_CLIENTS,
-    ) -> None:
-        self.failures_before_delay = failures_before_delay
-        self.max_delay_s = max_delay_s
-        self.max_clients = max_clients
-        self._clients: OrderedDict[str, _Failures] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._clients)
-
-    def wait_s(self, remote_addr: str | None, now: float) -> float:
-        """How long this client must still wait before its key is checked."""
-        record = self._clients.get(client_key(remote_addr))
-        return 0.0 if record is None else max(0.0, record.waits_until - now)
-
-    def failed(self, remote_addr: str | None, now: float) -> float:
-        """Record a wrong key; returns the wait it imposes (0: none yet)."""
-        key = client_key(remote_addr)
-        record = self._clients.pop(key, None)
-        count = 1
-        if record is not None and now - record.waits_until <= self.max_delay_s:
-            count = record.count + 1
-        over = count - self.failures_before_delay
-        delay = 0.0 if over <= 0 else min(self.max_delay_s, 2.0 ** min(over - 1, 62))
-        self._clients[key] = _Failures(count=count, waits_until=now + delay)
-        while len(self._clients) > self.max_clients:
-            self._clients.popitem(last=False)
-        return delay
-
-    def succeeded(self, remote_addr: str | None) -> None:
-        """A right key: forget this client's failures."""
-        self._clients.pop(client_key(remote_addr), None)
-
-
 def too_many_failures(wait_s: float) -> Refusal:
     """The answer to a client that must still wait after wrong keys."""
     return Refusal(
@@ -188,11 +113,6 @@ def too_many_failures(wait_s: float) -> Refusal:
         f"{max(1, math.ceil(wait_s))} s",
         retry_after_s=wait_s,
     )
-
-
-def key_matches(given: str, admin_key: str) -> bool:
-    """Whether ``given`` is the admin key (compared in constant time)."""
-    return hmac.compare_digest(given.encode(), admin_key.encode())
 
 
 def is_loopback(remote_addr: str | None) -> bool:
@@ -207,16 +127,6 @@ def is_loopback(remote_addr: str | None) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped.is_loopback
     return address.is_loopback
-
-
-def bearer_key(authorization: str | None) -> str | None:
-    """The key of an ``Authorization: Bearer KEY`` header, if there is one."""
-    if not authorization:
-        return None
-    scheme, _, key = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        return None
-    return key.strip()
 
 
 def check_admin(

@@ -27,6 +27,7 @@ from jinja2 import Environment
 from markupsafe import Markup
 from quart import Blueprint, Response, current_app, render_template, request
 
+from yard.api.keys import key_matches
 from yard.h1.errors import error_body
 from yard.observe import auth
 from yard.observe.report import Json
@@ -220,7 +221,7 @@ async def login() -> Response:
         return await _login_page(auth.too_many_failures(wait).message, 429, wait)
     fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=16)
     key = fields.get("key", [""])[0]
-    if not auth.key_matches(key, observer.admin_key):
+    if not key_matches(key, observer.admin_key):
         wait = observer.throttle.failed(client, now)
         return await _login_page("wrong admin key", 401, wait)
     observer.throttle.succeeded(client)

@@ -11,6 +11,7 @@ import trio
 from prometheus_client import CollectorRegistry
 from quart import current_app, request
 
+from yard.api.keys import LoginThrottle, bearer_key
 from yard.observe import auth, timeline
 from yard.observe.cluster import NodeCollector
 from yard.observe.metrics import DecisionMetrics, new_registry
@@ -47,7 +48,9 @@ class Observer:
     session_ttl_s: how long a dashboard login lasts.
     login_max_bytes: largest login form body.
     failures_before_delay, failure_max_delay_s: how wrong admin keys are
-        slowed down (:class:`yard.observe.auth.LoginThrottle`).
+        slowed down (:class:`yard.api.keys.LoginThrottle`).
+    shared_throttle: the throttle to use instead of a new one: the one that
+        every route of the running yard shares (``Runtime.keys``).
     clock: monotonic seconds for sessions and the throttle (tests move it).
     placements: backend name -> the GPUs it may be placed on (the timeline
         puts work ahead for a backend not loaded lately there).
@@ -85,7 +88,8 @@ class Observer:
     registry: CollectorRegistry = field(init=False)
     decision_metrics: DecisionMetrics = field(init=False)
     sessions: auth.Sessions = field(init=False)
-    throttle: auth.LoginThrottle = field(init=False)
+    shared_throttle: LoginThrottle | None = None
+    throttle: LoginThrottle = field(init=False)
     _seeded: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
@@ -98,9 +102,13 @@ class Observer:
         if self.node is not None:
             self.registry.register(NodeCollector(self.node, self.cluster))
         self.sessions = auth.Sessions(ttl_s=self.session_ttl_s)
-        self.throttle = auth.LoginThrottle(
-            failures_before_delay=self.failures_before_delay,
-            max_delay_s=self.failure_max_delay_s,
+        self.throttle = (
+            LoginThrottle(
+                failures_before_delay=self.failures_before_delay,
+                max_delay_s=self.failure_max_delay_s,
+            )
+            if self.shared_throttle is None
+            else self.shared_throttle
         )
 
     @classmethod
@@ -130,6 +138,7 @@ class Observer:
             login_max_bytes=config.server.dashboard_login_max_bytes,
             failures_before_delay=config.server.admin_failures_before_delay,
             failure_max_delay_s=config.server.admin_failure_max_delay_s,
+            shared_throttle=runtime.keys.throttle,
             node=None if runtime.cluster is None else runtime.cluster.name,
             cluster=None if runtime.cluster is None else runtime.cluster.health,
             http=lambda: None if runtime.http_statistics is None else runtime.http_statistics(),
@@ -193,7 +202,7 @@ class Observer:
         now = self.clock()
         client = request.remote_addr
         authorization = request.headers.get("Authorization")
-        guessing = self.admin_key is not None and auth.bearer_key(authorization) is not None
+        guessing = self.admin_key is not None and bearer_key(authorization) is not None
         if guessing:
             wait = self.throttle.wait_s(client, now)
             if wait > 0:
