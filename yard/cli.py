@@ -29,6 +29,7 @@ COMMANDS: dict[str, Command] = {
     "jobs": Command("yard.jobs.cli", "list, inspect and cancel async jobs"),
     "key": Command("yard.keys", "make a new app key (yard key new APP)"),
     "init": Command("yard.init", "write a starter configuration for this machine"),
+    "reload": Command("yard.app.reload_cli", "make the running yard read its configuration again"),
 }
 
 

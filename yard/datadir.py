@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["LOCK_FILE", "DataDirInUse", "hold", "holder"]
+__all__ = ["LOCK_FILE", "DataDirInUse", "hold", "holder", "holder_pid"]
 
 LOCK_FILE = "yard.lock"
 """The file in the data directory that carries the lock."""
@@ -36,6 +36,17 @@ LOCK_FILE = "yard.lock"
 
 class DataDirInUse(Exception):
     """Another process holds the data directory; the message names it."""
+
+
+def holder_pid(data_dir: Path) -> int | None:
+    """The pid of the process holding ``data_dir``, or None when nobody does."""
+    if holder(data_dir) is None:
+        return None
+    try:
+        record = json.loads((data_dir / LOCK_FILE).read_text())
+        return int(record["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def holder(data_dir: Path) -> str | None:

@@ -25,13 +25,14 @@ supervisor, the job service, the profile store (for ``DELETE
 ``/metrics`` show it) and the shutdown event (open dashboard streams and log
 tails end once it is set).
 
-SIGINT or SIGTERM (or SIGHUP, unless ignored: see :func:`stop_signals`)
-starts a graceful shutdown: the HTTP server stops accepting and gives
-in-flight requests ``server.stop_grace_s``; then the job service, the engine
-and the supervisor stop every backend (SIGTERM to its group, SIGKILL after
-its grace). A second signal cuts both graces short (SIGKILL at once). Either
-way yard exits only once every backend's process group is gone: the signals
-stay caught until then (:class:`Shutdown`).
+SIGHUP (``yard reload``) reads the configuration again and applies it without
+a restart (:mod:`yard.app.reload`); until this release it stopped yard like
+SIGTERM. SIGINT or SIGTERM starts a graceful shutdown: the HTTP server stops
+accepting and gives in-flight requests ``server.stop_grace_s``; then the job
+service, the engine and the supervisor stop every backend (SIGTERM to its
+group, SIGKILL after its grace). A second signal cuts both graces short
+(SIGKILL at once). Either way yard exits only once every backend's process
+group is gone: the signals stay caught until then (:class:`Shutdown`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ import trio
 
 from yard import datadir, modelfolder
 from yard.announce.service import announcement_service
+from yard.app.reload import Reloader
 from yard.app.runtime import MeterInfo, Runtime
 from yard.app.web import create_app, serve_app
 from yard.batches.service import open_batches
@@ -126,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     # One line per health poll of a starting backend is noise.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        trio.run(functools.partial(serve, config, freeze_heap=True))
+        trio.run(functools.partial(serve, config, freeze_heap=True, load=lambda: _config(args)))
     except ConfigError as exc:
         for error in exc.errors:
             print(error, file=sys.stderr)
@@ -172,6 +174,7 @@ async def serve(
     config: Config,
     *,
     freeze_heap: bool = False,
+    load: Callable[[], Config] | None = None,
     task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run yard with ``config`` until SIGINT/SIGTERM (or cancellation).
@@ -181,6 +184,9 @@ async def serve(
     configuration) out of the garbage collector's sight with
     :func:`gc.freeze`, so that its full collections, every few hundred
     requests, scan only what requests left behind and not the whole heap.
+
+    ``load`` reads the configuration again for ``yard reload`` and SIGHUP
+    (default: the file ``config`` came from, without command-line overrides).
 
     Reports its :class:`Runtime` (``runtime.urls``: where it listens) once
     ``/healthz`` answers. Raises :class:`CannotListen` when the address is
@@ -212,6 +218,7 @@ async def serve(
                     listeners,
                     signals,
                     freeze_heap=freeze_heap,
+                    load=load or functools.partial(load_config, config.path),
                     task_status=task_status,
                 )
         finally:
@@ -225,10 +232,12 @@ async def _serve(
     signals: AsyncIterator[int],
     *,
     freeze_heap: bool,
+    load: Callable[[], Config],
     task_status: trio.TaskStatus[Runtime],
 ) -> None:
     config.server.data_dir.mkdir(parents=True, exist_ok=True)
     meter: MachineMeter = default_meter()
+    base = config
     # [models]: every GGUF file of the folder, on the GPUs found here.
     config, skipped = await trio.to_thread.run_sync(
         modelfolder.scan, config, tuple(meter.device_totals())
@@ -262,7 +271,9 @@ async def _serve(
 
     def start_timeout(backend: str) -> float:
         profile = scheduler.profile(backend)
-        return config.backends[backend].startup_timeout(profile.load_s if profile else None)
+        # The supervisor holds the configuration running now (yard reload).
+        running = supervisor.config.backends[backend]
+        return running.startup_timeout(profile.load_s if profile else None)
 
     # A node reaches its cluster's database before it starts anything: without
     # it, it has nothing to serve from (raises DatabaseError).
@@ -366,6 +377,20 @@ async def _serve(
         runtime.announcements = announcements
         await nursery.start(announcements.run)
 
+        # yard reload, SIGHUP and the models folder's rescans (yard.app.reload).
+        reloader = Reloader(
+            load=load,
+            base=base,
+            current=config,
+            gpus=tuple(meter.device_totals()),
+            engine=engine,
+            supervisor=supervisor,
+            profiles=profiles,
+            publish=functools.partial(setattr, runtime, "config"),
+        )
+        await nursery.start(reloader.run)
+        nursery.start_soon(_reload_on_hangup, reloader)
+
         binds = await nursery.start(_serve_http, runtime, listeners, stop)
         runtime.urls = binds
         log.info("yard is serving on %s (data in %s)", ", ".join(binds), config.server.data_dir)
@@ -420,12 +445,17 @@ async def _shielded_close(close: Callable[[], Awaitable[None]]) -> None:
 
 
 def stop_signals() -> tuple[signal.Signals, ...]:
-    """The signals that stop ``yard serve``: SIGINT, SIGTERM, and SIGHUP (its
-    terminal went away) unless it is ignored (``nohup yard serve``)."""
-    found = (signal.SIGINT, signal.SIGTERM)
-    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
-        return found
-    return (*found, signal.SIGHUP)
+    """The signals that stop ``yard serve``: SIGINT and SIGTERM. (SIGHUP
+    reloads the configuration: :func:`_reload_on_hangup`.)"""
+    return (signal.SIGINT, signal.SIGTERM)
+
+
+async def _reload_on_hangup(reloader: Reloader) -> None:
+    """SIGHUP: read the configuration again (``yard reload`` sends it). It
+    used to stop yard like SIGTERM."""
+    with trio.open_signal_receiver(signal.SIGHUP) as hangups:
+        async for _ in hangups:
+            await reloader.reload("SIGHUP")
 
 
 class Shutdown:

@@ -152,6 +152,10 @@ class PgProfileStore(ProfileLookups):
     def db(self) -> PgDatabase:
         return self._db
 
+    def use_config(self, config: ConfigLike) -> None:
+        """Read each backend's command from ``config`` from now on (``yard reload``)."""
+        self._config = config
+
     async def key(self, backend: str) -> FootprintKey:
         """The cluster key of ``backend``'s current footprint (``KeyError``
         if unknown). Blocking file checks run in a worker thread."""

@@ -387,6 +387,11 @@ class SqliteProfileStore(ProfileLookups):
     def db(self) -> Database:
         return self._db
 
+    def use_config(self, config: ConfigLike) -> None:
+        """Read each backend's command from ``config`` from now on (``yard
+        reload``: backends added, changed or removed)."""
+        self._config = config
+
     async def key(self, backend: str) -> FootprintKey:
         """The current footprint key of ``backend`` (``KeyError`` if unknown)."""
         config = self._config.backends[backend]
