@@ -134,7 +134,7 @@ def test_a_hashed_key_is_accepted_and_a_wrong_one_refused(tmp_path: Path) -> Non
         assert config.app_for_key(wrong) is None
         with pytest.raises(ApiError) as info:
             authenticate(config, f"Bearer {wrong}".encode())
-        assert (info.value.status, info.value.code) == (403, "invalid_api_key")
+        assert (info.value.status, info.value.code) == (401, "invalid_api_key")
     # A key that is no UTF-8 text is refused, not an error.
     assert config.app_for_key("sk-\udc80") is None
 

@@ -154,9 +154,9 @@ def test_a_request_head_over_the_limit_is_a_431(yard: Yard) -> None:
     ("headers", "status", "code"),
     [
         pytest.param({}, 401, "missing_api_key", id="no-key"),
-        pytest.param({"Authorization": "Bearer wrong"}, 403, "invalid_api_key", id="wrong-key"),
-        pytest.param({"Authorization": "Basic Zm9vOmJhcg=="}, 403, "invalid_api_key", id="basic"),
-        pytest.param(ADMIN, 403, "invalid_api_key", id="admin-key-is-no-app-key"),
+        pytest.param({"Authorization": "Bearer wrong"}, 401, "invalid_api_key", id="wrong-key"),
+        pytest.param({"Authorization": "Basic Zm9vOmJhcg=="}, 401, "invalid_api_key", id="basic"),
+        pytest.param(ADMIN, 401, "invalid_api_key", id="admin-key-is-no-app-key"),
     ],
 )
 def test_the_data_plane_refuses_requests_without_an_app_key(

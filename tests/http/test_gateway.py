@@ -111,7 +111,9 @@ async def test_priority_is_clamped_to_the_app_maximum_and_the_key_is_not_forward
     assert plain.status_code == 200
 
 
-async def test_missing_key_is_401_and_unknown_key_is_403(gateway_factory: GatewayFactory) -> None:
+async def test_a_missing_or_unknown_key_is_401_as_openai_answers(
+    gateway_factory: GatewayFactory,
+) -> None:
     gw = await gateway_factory(config=make_config(apps=APPS))
     async with gw.client:
         missing = await gw.client.post("/v1/chat/completions", json=CHAT)
@@ -122,8 +124,9 @@ async def test_missing_key_is_401_and_unknown_key_is_403(gateway_factory: Gatewa
     assert missing.status_code == 401
     assert missing.json()["error"]["code"] == "missing_api_key"
     assert missing.json()["error"]["type"] == "authentication_error"
-    assert wrong.status_code == 403
+    assert wrong.status_code == 401
     assert wrong.json()["error"]["code"] == "invalid_api_key"
+    assert wrong.json()["error"]["type"] == "authentication_error"
     assert models.status_code == 401
     assert gw.engine.admissions == []
 

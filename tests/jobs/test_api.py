@@ -152,7 +152,7 @@ async def test_another_apps_key_cannot_see_fetch_or_cancel_a_job(yard: Yard) -> 
     assert cursors[0].json()["error"]["message"] == cursors[1].json()["error"]["message"].replace(
         "job_nope", job_id
     )
-    assert (no_key.status_code, wrong_key.status_code) == (401, 403)
+    assert (no_key.status_code, wrong_key.status_code) == (401, 401)
     assert mine["status"] == "running"  # the other app's DELETE did nothing
     assert yard.backend.hung_up == 0
     assert [j["id"] for j in admin["data"]] == [job_id]

@@ -43,7 +43,9 @@ def authenticate(config: Config, authorization: bytes | None) -> tuple[AppConfig
     Returns ``(app, consumed)``: ``consumed`` is True when the key was yard's
     (so it is not passed on to the backend). With no app keys configured every
     request belongs to the ``local`` app (server default priority, full
-    range). Raises :class:`ApiError` 401 without a key, 403 for an unknown one.
+    range). Raises :class:`ApiError` 401 without a key or with one that is
+    no app's, as OpenAI does (``openai.AuthenticationError``); 403 is for a
+    known app doing what it may not, decided elsewhere.
     """
     if not config.apps:
         return local_app(config), False
@@ -53,10 +55,17 @@ def authenticate(config: Config, authorization: bytes | None) -> tuple[AppConfig
             "missing_api_key",
             "no API key: send 'Authorization: Bearer KEY' with the key of your app",
         )
-    scheme, _, key = authorization.decode("latin-1").partition(" ")
-    app = config.app_for_key(key.strip()) if scheme.lower() == "bearer" else None
+    scheme, _, key = authorization.decode("latin-1").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        raise ApiError(
+            401,
+            "invalid_api_key",
+            "the Authorization header needs the word Bearer before the key: send "
+            "'Authorization: Bearer KEY'",
+        )
+    app = config.app_for_key(key.strip())
     if app is None:
-        raise ApiError(403, "invalid_api_key", "this API key belongs to no app configured in yard")
+        raise ApiError(401, "invalid_api_key", "this API key belongs to no app configured in yard")
     return app, True
 
 

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import cast
 
 import trio
-from quart import Quart
+from quart import Quart, Response
 from quart_trio import QuartTrio
 
 from yard.announce import api as announce_api
@@ -58,6 +58,16 @@ def create_control_app(runtime: Runtime) -> Quart:
     async def not_allowed(error: Exception) -> tuple[bytes, int, dict[str, str]]:
         body = error_body(405, "method_not_allowed", "this method is not allowed here")
         return body, 405, {"content-type": "application/json"}
+
+    @app.after_request
+    async def no_blind_retries(response: Response) -> Response:
+        # Every error of the control plane says whether trying again helps
+        # (yard.h1.errors: the OpenAI clients retry 409, 429 and 5xx unless told).
+        if response.status_code >= 400 and not (
+            "retry-after" in response.headers or "x-should-retry" in response.headers
+        ):
+            response.headers["x-should-retry"] = "false"
+        return response
 
     openapi.register(app)  # GET /openapi.json: this API, as an OpenAPI 3.1 document
     app.register_blueprint(jobs_blueprint, url_prefix="/v1/jobs")

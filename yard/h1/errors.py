@@ -7,6 +7,15 @@ Every error yard itself produces (not a backend's) is JSON::
 ``code`` is stable (``model_not_found``, ``deadline_missed``, ``does_not_fit``,
 ``backend_failed``, ``queue_full``, ...); ``message`` says what happened and
 what to do. A backend's own 4xx/5xx is passed through untouched instead.
+
+Retries. The official OpenAI clients (Python and JavaScript alike) try a
+request twice more on 408, 409, 429 and any 5xx unless the answer says
+``x-should-retry: false``, waiting what ``Retry-After`` says. yard never
+retries on its own, and a client's blind retry would undo that: a backend
+whose command fails would be started three times, a deadline that cannot be
+met asked three times. So an error where waiting helps (a full queue, too
+many connections, yard stopping) carries ``Retry-After``, and every other
+error ``x-should-retry: false``.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ import math
 
 from yard.errors import Rejected
 
-__all__ = ["ApiError", "Rejected", "error_body", "error_headers", "error_type"]
+__all__ = ["ApiError", "Rejected", "error_body", "error_headers", "error_type", "retry_headers"]
 
 _TYPES = {
     400: "invalid_request_error",
@@ -54,11 +63,18 @@ def error_body(status: int, code: str, message: str) -> bytes:
 
 
 def error_headers(body: bytes, retry_after_s: float | None) -> list[tuple[bytes, bytes]]:
-    """Content headers of an error answer (and ``Retry-After`` when given)."""
+    """Content headers of an error answer, and either ``Retry-After`` (when
+    given: waiting helps) or ``x-should-retry: false`` (a retry cannot help)."""
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", b"%d" % len(body)),
+        retry_headers(retry_after_s),
     ]
-    if retry_after_s is not None:
-        headers.append((b"retry-after", b"%d" % max(1, math.ceil(retry_after_s))))
     return headers
+
+
+def retry_headers(retry_after_s: float | None) -> tuple[bytes, bytes]:
+    """What an error answer tells clients about trying again (see the module)."""
+    if retry_after_s is None:
+        return (b"x-should-retry", b"false")
+    return (b"retry-after", b"%d" % max(1, math.ceil(retry_after_s)))

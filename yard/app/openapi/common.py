@@ -79,10 +79,11 @@ def text_response(media: str, description: str) -> Schema:
     return {"description": description, "content": {media: {"schema": {"type": "string"}}}}
 
 
-_FORBIDDEN = "A key yard does not know, or a request refused by who or where it is from"
+_FORBIDDEN = "A request refused by who or where it is from"
 AUTH_ERRORS = {
     "401": error_response(
-        "No key, or not the right kind (`missing_api_key`, `invalid_admin_key`)."
+        "No key, a key yard does not know, no `Bearer` before it, or not the right kind "
+        "(`missing_api_key`, `invalid_api_key`, `invalid_admin_key`)."
     ),
     "403": error_response(_FORBIDDEN + "."),
 }
