@@ -29,7 +29,7 @@ from collections.abc import Iterator
 import trio
 import trio.testing
 
-from yard.cluster.jobs import PgJobStore
+from yard.cluster.jobs import ClusterJobStore
 from yard.cluster.listen import Listener
 from yard.cluster.pg import PgDatabase
 from yard.cluster.schema import JOBS_CHANNEL, MIGRATIONS
@@ -61,14 +61,14 @@ async def measure(dsn: str, rounds: int, backlog: int = 0) -> dict[str, object]:
         await db_a.execute(
             "INSERT INTO jobs (id, app, model, backend, priority, status, created_at, rank, "
             "origin) SELECT 'backlog-' || g, 'bench', 'm', "
-            "CASE WHEN g %% 2 = 0 THEN 'music' ELSE 'tts' END, 0, 'queued', 0, "
-            "CASE WHEN g %% 2 = 0 THEN 1000 ELSE -1000 END, 'a' "
-            "FROM generate_series(1, %s) g",
+            "CASE WHEN g % 2 = 0 THEN 'music' ELSE 'tts' END, 0, 'queued', 0, "
+            "CASE WHEN g % 2 = 0 THEN 1000 ELSE -1000 END, 'a' "
+            "FROM generate_series(1, ?) g",
             (backlog,),
         )
         await db_a.execute("ANALYZE jobs")
-    a = PgJobStore(db_a, node="a")
-    b = PgJobStore(db_b, node="b")
+    a = ClusterJobStore(db_a, node="a")
+    b = ClusterJobStore(db_b, node="b")
     total: list[float] = []
     insert: list[float] = []
     wake: list[float] = []

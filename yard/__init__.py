@@ -23,7 +23,8 @@ The rooms, from the inside out:
   data plane (``gateway``, ``intake``), the whole ``app`` with its Quart
   control plane, ``runtime``, ``errors``, ``openapi``.
 - ``yard.jobs``: durable async jobs; ``yard.batches``: the OpenAI Batch API
-  on them; ``yard.announce``: work announced ahead; ``yard.db``: SQLite.
+  on them; ``yard.announce``: work announced ahead; ``yard.db``: the database
+  interface every store is written against, and SQLite.
 - ``yard.observe``: dashboard, ``/metrics``, admin API; ``yard.status``: the
   same in a terminal.
 - ``yard.config``: the TOML configuration, by section; ``yard.cli``: the

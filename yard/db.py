@@ -1,36 +1,55 @@
-"""SQLite for Trio: one connection, one thread at a time, migrations by name.
+"""The database interface every store is written against, and its SQLite side.
 
-Rules this module keeps:
+A store (jobs, batches, profiles, announcements) is one class over
+:class:`Database`; what it runs on is injected: :class:`SqliteDatabase`
+here (one yard, a file in ``data_dir``), or
+:class:`yard.cluster.pg.PgDatabase` (the nodes of a cluster, one PostgreSQL).
 
-- Every call runs in a worker thread (``trio.to_thread.run_sync``) behind a
-  ``CapacityLimiter(1)``, so the one ``sqlite3`` connection is only ever used
-  by one thread at a time and the Trio loop never blocks on disk. (aiosqlite
-  is asyncio-only.)
-- A call that has started in its thread runs to the end even if the caller is
-  cancelled: a write is either wholly on disk or not begun, never abandoned
-  halfway.
-- The journal is WAL with ``synchronous=NORMAL``: a crash of yard (even
-  SIGKILL) loses nothing committed. ``durable=True`` commits that one write
-  with ``synchronous=FULL``, so it survives a power cut as well; callers use
-  it before they promise something to a client (a 202 for a job).
-- Migrations are ``(name, sql_script)`` pairs, applied in order, each in its
-  own transaction together with its record in ``yard_migrations``. Several
-  components may keep their tables in one file: names recorded by someone
-  else are left alone, so prefix names with the component ("jobs/1 ...").
+Rules of the interface:
+
+- SQL is written once, with ``?`` placeholders (never a ``?`` inside a
+  literal); the PostgreSQL side turns them into its own. Both dialects
+  understand what the stores use: ``RETURNING``, ``INSERT ... ON CONFLICT``
+  (the upsert), ``count(*) FILTER (WHERE ...)``, ``true``/``false``, ``IN
+  (?, ...)`` (:func:`marks`). What differs is a method of the transaction
+  (:class:`Tx`): :meth:`Tx.notify` (PostgreSQL's ``NOTIFY``, nothing for one
+  process), :meth:`Tx.lock` (an advisory lock; SQLite's ``BEGIN IMMEDIATE``
+  already holds the one write lock) and :attr:`Tx.for_update`. Queries only
+  a cluster runs (the claim, the registry) are the cluster's.
+- Every call runs in a worker thread; the Trio loop never blocks on disk or
+  network. A call that has started runs to the end even if its caller is
+  cancelled: a write is wholly done or not begun.
+- :meth:`Database.transaction` runs ``fn(tx)`` in one transaction, rolled
+  back if ``fn`` raises. ``durable=True`` syncs that commit to the disk (a
+  write promised to a client); PostgreSQL's commits always are.
+- A lost server raises :class:`DatabaseLost`, a lock or time limit
+  :class:`DatabaseBusy` (:func:`passing`: the same call may work later); any
+  other :class:`DatabaseError` is the database refusing the call.
+
+SQLite specifics: one connection behind a ``CapacityLimiter(1)``; WAL with
+``synchronous=NORMAL``, so a crash of yard (even SIGKILL) loses nothing
+committed, and ``durable=True`` commits with ``synchronous=FULL``.
+Migrations are ``(name, sql_script)`` pairs, applied in order, each in its
+own transaction together with its record in ``yard_migrations``; names
+recorded by someone else are left alone, so several components may keep
+their tables in one file (prefix names with the component: "jobs/1 ...").
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
 
 Migration = tuple[str, str]
-"""(name, SQL script). The name is recorded once the script has run."""
+"""(name, SQL script) of SQLite. The name is recorded once the script has run."""
+
+Row = tuple[Any, ...]
+"""A row as the database returns it."""
 
 T = TypeVar("T")
 
@@ -44,7 +63,7 @@ CREATE TABLE IF NOT EXISTS yard_migrations (
 
 class DatabaseError(Exception):
     """The database cannot be used as asked (a failed migration, a closed
-    connection). The message names the file and what to do."""
+    connection, a refused statement). The message says what to do."""
 
 
 class DatabaseLost(DatabaseError):
@@ -62,21 +81,102 @@ class DatabaseBusy(DatabaseError):
 def passing(exc: BaseException) -> bool:
     """Whether ``exc`` is a database error that may pass by itself
     (:class:`DatabaseLost`, :class:`DatabaseBusy`), so the same call is worth
-    making again later; any other :class:`DatabaseError` is the server
+    making again later; any other :class:`DatabaseError` is the database
     refusing the call, which it will do again."""
     return isinstance(exc, DatabaseLost | DatabaseBusy)
 
 
-class Database:
-    """One SQLite file, used from Trio.
+class Cursor(Protocol):
+    """What a statement run in a transaction gives back."""
 
-    Open it with :meth:`open`; close it with :meth:`close` (idempotent).
-    """
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Row | None: ...
+
+    def fetchall(self) -> list[Row]: ...
+
+
+class Tx(Protocol):
+    """One transaction, inside :meth:`Database.transaction` (see the rules)."""
+
+    for_update: str
+    """`` FOR UPDATE`` where rows are locked one by one (PostgreSQL), else ``""``."""
+
+    def execute(self, sql: str, params: Sequence[object] = ()) -> Cursor: ...
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[object]]) -> int:
+        """Run ``sql`` once per row; the rows they changed, in all."""
+        ...
+
+    def notify(self, channel: str, payload: str) -> None:
+        """Tell the other processes on this database, once committed."""
+
+    def lock(self, key: str) -> None:
+        """Hold the lock named ``key`` until the transaction ends."""
+
+
+class Database(Protocol):
+    """What a store needs of its database (see the module rules)."""
+
+    async def execute(
+        self, sql: str, params: Sequence[object] = (), *, durable: bool = False
+    ) -> int:
+        """Run one statement in its own transaction; the rows it changed."""
+        ...
+
+    async def fetchall(self, sql: str, params: Sequence[object] = ()) -> list[Row]: ...
+
+    async def fetchone(self, sql: str, params: Sequence[object] = ()) -> Row | None: ...
+
+    async def transaction(self, fn: Callable[[Tx], T], *, durable: bool = False) -> T: ...
+
+    async def close(self) -> None: ...
+
+
+def marks(n: int) -> str:
+    """``n`` placeholders, for ``VALUES (...)`` and ``IN (...)``."""
+    return ", ".join("?" * n)
+
+
+def insert(
+    tx: Tx, table: str, values: Mapping[str, object], *, conflict: str = "", returning: str = ""
+) -> Cursor:
+    """``INSERT INTO table`` the ``values`` (column: value), in ``tx``;
+    ``ON CONFLICT conflict`` (the upsert) and ``RETURNING returning`` if given."""
+    sql = f"INSERT INTO {table} ({', '.join(values)}) VALUES ({marks(len(values))})"
+    sql += f" ON CONFLICT {conflict}" if conflict else ""
+    sql += f" RETURNING {returning}" if returning else ""
+    return tx.execute(sql, tuple(values.values()))
+
+
+class _SqliteTx:
+    for_update = ""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[object] = ()) -> Cursor:
+        return self._conn.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[object]]) -> int:
+        return self._conn.executemany(sql, rows).rowcount
+
+    def notify(self, channel: str, payload: str) -> None:
+        pass  # one process: nobody else listens
+
+    def lock(self, key: str) -> None:
+        pass  # BEGIN IMMEDIATE holds the one write lock already
+
+
+class SqliteDatabase:
+    """One SQLite file, used from Trio. Open it with :meth:`open`; close it
+    with :meth:`close` (idempotent)."""
 
     def __init__(
         self, path: Path, connection: sqlite3.Connection, *, threaded: bool = True
     ) -> None:
-        # Use Database.open(): it also sets the pragmas and migrates.
+        # Use SqliteDatabase.open(): it also sets the pragmas and migrates.
         self._path = path
         self._conn: sqlite3.Connection | None = connection
         self._limiter = trio.CapacityLimiter(1)
@@ -90,7 +190,7 @@ class Database:
     @classmethod
     async def open(
         cls, path: Path, migrations: Sequence[Migration], *, threaded: bool = True
-    ) -> Database:
+    ) -> SqliteDatabase:
         """Open (creating it and its parent directory if needed) the database
         at ``path`` and apply every migration of ``migrations`` not yet
         recorded, in order.
@@ -136,38 +236,24 @@ class Database:
         self, sql: str, params: Sequence[object] = (), *, durable: bool = False
     ) -> int:
         """Run one statement in its own transaction; return the number of rows
-        it changed (``cursor.rowcount``; -1 for statements that change none).
+        it changed (``cursor.rowcount``; -1 for statements that change none)."""
+        return await self.transaction(lambda tx: tx.execute(sql, params).rowcount, durable=durable)
 
-        durable: commit with ``synchronous=FULL`` (the write survives a power
-        cut once this returns).
-        """
-
-        def _execute(conn: sqlite3.Connection) -> int:
-            return conn.execute(sql, params).rowcount
-
-        return await self.transaction(_execute, durable=durable)
-
-    async def fetchall(self, sql: str, params: Sequence[object] = ()) -> list[tuple[object, ...]]:
+    async def fetchall(self, sql: str, params: Sequence[object] = ()) -> list[Row]:
         """Every row of a query."""
+        return await self._run(lambda conn: [tuple(r) for r in conn.execute(sql, params)])
 
-        def _fetchall(conn: sqlite3.Connection) -> list[tuple[object, ...]]:
-            return [tuple(row) for row in conn.execute(sql, params).fetchall()]
-
-        return await self._run(_fetchall)
-
-    async def fetchone(self, sql: str, params: Sequence[object] = ()) -> tuple[object, ...] | None:
+    async def fetchone(self, sql: str, params: Sequence[object] = ()) -> Row | None:
         """The first row of a query, or None."""
 
-        def _fetchone(conn: sqlite3.Connection) -> tuple[object, ...] | None:
+        def _fetchone(conn: sqlite3.Connection) -> Row | None:
             row = conn.execute(sql, params).fetchone()
             return None if row is None else tuple(row)
 
         return await self._run(_fetchone)
 
-    async def transaction(
-        self, fn: Callable[[sqlite3.Connection], T], *, durable: bool = False
-    ) -> T:
-        """Run ``fn(connection)`` in a worker thread inside one transaction
+    async def transaction(self, fn: Callable[[Tx], T], *, durable: bool = False) -> T:
+        """Run ``fn(tx)`` in a worker thread inside one transaction
         (``BEGIN IMMEDIATE`` ... ``COMMIT``) and return what it returns.
 
         If ``fn`` raises, the transaction is rolled back and the exception
@@ -181,7 +267,7 @@ class Database:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    result = fn(conn)
+                    result = fn(_SqliteTx(conn))
                 except BaseException:
                     conn.execute("ROLLBACK")
                     raise
@@ -196,14 +282,10 @@ class Database:
     async def close(self) -> None:
         """Close the connection (checkpointing the WAL). Idempotent; later
         calls of the other methods raise :class:`DatabaseError`."""
-
-        def _close(conn: sqlite3.Connection) -> None:
-            conn.close()
-
         async with self._limiter:
             conn, self._conn = self._conn, None
             if conn is not None:
-                await self._call(_close, conn)
+                await self._call(lambda c: c.close(), conn)
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         async with self._limiter:

@@ -1,4 +1,4 @@
-"""The job service of a cluster node (``Jobs(shared=True)``) when the shared
+"""The job service of a cluster node (on a :class:`SharedQueue`) when the shared
 database goes away around a job's start: a job that was marked running needs
 the database no more until its end, which is kept and written once the
 database is back; a job that could not be marked running is given back.
@@ -20,6 +20,7 @@ import trio
 import trio.testing
 
 from tests.jobs.fakes import EPOCH, Answer, FakeEngine, FakeUpstream, proxy_request, wall
+from yard.cluster.jobs import SharedQueue
 from yard.cluster.pg import DatabaseLost
 from yard.jobs.records import JobError, JobRecord, Status, StoredRequest, StoredResult
 from yard.jobs.service import Jobs
@@ -116,7 +117,7 @@ async def node_jobs(
     store = store_type((await JobStore.open(path, threaded=False)).database)
     released = Released(store)
     jobs = Jobs(
-        engine=engine, store=store, upstream=upstream, wall=wall, shared=True, release=released
+        engine=engine, store=store, upstream=upstream, wall=wall, queue=SharedQueue(released)
     )
     try:
         async with trio.open_nursery() as nursery:

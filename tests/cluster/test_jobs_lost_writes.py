@@ -1,4 +1,4 @@
-"""What a cluster node's job service (``Jobs(shared=True)``) does with a write
+"""What a cluster node's job service (on a shared queue) does with a write
 the shared database does not take: a lost (or busy) database is waited for,
 with a bounded log; a refusal is logged once and not retried; and a job whose
 backend connection broke while the database was away ends as the core

@@ -18,7 +18,7 @@ import trio.testing
 
 from tests.cluster.test_node_rules import FakeEngine, FakeRegistry, FakeStore
 from yard.cluster.forward import Forwarder
-from yard.cluster.jobs import PgJobStore
+from yard.cluster.jobs import ClusterJobStore
 from yard.cluster.listen import Listener
 from yard.cluster.node import Node
 from yard.cluster.pg import DatabaseLost
@@ -104,7 +104,7 @@ async def test_a_job_end_heard_as_the_database_is_lost_does_not_stop_the_node(
         cluster=cluster,
         engine=FakeEngine(),
         jobs=jobs,
-        store=cast(PgJobStore, FakeStore(gone=registry.gone)),
+        store=cast(ClusterJobStore, FakeStore(gone=registry.gone)),
         registry=cast(Registry, registry),
         listen=lambda: cast(Listener, listener),
         forwarder=Forwarder(node="a", secret=None, pool=cast(Any, None)),

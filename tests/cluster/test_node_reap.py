@@ -23,7 +23,7 @@ import trio
 
 from tests.cluster.test_node_rules import FakeEngine, FakeListener
 from yard.cluster.forward import Forwarder
-from yard.cluster.jobs import PgJobStore
+from yard.cluster.jobs import ClusterJobStore
 from yard.cluster.listen import Listener
 from yard.cluster.node import Node
 from yard.cluster.pg import PgDatabase
@@ -77,7 +77,7 @@ async def running_node(dsn: str, name: str) -> AsyncIterator[FakeJobs]:
         cluster=cluster,
         engine=FakeEngine(state="stopped"),
         jobs=jobs,
-        store=PgJobStore(db, node=name),
+        store=ClusterJobStore(db, node=name),
         registry=Registry(db),
         listen=lambda: cast(Listener, listener),
         forwarder=Forwarder(node=name, secret=None, pool=cast(Any, None)),
@@ -138,7 +138,7 @@ async def test_a_dead_node_is_never_seen_gone_while_it_still_holds_its_jobs(
 ) -> None:
     db = await PgDatabase.open(postgres_dsn, MIGRATIONS)
     try:
-        c = PgJobStore(db, node="c")
+        c = ClusterJobStore(db, node="c")
         registry = Registry(db)
         now = time.time()
         await _publish_c(registry, now)

@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from yard.cluster.forward import Forwarder
-from yard.cluster.jobs import PgJobStore
+from yard.cluster.jobs import ClusterJobStore
 from yard.cluster.listen import Listener
 from yard.cluster.node import Node
 from yard.cluster.reaping import ReapSummary
@@ -80,7 +80,7 @@ class FakeEngine:
 
 @dataclass
 class FakeStore:
-    """The claim side of PgJobStore: an empty shared queue, counted."""
+    """The claim side of ClusterJobStore: an empty shared queue, counted."""
 
     claims: list[tuple[str, ...]] = field(default_factory=list)
     reaped: list[str] = field(default_factory=list)
@@ -221,7 +221,7 @@ async def running_node(
         cluster=cluster,
         engine=engine,
         jobs=cast(Any, None),
-        store=cast(PgJobStore, store),
+        store=cast(ClusterJobStore, store),
         registry=cast(Registry, registry),
         listen=lambda: cast(Listener, listener),
         forwarder=Forwarder(node="a", secret=None, pool=cast(Any, None)),

@@ -1,4 +1,4 @@
-"""PgBatchStore against a real PostgreSQL: files and batches any node reads,
+"""ClusterBatchStore against a real PostgreSQL: files and batches any node reads,
 lines that become jobs of the shared queue once, one driver per batch."""
 
 from __future__ import annotations
@@ -8,21 +8,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from yard.batches.records import BatchError, ParsedLine
-from yard.batches.store import BatchStore, BatchStoreLike, FileLimit
-from yard.cluster.batches import PgBatchStore
-from yard.cluster.jobs import PgJobStore, rank_of
+from yard.batches.store import FileLimit
+from yard.cluster.batches import ClusterBatchStore
+from yard.cluster.jobs import ClusterJobStore, rank_of
 from yard.cluster.pg import PgDatabase
 from yard.cluster.registry import NodeState, Registry
 from yard.cluster.schema import MIGRATIONS
 from yard.jobs.records import StoredResult
 
-Stores = Callable[[str], Awaitable[PgBatchStore]]
+Stores = Callable[[str], Awaitable[ClusterBatchStore]]
 AGING = 0.1
-
-
-def _is_batch_store(store: PgBatchStore, sqlite: BatchStore) -> tuple[BatchStoreLike, ...]:
-    # mypy checks that both stores satisfy the service's protocol.
-    return store, sqlite
 
 
 @pytest.fixture
@@ -30,10 +25,10 @@ async def stores(postgres_dsn: str) -> AsyncIterator[Stores]:
     """Opens the batch store of a node (its own connections) on one database."""
     opened: list[PgDatabase] = []
 
-    async def open_store(node: str) -> PgBatchStore:
+    async def open_store(node: str) -> ClusterBatchStore:
         db = await PgDatabase.open(postgres_dsn, MIGRATIONS, application_name=node)
         opened.append(db)
-        return PgBatchStore(PgJobStore(db, node=node, aging_rate=AGING), aging_rate=AGING)
+        return ClusterBatchStore(ClusterJobStore(db, node=node, aging_rate=AGING))
 
     try:
         yield open_store
@@ -42,7 +37,7 @@ async def stores(postgres_dsn: str) -> AsyncIterator[Stores]:
             await db.close()
 
 
-async def _up(store: PgBatchStore, *names: str) -> Registry:
+async def _up(store: ClusterBatchStore, *names: str) -> Registry:
     registry = Registry(store.jobs.database)
     for name in names:
         await registry.publish(
@@ -51,7 +46,7 @@ async def _up(store: PgBatchStore, *names: str) -> Registry:
     return registry
 
 
-async def _batch(store: PgBatchStore, batch_id: str = "batch_1", lines: int = 2) -> None:
+async def _batch(store: ClusterBatchStore, batch_id: str = "batch_1", lines: int = 2) -> None:
     await store.add_file(
         file_id="file-in",
         app="app",

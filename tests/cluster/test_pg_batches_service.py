@@ -18,8 +18,8 @@ from tests.batches.helpers import chat_line, jsonl
 from yard.admission import AdmissionLike
 from yard.batches.records import BatchRecord
 from yard.batches.service import Batches
-from yard.cluster.batches import PgBatchStore
-from yard.cluster.jobs import PgJobStore
+from yard.cluster.batches import ClusterBatchStore
+from yard.cluster.jobs import ClusterJobStore, SharedQueue
 from yard.cluster.pg import PgDatabase
 from yard.cluster.registry import NodeState, Registry
 from yard.cluster.schema import MIGRATIONS
@@ -66,10 +66,11 @@ async def nodes(postgres_dsn: str, tmp_path: Path) -> AsyncIterator[Start]:
             await Registry(db).publish(
                 NodeState(name=name, url=f"http://{name}", heartbeat_at=now, started_at=now)
             )
-            store = PgJobStore(db, node=name, aging_rate=config.scheduler.aging_rate)
-            jobs = Jobs(engine=NoEngine(), store=store, config=config.jobs, shared=True)
-            jobs.RETRY_S = 0.05  # no listener here: a wait re-reads the store often
-            batches = Batches(jobs=jobs, config=config)
+            store = ClusterJobStore(db, node=name, aging_rate=config.scheduler.aging_rate)
+            # No listener here: a wait re-reads the store often.
+            queue = SharedQueue(lambda job_id: store.release(job_id, name), recheck_s=0.05)
+            jobs = Jobs(engine=NoEngine(), store=store, config=config.jobs, queue=queue)
+            batches = Batches(jobs=jobs, config=config, store=ClusterBatchStore(store))
             await nursery.start(jobs.run)
             stack.push_async_callback(jobs.stop)
             await nursery.start(batches.run)
@@ -123,7 +124,7 @@ async def _handed_over(batch_id: str, old: Batches, new: Batches) -> None:
 async def _serve(node: Batches, job_id: str) -> None:
     """Claim, run and finish a job as a node serving it would."""
     store = node.jobs.store
-    assert isinstance(store, PgJobStore)
+    assert isinstance(store, ClusterJobStore)
     claimed = await store.claim(store.node, ["llm"])
     assert claimed is not None and claimed.id == job_id
     assert await store.mark_running(job_id, at=time.time(), queued_s=0.0)
@@ -142,7 +143,7 @@ async def test_a_node_stops_driving_a_batch_another_node_has_taken_over(nodes: S
     rest = (await _jobs_of(a, batch.id, 3))[1:]
     # a is declared gone while it is alive: b adopts the batch, and a, which
     # finds it is no longer its driver, stops driving it.
-    assert isinstance(a.store, PgBatchStore)
+    assert isinstance(a.store, ClusterBatchStore)
     assert await Registry(a.store.jobs.database).mark_gone("a")
     await _handed_over(batch.id, a, b)
     for job_id in rest:

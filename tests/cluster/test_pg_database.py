@@ -10,7 +10,7 @@ import trio
 
 from tests.cluster.postgres import PostgresMissing, PostgresServer, find_bin_dir
 from yard.cluster.pg import DatabaseBusy, DatabaseLost, PgDatabase, PgLimits, PgMigration, passing
-from yard.db import DatabaseError
+from yard.db import DatabaseError, Tx
 
 MIGRATIONS = (
     PgMigration(version=1, name="a table", sql="CREATE TABLE things (n integer NOT NULL)"),
@@ -74,7 +74,7 @@ async def test_a_database_of_a_newer_yard_is_refused(postgres_dsn: str) -> None:
 
 
 async def test_a_transaction_that_raises_is_rolled_back(postgres_dsn: str) -> None:
-    def insert_then_fail(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    def insert_then_fail(conn: Tx) -> None:
         conn.execute("INSERT INTO things VALUES (1)")
         raise LookupError("no")
 
@@ -83,7 +83,7 @@ async def test_a_transaction_that_raises_is_rolled_back(postgres_dsn: str) -> No
         try:
             with pytest.raises(LookupError):
                 await db.transaction(insert_then_fail)
-            assert await db.execute("INSERT INTO things VALUES (%s), (%s)", (2, 3)) == 2
+            assert await db.execute("INSERT INTO things VALUES (?), (?)", (2, 3)) == 2
             assert await db.fetchall("SELECT n FROM things ORDER BY n") == [(2,), (3,)]
             with pytest.raises(DatabaseError, match="PostgreSQL: ") as refused:
                 await db.execute("INSERT INTO things VALUES (NULL)")
@@ -135,7 +135,7 @@ def test_without_postgresql_the_tests_fail_and_say_to_run_make_postgresql(
 async def test_a_lock_wait_that_times_out_is_an_error_not_a_lost_server(
     postgres_dsn: str,
 ) -> None:
-    def wait_for_the_lock(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    def wait_for_the_lock(conn: Tx) -> None:
         conn.execute("SET LOCAL lock_timeout = '100ms'")  # the session's is 10 s
         conn.execute("SELECT n FROM things FOR UPDATE")
 

@@ -1,4 +1,4 @@
-"""PgJobStore against a real PostgreSQL: the SQLite store's behaviour, one
+"""ClusterJobStore against a real PostgreSQL: the SQLite store's behaviour, one
 priority order across nodes, claims that never collide, reaping a dead node."""
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import pytest
 import trio
 import trio.lowlevel
 
-from yard.cluster.jobs import PgJobStore, rank_of
+from yard.cluster.jobs import ClusterJobStore, rank_of
 from yard.cluster.pg import PgDatabase
 from yard.cluster.schema import MIGRATIONS
 from yard.jobs.records import JobError, Quota, QuotaExceeded, StoredRequest, StoredResult
 from yard.jobs.restore import INTERRUPTED
-from yard.jobs.store import JobStore, JobStoreLike
 
 REQUEST = StoredRequest(
     method="POST",
@@ -28,22 +27,17 @@ REQUEST = StoredRequest(
 )
 RESULT = StoredResult(status=200, headers=((b"content-type", b"audio/wav"),), body=b"RIFF\x00")
 
-Stores = Callable[[str], Awaitable[PgJobStore]]
-
-
-def _is_job_store(store: PgJobStore, sqlite: JobStore) -> tuple[JobStoreLike, JobStoreLike]:
-    # mypy checks that both stores satisfy the service's protocol.
-    return store, sqlite
+Stores = Callable[[str], Awaitable[ClusterJobStore]]
 
 
 @pytest.fixture
 async def stores(postgres_dsn: str) -> AsyncIterator[Stores]:
     """Opens the store of a node (its own connections) on one database."""
-    opened: list[PgJobStore] = []
+    opened: list[ClusterJobStore] = []
 
-    async def open_store(node: str) -> PgJobStore:
+    async def open_store(node: str) -> ClusterJobStore:
         db = await PgDatabase.open(postgres_dsn, MIGRATIONS, application_name=node)
-        opened.append(PgJobStore(db, node=node, aging_rate=0.1))
+        opened.append(ClusterJobStore(db, node=node, aging_rate=0.1))
         return opened[-1]
 
     try:
@@ -54,7 +48,7 @@ async def stores(postgres_dsn: str) -> AsyncIterator[Stores]:
 
 
 async def add(
-    store: PgJobStore,
+    store: ClusterJobStore,
     job_id: str,
     *,
     at: float = 100.0,
@@ -78,7 +72,7 @@ async def add(
     )
 
 
-async def claim_all(store: PgJobStore, node: str, backends: tuple[str, ...]) -> list[str]:
+async def claim_all(store: ClusterJobStore, node: str, backends: tuple[str, ...]) -> list[str]:
     claimed: list[str] = []
     while (job := await store.claim(node, backends)) is not None:
         claimed.append(job.id)
@@ -205,7 +199,7 @@ async def test_the_quota_holds_when_two_nodes_take_in_jobs_at_once(stores: Store
     quota = Quota(max_jobs=5, max_bytes=10_000)
     refused: list[str] = []
 
-    async def hand_in(store: PgJobStore, prefix: str) -> None:
+    async def hand_in(store: ClusterJobStore, prefix: str) -> None:
         for i in range(8):
             try:
                 await add(store, f"{prefix}{i}", quota=quota)
@@ -275,7 +269,7 @@ async def test_claimers_racing_never_get_the_same_job(stores: Stores) -> None:
             await add(store, job_id, priority=float(len(job_id) % 3))
         got: dict[str, list[str]] = {}
 
-        async def claimer(store: PgJobStore, name: str, into: dict[str, list[str]]) -> None:
+        async def claimer(store: ClusterJobStore, name: str, into: dict[str, list[str]]) -> None:
             into[name] = await claim_all(store, store.node, ("tts",))
 
         with trio.fail_after(60):
@@ -438,14 +432,14 @@ async def test_nodes_claiming_running_and_dying_at_random_run_no_job_twice(
     def count_end(job_id: str) -> None:
         ended[job_id] = ended.get(job_id, 0) + 1
 
-    async def run(store: PgJobStore, job_id: str) -> None:
+    async def run(store: ClusterJobStore, job_id: str) -> None:
         if await store.mark_running(job_id, at=1.0, queued_s=0.0):
             ran.setdefault(job_id, []).append(store.node)
             await trio.sleep(rng.random() / 50)
             if await store.finish(job_id, "succeeded", at=2.0, result=RESULT):
                 count_end(job_id)
 
-    async def node_loop(store: PgJobStore, nursery: trio.Nursery) -> None:
+    async def node_loop(store: ClusterJobStore, nursery: trio.Nursery) -> None:
         nonlocal deaths, actions
         held: list[str] = []
         while True:

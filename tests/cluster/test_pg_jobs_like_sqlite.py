@@ -1,4 +1,4 @@
-"""PgJobStore against the SQLite JobStore: the same random sequence of
+"""ClusterJobStore against the SQLite JobStore: the same random sequence of
 operations on both gives the same answers and the same jobs, except where
 the cluster store differs on purpose (listed in ``differs``)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import trio
 
-from yard.cluster.jobs import PgJobStore
+from yard.cluster.jobs import ClusterJobStore
 from yard.cluster.pg import PgDatabase
 from yard.cluster.schema import MIGRATIONS
 from yard.jobs.records import (
@@ -24,7 +24,7 @@ from yard.jobs.records import (
     StoredRequest,
     StoredResult,
 )
-from yard.jobs.store import JobStore, JobStoreLike
+from yard.jobs.store import JobStore
 
 SEED = 1300
 OPERATIONS = 300
@@ -53,8 +53,8 @@ async def test_the_cluster_store_answers_like_the_sqlite_store(
 ) -> None:
     rng = random.Random(SEED)
     sqlite = await JobStore.open(tmp_path / "jobs.sqlite")
-    pg = PgJobStore(await PgDatabase.open(postgres_dsn, MIGRATIONS), node="n1")
-    stores: tuple[JobStoreLike, JobStoreLike] = (sqlite, pg)
+    pg = ClusterJobStore(await PgDatabase.open(postgres_dsn, MIGRATIONS), node="n1")
+    stores: tuple[JobStore, JobStore] = (sqlite, pg)
     ids: list[str] = []
     quota = Quota(max_jobs=12, max_bytes=3000)
     clock = 1000.0
@@ -121,16 +121,16 @@ async def test_the_cluster_store_answers_like_the_sqlite_store(
         await pg.close()
 
 
-async def pg_force_running(pg: PgJobStore, job_id: str, at: float) -> None:
+async def pg_force_running(pg: ClusterJobStore, job_id: str, at: float) -> None:
     """Bring the PostgreSQL job to what SQLite did (running again, restarted
     at ``at``), so that the comparison goes on."""
     await pg.database.execute(
-        "UPDATE jobs SET started_at = %s, queued_s = 1.5 WHERE id = %s", (at, job_id)
+        "UPDATE jobs SET started_at = ?, queued_s = 1.5 WHERE id = ?", (at, job_id)
     )
 
 
 async def apply(
-    store: JobStoreLike,
+    store: JobStore,
     op: str,
     job_id: str,
     draws: int,

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from tests.cluster.postgres import PostgresServer
-from yard.cluster.jobs import PgJobStore
+from yard.cluster.jobs import ClusterJobStore
 from yard.cluster.listen import Listener
 from yard.cluster.pg import PgDatabase
 from yard.cluster.registry import NodeState, Registry
@@ -19,7 +19,7 @@ from yard.jobs.records import JobError, StoredRequest
 REQUEST = StoredRequest(method="POST", path="/v1/audio/speech", query="", headers=(), body=b"{}")
 
 
-async def hand_in(store: PgJobStore, job_id: str) -> None:
+async def hand_in(store: ClusterJobStore, job_id: str) -> None:
     await store.insert(
         job_id=job_id,
         app="radio",
@@ -48,7 +48,7 @@ async def test_an_insert_on_another_connection_wakes_a_waiting_listener(
     postgres_dsn: str,
 ) -> None:
     db = await PgDatabase.open(postgres_dsn, MIGRATIONS)
-    store = PgJobStore(db, node="n1")
+    store = ClusterJobStore(db, node="n1")
     try:
         with trio.fail_after(10):
             async with Listener(postgres_dsn) as listener:
@@ -91,7 +91,7 @@ async def test_a_waiting_listener_does_not_poll(postgres_dsn: str) -> None:
 
 async def test_a_cancelled_wait_loses_nothing(postgres_dsn: str) -> None:
     db = await PgDatabase.open(postgres_dsn, MIGRATIONS)
-    store = PgJobStore(db, node="n1")
+    store = ClusterJobStore(db, node="n1")
     try:
         with trio.fail_after(10):
             async with Listener(postgres_dsn, channels=(JOBS_CHANNEL,)) as listener:
@@ -120,7 +120,7 @@ async def test_the_listener_reconnects_after_the_server_restarts(
                 assert listener.connected
                 assert listener.statistics().connects == 2
                 db = await PgDatabase.open(dsn, MIGRATIONS)
-                store = PgJobStore(db, node="n1")
+                store = ClusterJobStore(db, node="n1")
                 try:
                     await hand_in(store, "after")
                     assert await listener.wait() == {JOBS_CHANNEL}
@@ -133,7 +133,7 @@ async def test_the_listener_reconnects_after_the_server_restarts(
 
 async def test_the_end_of_a_job_is_heard_with_its_id(postgres_dsn: str) -> None:
     db = await PgDatabase.open(postgres_dsn, MIGRATIONS)
-    one, two = PgJobStore(db, node="n1"), PgJobStore(db, node="n2")
+    one, two = ClusterJobStore(db, node="n1"), ClusterJobStore(db, node="n2")
     cancelled = JobError(code="cancelled", message="the job was cancelled", status=499)
     try:
         with trio.fail_after(10):

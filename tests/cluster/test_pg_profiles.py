@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from yard.cluster.pg import PgDatabase
-from yard.cluster.profiles import PgProfileStore
+from yard.cluster.profiles import cluster_key
 from yard.cluster.schema import MIGRATIONS
 from yard.core.spec import Profile
-from yard.memory.profiles import ProfileStoreLike, SqliteProfileStore
+from yard.memory.profiles import Profiles
 from yard.ports import ProfileStore
 
 H200 = "NVIDIA H200 150754820096 bytes"
@@ -68,15 +68,20 @@ async def db(postgres_dsn: str) -> AsyncIterator[PgDatabase]:
         await db.close()
 
 
-def store(db: PgDatabase, config: Config, node: str, label: str = H200) -> PgProfileStore:
+def store(db: PgDatabase, config: Config, node: str, label: str = H200) -> Profiles:
     gpu = config.backends["tts"].gpus[0]
-    return PgProfileStore(db, config, node=node, devices={gpu: label}, clock=lambda: 1000.0)
+    return Profiles(
+        db,
+        config,
+        devices={gpu: label},
+        clock=lambda: 1000.0,
+        portable=cluster_key,
+        node=node,
+    )
 
 
-def _is_profile_store(
-    store: PgProfileStore, sqlite: SqliteProfileStore
-) -> tuple[ProfileStore, ProfileStoreLike, ProfileStoreLike]:
-    return store, store, sqlite  # mypy: the engine's port, and what serve and probe need
+def _is_profile_store(store: Profiles) -> ProfileStore:
+    return store  # mypy: the engine's port
 
 
 async def test_a_node_with_the_same_card_uses_the_profile_another_measured(
@@ -170,7 +175,7 @@ async def test_a_profile_stored_before_the_parallel_columns_reads_without_slots(
         columns = "key, backend, parts, gpu_bytes, host_bytes, load_s, source, measured_at, node"
         await old.execute(
             f"INSERT INTO profiles ({columns}, context) "
-            "VALUES (%s, 'tts', '{}', 6000000000, 900000000, 4.5, 'measured', 1.0, 'one', 8192)",
+            "VALUES (?, 'tts', '{}', 6000000000, 900000000, 4.5, 'measured', 1.0, 'one', 8192)",
             (key.digest,),
         )
     finally:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from yard.db import Database, DatabaseError
+from yard.db import DatabaseError, SqliteDatabase, Tx
 
 CREATE = ("t/1 create", "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL);")
 ADD_COLUMN = ("t/2 add size", "ALTER TABLE items ADD COLUMN size INTEGER NOT NULL DEFAULT 0;")
@@ -16,7 +16,7 @@ ADD_COLUMN = ("t/2 add size", "ALTER TABLE items ADD COLUMN size INTEGER NOT NUL
 
 async def test_open_creates_the_file_in_wal_mode_and_applies_migrations(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "x.sqlite"
-    db = await Database.open(path, [CREATE])
+    db = await SqliteDatabase.open(path, [CREATE])
     try:
         assert path.exists()
         assert await db.fetchone("PRAGMA journal_mode") == ("wal",)
@@ -28,11 +28,11 @@ async def test_open_creates_the_file_in_wal_mode_and_applies_migrations(tmp_path
 
 async def test_reopening_applies_only_the_new_migrations_and_keeps_rows(tmp_path: Path) -> None:
     path = tmp_path / "x.sqlite"
-    db = await Database.open(path, [CREATE])
+    db = await SqliteDatabase.open(path, [CREATE])
     await db.execute("INSERT INTO items (name) VALUES ('kept')", durable=True)
     await db.close()
 
-    db = await Database.open(path, [CREATE, ADD_COLUMN])
+    db = await SqliteDatabase.open(path, [CREATE, ADD_COLUMN])
     try:
         assert await db.fetchall("SELECT name, size FROM items") == [("kept", 0)]
         names = await db.fetchall("SELECT name FROM yard_migrations ORDER BY name")
@@ -45,9 +45,9 @@ async def test_components_sharing_a_file_leave_each_others_migrations_alone(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "x.sqlite"
-    await (await Database.open(path, [CREATE])).close()
+    await (await SqliteDatabase.open(path, [CREATE])).close()
     other = ("o/1 create", "CREATE TABLE others (k TEXT PRIMARY KEY);")
-    db = await Database.open(path, [other])
+    db = await SqliteDatabase.open(path, [other])
     try:
         assert await db.fetchall("SELECT count(*) FROM items") == [(0,)]
         assert await db.fetchall("SELECT count(*) FROM others") == [(0,)]
@@ -59,7 +59,7 @@ async def test_a_failing_migration_is_rolled_back_whole_and_named(tmp_path: Path
     path = tmp_path / "x.sqlite"
     broken = ("t/2 broken", "CREATE TABLE half (a INTEGER); INSERT INTO nowhere VALUES (1);")
     with pytest.raises(DatabaseError, match="t/2 broken"):
-        await Database.open(path, [CREATE, broken])
+        await SqliteDatabase.open(path, [CREATE, broken])
     conn = sqlite3.connect(path)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -72,9 +72,9 @@ async def test_a_failing_migration_is_rolled_back_whole_and_named(tmp_path: Path
 
 
 async def test_a_failing_transaction_changes_nothing(tmp_path: Path) -> None:
-    db = await Database.open(tmp_path / "x.sqlite", [CREATE])
+    db = await SqliteDatabase.open(tmp_path / "x.sqlite", [CREATE])
 
-    def two_inserts_then_fail(conn: sqlite3.Connection) -> None:
+    def two_inserts_then_fail(conn: Tx) -> None:
         conn.execute("INSERT INTO items (name) VALUES ('one')")
         conn.execute("INSERT INTO items (name) VALUES (NULL)")  # NOT NULL fails
 
@@ -90,10 +90,10 @@ async def test_a_failing_transaction_changes_nothing(tmp_path: Path) -> None:
 
 
 async def test_durable_write_runs_with_synchronous_full(tmp_path: Path) -> None:
-    db = await Database.open(tmp_path / "x.sqlite", [CREATE])
+    db = await SqliteDatabase.open(tmp_path / "x.sqlite", [CREATE])
 
-    def level(conn: sqlite3.Connection) -> object:
-        return conn.execute("PRAGMA synchronous").fetchone()[0]
+    def level(conn: Tx) -> object:
+        return conn.execute("PRAGMA synchronous").fetchall()[0][0]
 
     try:
         assert await db.transaction(level, durable=True) == 2  # FULL
@@ -103,7 +103,7 @@ async def test_durable_write_runs_with_synchronous_full(tmp_path: Path) -> None:
 
 
 async def test_concurrent_callers_are_serialised_on_one_connection(tmp_path: Path) -> None:
-    db = await Database.open(tmp_path / "x.sqlite", [CREATE])
+    db = await SqliteDatabase.open(tmp_path / "x.sqlite", [CREATE])
     try:
         async with trio.open_nursery() as nursery:
             for i in range(20):
@@ -114,7 +114,7 @@ async def test_concurrent_callers_are_serialised_on_one_connection(tmp_path: Pat
 
 
 async def test_calls_after_close_raise_a_clear_error(tmp_path: Path) -> None:
-    db = await Database.open(tmp_path / "x.sqlite", [CREATE])
+    db = await SqliteDatabase.open(tmp_path / "x.sqlite", [CREATE])
     await db.close()
     await db.close()
     with pytest.raises(DatabaseError, match="closed"):

@@ -14,7 +14,7 @@ from yard.config import Config, load_config
 from yard.core.spec import Profile
 from yard.memory.profiles import (
     MemoryProfileStore,
-    SqliteProfileStore,
+    Profiles,
     footprint_key,
     open_profile_store,
 )
@@ -166,7 +166,7 @@ async def test_engine_puts_keep_the_steady_state_and_build_a_history(tmp_path: P
     clock = iter([100.0, 200.0, 300.0])
     config = write_config(tmp_path)
     base = await open_profile_store(config)
-    store = SqliteProfileStore(base.db, config, clock=lambda: next(clock))
+    store = Profiles(base.db, config, clock=lambda: next(clock))
     await store.store(
         "llm", Profile(gpu_bytes=GIB, host_bytes=GIB, load_s=2.0), steady_gpu_bytes=GIB // 2
     )

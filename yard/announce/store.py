@@ -1,13 +1,12 @@
-"""Announcements in SQLite, in the jobs database: the durable record the core is
-told again after a restart."""
+"""Announcements, in the jobs database (SQLite: a node of a cluster keeps its
+own): the durable record the core is told again after a restart."""
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from yard.db import Database
+from yard.db import Database, Tx, insert
 
 Status = Literal["open", "used", "expired", "withdrawn"]
 Source = Literal["api", "config"]
@@ -16,6 +15,9 @@ _COLUMNS = (
     "seq, id, app, model, backend, not_before, start_by, count, used, priority, status, "
     "source, created_at, ended_at"
 )
+
+_INSERTED = [*_COLUMNS.split(", ")[1:10], "source", "created_at"]
+"""What a new announcement's row is written with (its status: open)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,33 +59,17 @@ class AnnouncementStore:
         False if it has that many already. An id already stored is not stored
         again (True: recurring announcements are made once)."""
 
-        def _insert(conn: sqlite3.Connection) -> bool:
+        def _insert(tx: Tx) -> bool:
             if max_open is not None:
-                (n,) = conn.execute(
+                (n,) = tx.execute(
                     "SELECT count(*) FROM announcements WHERE app = ? AND status = 'open' "
                     "AND source = 'api'",
                     (record.app,),
-                ).fetchone()
+                ).fetchall()[0]
                 if int(n) >= max_open:
                     return False
-            conn.execute(
-                "INSERT OR IGNORE INTO announcements (id, app, model, backend, not_before, "
-                "start_by, count, used, priority, status, source, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?, ?)",
-                (
-                    record.id,
-                    record.app,
-                    record.model,
-                    record.backend,
-                    record.not_before,
-                    record.start_by,
-                    record.count,
-                    record.used,
-                    record.priority,
-                    record.source,
-                    record.created_at,
-                ),
-            )
+            values = {name: getattr(record, name) for name in _INSERTED}
+            insert(tx, "announcements", {**values, "status": "open"}, conflict="DO NOTHING")
             return True
 
         return await self._db.transaction(_insert, durable=True)

@@ -33,12 +33,11 @@ from pathlib import Path
 import trio
 
 from yard import modelfolder
-from yard.cluster.profiles import PgProfileStore
 from yard.config import Config, ConfigError
 from yard.core.events import BackendsChanged
 from yard.engine import Engine
 from yard.memory.prior import with_priors
-from yard.memory.profiles import SqliteProfileStore
+from yard.memory.profiles import Profiles
 from yard.supervisor import Supervisor
 
 __all__ = ["OUTCOME_FILE", "Outcome", "Reloader"]
@@ -97,7 +96,7 @@ class Reloader:
     gpus: Sequence[str]
     engine: Engine
     supervisor: Supervisor
-    profiles: SqliteProfileStore | PgProfileStore
+    profiles: Profiles
     publish: Callable[[Config], None]
     _lock: trio.Lock = field(default_factory=trio.Lock)
 

@@ -58,8 +58,9 @@ from yard.app.reload import Reloader
 from yard.app.runtime import MeterInfo, Runtime
 from yard.app.web import create_app, serve_app
 from yard.batches.service import open_batches
+from yard.cluster.batches import ClusterBatchStore
 from yard.cluster.node import open_database, open_node
-from yard.cluster.profiles import PgProfileStore
+from yard.cluster.profiles import cluster_key
 from yard.config import Config, ConfigError, default_config, exposure, is_loopback, load_config
 from yard.core import Scheduler
 from yard.db import DatabaseError
@@ -68,7 +69,7 @@ from yard.h1.server import Server, open_listeners
 from yard.jobs import JOBS_FILE, JobStore, open_jobs
 from yard.memory import default_meter
 from yard.memory.prior import with_priors
-from yard.memory.profiles import SqliteProfileStore, open_profile_store
+from yard.memory.profiles import Profiles, open_profile_store
 from yard.observe.activity import LoggingLauncher, log_decisions, logged_kinds
 from yard.ports import MachineMeter
 from yard.supervisor import Supervisor
@@ -294,14 +295,18 @@ async def _serve(
             watcher.cancel()
             raise
 
-        profiles: SqliteProfileStore | PgProfileStore
+        profiles: Profiles
         if config.cluster is None or cluster_db is None:
             profiles = await open_profile_store(config, devices=meter.describe())
         else:
             # A node: profiles, jobs and the registry in the shared database;
             # one measurement serves every node with the same GPU model.
-            profiles = PgProfileStore(
-                cluster_db, config, node=config.cluster.node, devices=meter.describe()
+            profiles = Profiles(
+                cluster_db,
+                config,
+                devices=meter.describe(),
+                portable=cluster_key,
+                node=config.cluster.node,
             )
         stack.push_async_callback(_shielded_close, profiles.aclose)
 
@@ -348,7 +353,6 @@ async def _serve(
             runtime.batches = batches
             await nursery.start(batches.run)
             local_store = jobs.store
-            assert isinstance(local_store, JobStore)
         else:
             # A node of a cluster: jobs, files and batches in the shared
             # database (PostgreSQL); announcements stay this node's own, in
@@ -368,7 +372,9 @@ async def _serve(
             runtime.cluster = node
             await nursery.start(jobs.run)
             await nursery.start(node.run)
-            batches = await stack.enter_async_context(open_batches(jobs, config))
+            batches = await stack.enter_async_context(
+                open_batches(jobs, config, ClusterBatchStore(node.store))
+            )
             runtime.batches = batches
             await nursery.start(batches.run)
             local_store = await JobStore.open(config.server.data_dir / JOBS_FILE)

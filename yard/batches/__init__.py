@@ -6,9 +6,10 @@ Layout:
   that a line and the job it becomes are written in one transaction);
 - ``records``: a file, a batch and a batch line as stored; ``validate``: the
   input file checked line by line, with OpenAI's error codes (pure);
-- ``store``: the SQLite side (a cluster's is
-  :class:`yard.cluster.batches.PgBatchStore`, in PostgreSQL); ``rows``: the
-  column lists both read and their rows as records; ``service``:
+- ``store``: files, batches and lines over the job store's database (SQLite,
+  or a cluster's PostgreSQL, where :class:`yard.cluster.batches.ClusterBatchStore`
+  adds the driving node); ``rows``: the column lists and their rows as
+  records; ``service``:
   :class:`~yard.batches.service.Batches`, which takes files and batches,
   cancels, and keeps a driver running for every batch that has not ended;
   ``driver``: :class:`~yard.batches.driver.BatchDriver`, which validates a

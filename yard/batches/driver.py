@@ -57,7 +57,7 @@ from dataclasses import replace
 import trio
 
 from yard.batches.records import BatchError, BatchRecord, BatchStatus, LineRecord
-from yard.batches.store import BatchStoreLike
+from yard.batches.store import BatchStore
 from yard.batches.validate import Checked, check_input
 from yard.batches.views import CANCELLED_MESSAGE, EXPIRED_MESSAGE, error_line, job_line
 from yard.config import AppConfig, Config
@@ -89,8 +89,6 @@ class BatchDriver:
     config: the whole configuration (``[jobs]`` batch keys, backends, scheduler).
     app_of: the configuration of an app by name, None if it is gone.
     wall: the wall clock.
-    shared: the store is a cluster's: other nodes enqueue the lines' jobs and
-        may cancel the batch.
     cancelling: the batch is being cancelled already.
     """
 
@@ -99,11 +97,10 @@ class BatchDriver:
         batch_id: str,
         *,
         jobs: Jobs,
-        store: BatchStoreLike,
+        store: BatchStore,
         config: Config,
         app_of: Callable[[str], AppConfig | None],
         wall: Callable[[], float],
-        shared: bool,
         cancelling: bool,
     ) -> None:
         self.batch_id = batch_id
@@ -116,7 +113,6 @@ class BatchDriver:
         self._config = config
         self._app_of = app_of
         self._wall = wall
-        self._shared = shared
         # backend -> (mean, high, measured?, when read) service time figures.
         self._service: dict[str, tuple[float, float, bool, float]] = {}
         # Lines queued or running per backend, and an event set when one ends.
@@ -295,9 +291,9 @@ class BatchDriver:
         # A cancel on another node that read the lines before this one became
         # a job has marked the batch first: it is seen now.
         await self._cancelled_elsewhere()
-        while not self.cancelling and not self._shared:
+        while not self.cancelling:
             try:
-                self._jobs.enqueue(job)
+                self._jobs.hand_in(job)
                 break
             except Rejected as exc:
                 # The app's max_queued: the job waits on disk for a place.
@@ -307,12 +303,10 @@ class BatchDriver:
         return replace(line, job_id=job_id)
 
     async def _cancelled_elsewhere(self) -> None:
-        """In a cluster: mark the driver cancelling if the batch has been
-        cancelled (perhaps on another node)."""
-        if self._shared and not self.cancelling:
-            batch = await self._store.batch(self.batch_id)
-            if batch is None or batch.status == "cancelling":
-                self.cancelling = True
+        """Mark the driver cancelling if the batch has been cancelled on
+        another node (of a cluster)."""
+        if not self.cancelling and await self._store.cancelled_elsewhere(self.batch_id):
+            self.cancelling = True
 
     async def _service_time(
         self, backend: str, *, fresh: bool = False

@@ -12,10 +12,9 @@ it was: validation again if it had not finished, else the job service has
 already put the lines' jobs back, and the driver watches them and feeds the
 rest.
 
-In a cluster (the job service on a :class:`~yard.cluster.jobs.PgJobStore`),
-files, batches and lines live in the shared database
-(:class:`~yard.cluster.batches.PgBatchStore`), so any node reads and cancels
-any batch. A line becomes a job of the shared queue, unclaimed, and whichever
+In a cluster (the store a :class:`~yard.cluster.batches.ClusterBatchStore`),
+files, batches and lines live in the shared database, so any node reads and
+cancels any batch. A line becomes a job of the shared queue, unclaimed, and whichever
 node can serve it soonest claims it (this node does not enqueue it itself).
 One node drives a batch: the one it was created on, until it stops or is
 declared gone in the node registry; every ``[cluster] heartbeat_s`` each node
@@ -39,14 +38,11 @@ import trio
 from yard.api.intake import local_app
 from yard.batches.driver import BatchDriver, cancel_if_queued
 from yard.batches.records import ENDPOINTS, BatchRecord, FileRecord
-from yard.batches.store import BatchStore, BatchStoreLike, FileLimit
+from yard.batches.store import BatchStore, FileLimit
 from yard.batches.validate import BadRequest, check_metadata
-from yard.cluster.batches import PgBatchStore
-from yard.cluster.jobs import PgJobStore
 from yard.config import AppConfig, Config
 from yard.db import DatabaseError, passing
 from yard.jobs.service import Jobs
-from yard.jobs.store import JobStore
 
 log = logging.getLogger("yard.batches")
 
@@ -59,23 +55,22 @@ class Batches:
 
     jobs: the job service (running); lines become its jobs.
     config: the whole configuration (``[jobs]`` batch keys, apps, backends).
+    store: the batch tables, beside the jobs (lines become jobs in the same
+        transaction as their line's state); default: in the job store's
+        database (:class:`BatchStore`).
     wall: the wall clock (``time.time``).
     """
 
     def __init__(
-        self, *, jobs: Jobs, config: Config, wall: Callable[[], float] = time.time
+        self,
+        *,
+        jobs: Jobs,
+        config: Config,
+        store: BatchStore | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.jobs = jobs
-        # Lines become jobs in the same transaction as their line's state: the
-        # batch tables live beside the jobs, in SQLite or in the cluster's database.
-        self.store: BatchStoreLike
-        if isinstance(jobs.store, JobStore):
-            self.store = BatchStore(jobs.store)
-        elif isinstance(jobs.store, PgJobStore):
-            self.store = PgBatchStore(jobs.store, aging_rate=config.scheduler.aging_rate)
-        else:
-            raise TypeError("the Batch API needs the job service on a SQLite or PostgreSQL store")
-        self._shared = isinstance(self.store, PgBatchStore)
+        self.store = store or BatchStore(jobs.store)
         self.config = config
         self._wall = wall
         self._nursery: trio.Nursery | None = None
@@ -95,8 +90,8 @@ class Batches:
                     self._nursery = nursery
                     try:
                         await self._adopt()
-                        if isinstance(self.store, PgBatchStore):
-                            nursery.start_soon(self._look_around, self.store)
+                        if self.config.cluster is not None:
+                            nursery.start_soon(self._look_around, self.config.cluster.heartbeat_s)
                         task_status.started()
                         await trio.sleep_forever()
                     finally:
@@ -109,18 +104,15 @@ class Batches:
         for batch in await self.store.unended():
             if batch.id in self._drivers:
                 continue
-            if isinstance(self.store, PgBatchStore):
-                if not await self.store.adopt(batch.id):
-                    continue
-                log.info("batch %s: driven by node %s", batch.id, self.store.node)
+            if not await self.store.adopt(batch.id):
+                continue
             self._drive(batch)
 
-    async def _look_around(self, store: PgBatchStore) -> None:
+    async def _look_around(self, every: float) -> None:
         """A cluster node, every ``[cluster] heartbeat_s``: adopt the batches
         whose driver is gone, stop driving those another node took over, and
         hear of cancels made on another node."""
-        cluster = self.config.cluster
-        every = cluster.heartbeat_s if cluster is not None else 2.0
+        store = self.store
         while True:
             await trio.sleep(every)
             try:
@@ -144,11 +136,10 @@ class Batches:
         if self._run_started:
             self._run_scope.cancel()
             await self._run_ended.wait()
-            if isinstance(self.store, PgBatchStore):
-                try:
-                    await self.store.release()
-                except DatabaseError as exc:
-                    log.warning("batches: could not give the batches up as it stopped (%s)", exc)
+            try:
+                await self.store.release()
+            except DatabaseError as exc:
+                log.warning("batches: could not give the batches up as it stopped (%s)", exc)
 
     def _drive(self, batch: BatchRecord) -> None:
         if self._nursery is None or batch.id in self._drivers:
@@ -160,7 +151,6 @@ class Batches:
             config=self.config,
             app_of=self._app,
             wall=self._wall,
-            shared=self._shared,
             cancelling=batch.status == "cancelling",
         )
         self._drivers[batch.id] = driver
@@ -380,11 +370,13 @@ def _reason(exc: BaseException) -> str:
 
 
 @asynccontextmanager
-async def open_batches(jobs: Jobs, config: Config) -> AsyncIterator[Batches]:
-    """The batch service over ``jobs`` (not yet running: start ``batches.run``
-    with ``nursery.start`` after ``jobs.run``). On the way out it is stopped,
-    before the job store closes."""
-    batches = Batches(jobs=jobs, config=config)
+async def open_batches(
+    jobs: Jobs, config: Config, store: BatchStore | None = None
+) -> AsyncIterator[Batches]:
+    """The batch service over ``jobs`` and ``store`` (not yet running: start
+    ``batches.run`` with ``nursery.start`` after ``jobs.run``). On the way out
+    it is stopped, before the job store closes."""
+    batches = Batches(jobs=jobs, config=config, store=store)
     try:
         yield batches
     finally:

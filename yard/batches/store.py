@@ -1,13 +1,16 @@
 """The Batch API's side of the job database: files, batches and their lines.
 
-Rules this module keeps:
+:class:`BatchStore` keeps them beside the jobs, in the job store's database
+(SQLite for one yard; a cluster's PostgreSQL, where
+:class:`yard.cluster.batches.ClusterBatchStore` adds which node drives each
+batch). Rules this module keeps:
 
 - An upload, a new batch, and every change that decides what a restart does
   (a batch's lines written, a line becoming a job, a line's outcome, the
   final files) is one durable transaction.
-- A line becomes a job (:func:`yard.jobs.store.insert_job`) in the same
-  transaction that records its ``job_id``: after any crash a line is either
-  a job or not, never two.
+- A line becomes a job (:meth:`yard.jobs.store.JobStore.insert_row`) in the
+  same transaction that records its ``job_id``: after any crash, whichever
+  node drives the batch, a line is either a job or not, never two.
 - A line's outcome is written once (``WHERE outcome IS NULL``).
 - A batch ends once: its final status is a conditional update.
 """
@@ -15,9 +18,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
-from typing import Protocol, cast
 
 from yard.batches.records import (
     BatchError,
@@ -36,8 +37,8 @@ from yard.batches.rows import (
     file_from_row,
     line_from_row,
 )
-from yard.db import Database
-from yard.jobs.store import JobRecord, JobStore, StoredRequest, insert_job
+from yard.db import Tx, insert
+from yard.jobs.store import JobRecord, JobStore, StoredRequest
 
 
 class FileLimit(Exception):
@@ -48,111 +49,16 @@ class FileLimit(Exception):
         self.count = count
 
 
-class BatchStoreLike(Protocol):
-    """What the batch service and the API need of a store: :class:`BatchStore`
-    (SQLite, one yard) or :class:`yard.cluster.batches.PgBatchStore` (a
-    cluster's PostgreSQL). The methods are documented on :class:`BatchStore`."""
-
-    async def add_file(
-        self,
-        *,
-        file_id: str,
-        app: str,
-        purpose: str,
-        filename: str,
-        content: bytes,
-        created_at: float,
-        max_files: int | None = None,
-    ) -> FileRecord: ...
-
-    async def file(self, file_id: str) -> FileRecord | None: ...
-
-    async def content(self, file_id: str) -> bytes | None: ...
-
-    async def list_files(
-        self,
-        *,
-        app: str | None,
-        purpose: str | None,
-        limit: int,
-        after_seq: int | None,
-        ascending: bool,
-    ) -> list[FileRecord]: ...
-
-    async def delete_file(self, file_id: str) -> bool: ...
-
-    async def add_batch(
-        self,
-        *,
-        batch_id: str,
-        app: str,
-        endpoint: str,
-        input_file_id: str,
-        completion_window: str,
-        metadata: dict[str, str] | None,
-        priority: float,
-        rerun_safe: bool,
-        created_at: float,
-        expires_at: float,
-    ) -> BatchRecord: ...
-
-    async def batch(self, batch_id: str) -> BatchRecord | None: ...
-
-    async def list_batches(
-        self, *, app: str | None, limit: int, before_seq: int | None
-    ) -> list[BatchRecord]: ...
-
-    async def unended(self) -> list[BatchRecord]: ...
-
-    async def fail(self, batch_id: str, errors: Sequence[BatchError], *, at: float) -> bool: ...
-
-    async def start(self, batch_id: str, lines: Sequence[ParsedLine], *, at: float) -> bool: ...
-
-    async def mark_cancelling(self, batch_id: str, *, at: float) -> bool: ...
-
-    async def mark_finalizing(self, batch_id: str, *, at: float) -> bool: ...
-
-    async def finish(
-        self,
-        batch: BatchRecord,
-        status: BatchStatus,
-        *,
-        at: float,
-        output_file_id: str,
-        error_file_id: str,
-        errors: Sequence[BatchError] = (),
-    ) -> bool: ...
-
-    async def lines(self, batch_id: str) -> list[LineRecord]: ...
-
-    async def counts(self, batch_id: str) -> tuple[int, int, int]: ...
-
-    async def submit(
-        self,
-        line: LineRecord,
-        *,
-        job_id: str,
-        app: str,
-        priority: float,
-        start_by: float | None,
-        rerun_safe: bool,
-        created_at: float,
-        path: str,
-    ) -> JobRecord | None: ...
-
-    async def record(self, line: LineRecord, *, outcome: str, output: str) -> bool: ...
-
-    async def record_many(self, ended: Sequence[tuple[LineRecord, str, str]]) -> int: ...
-
-    async def service_times(self, backend: str, *, limit: int = 20) -> list[float]: ...
-
-
 class BatchStore:
-    """Files, batches and lines, in the job store's database."""
+    """Files, batches and lines, in the database of ``jobs`` (their lines
+    become its jobs)."""
+
+    _UNDRIVEN = ""
+    """What else an ended batch's row is set to (``, driver = NULL``)."""
 
     def __init__(self, jobs: JobStore) -> None:
         self.jobs = jobs
-        self._db: Database = jobs.database
+        self._db = jobs.database
 
     # -- files ---------------------------------------------------------------
 
@@ -168,16 +74,18 @@ class BatchStore:
         max_files: int | None = None,
     ) -> FileRecord:
         """Store a file durably. ``max_files``: raise :class:`FileLimit` if the
-        app already keeps that many files of this purpose."""
+        app already keeps that many files of this purpose (checked under a
+        per-app lock, so two nodes cannot both squeeze past it)."""
 
-        def _add(conn: sqlite3.Connection) -> None:
+        def _add(tx: Tx) -> None:
             if max_files is not None:
-                (count,) = conn.execute(
+                tx.lock(f"yard files {app}")
+                (count,) = tx.execute(
                     "SELECT count(*) FROM files WHERE app = ? AND purpose = ?", (app, purpose)
-                ).fetchone()
+                ).fetchall()[0]
                 if int(count) >= max_files:
                     raise FileLimit(int(count))
-            _insert_file(conn, file_id, app, purpose, filename, content, created_at)
+            _insert_file(tx, file_id, app, purpose, filename, content, created_at)
 
         await self._db.transaction(_add, durable=True)
         record = await self.file(file_id)
@@ -192,7 +100,7 @@ class BatchStore:
         row = await self._db.fetchone(
             "SELECT body FROM file_contents WHERE file_id = ?", (file_id,)
         )
-        return None if row is None else bytes(cast(bytes, row[0]))
+        return None if row is None else bytes(row[0])
 
     async def list_files(
         self,
@@ -243,27 +151,46 @@ class BatchStore:
         expires_at: float,
     ) -> BatchRecord:
         """Record a new batch as ``validating``, durably."""
-        await self._db.execute(
-            "INSERT INTO batches (id, app, endpoint, input_file_id, completion_window, "
-            "metadata, priority, rerun_safe, status, created_at, expires_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'validating', ?, ?)",
-            (
-                batch_id,
-                app,
-                endpoint,
-                input_file_id,
-                completion_window,
-                None if metadata is None else json.dumps(metadata),
-                priority,
-                int(rerun_safe),
-                created_at,
-                expires_at,
-            ),
+        values = {
+            "id": batch_id,
+            "app": app,
+            "endpoint": endpoint,
+            "input_file_id": input_file_id,
+            "completion_window": completion_window,
+            "metadata": None if metadata is None else json.dumps(metadata),
+            "priority": priority,
+            "rerun_safe": rerun_safe,
+            "status": "validating",
+            "created_at": created_at,
+            "expires_at": expires_at,
+            **self._driven(),
+        }
+        row = await self._db.transaction(
+            lambda tx: insert(tx, "batches", values, returning=BATCH_COLUMNS).fetchall()[0],
             durable=True,
         )
-        batch = await self.batch(batch_id)
-        assert batch is not None
-        return batch
+        return batch_from_row(row)
+
+    def _driven(self) -> dict[str, object]:
+        """Columns a new batch gets beyond its own fields (its driver)."""
+        return {}
+
+    async def adopt(self, batch_id: str) -> bool:
+        """Make this yard the batch's driver (one yard drives every batch)."""
+        return True
+
+    async def drives(self, batch_id: str) -> bool:
+        """Whether this yard is (still) the batch's driver."""
+        return True
+
+    async def release(self) -> int:
+        """Give up driving this yard's batches (nobody else would take them)."""
+        return 0
+
+    async def cancelled_elsewhere(self, batch_id: str) -> bool:
+        """Whether the batch was cancelled by another node (one yard's
+        cancels reach its driver directly)."""
+        return False
 
     async def batch(self, batch_id: str) -> BatchRecord | None:
         row = await self._db.fetchone(
@@ -292,21 +219,20 @@ class BatchStore:
 
     async def unended(self) -> list[BatchRecord]:
         """Batches that have not ended, oldest first (for a restart)."""
+        return await self._unended("")
+
+    async def _unended(self, where: str, *params: object) -> list[BatchRecord]:
         rows = await self._db.fetchall(
-            f"SELECT {BATCH_COLUMNS} FROM batches WHERE status IN {UNENDED} ORDER BY seq"
+            f"SELECT {BATCH_COLUMNS} FROM batches WHERE status IN {UNENDED}{where} ORDER BY seq",
+            params,
         )
         return [batch_from_row(row) for row in rows]
 
     async def fail(self, batch_id: str, errors: Sequence[BatchError], *, at: float) -> bool:
         """validating -> failed, with ``errors``."""
-        text = json.dumps(
-            [
-                {"code": e.code, "message": e.message, "param": e.param, "line": e.line}
-                for e in errors
-            ]
-        )
+        text = _errors_text(errors)
         changed = await self._db.execute(
-            "UPDATE batches SET status = 'failed', failed_at = ?, errors = ? "
+            f"UPDATE batches SET status = 'failed', failed_at = ?, errors = ?{self._UNDRIVEN} "
             "WHERE id = ? AND status = 'validating'",
             (at, text, batch_id),
             durable=True,
@@ -318,15 +244,15 @@ class BatchStore:
         order), in one durable transaction. False if it was not validating
         (cancelled meanwhile)."""
 
-        def _start(conn: sqlite3.Connection) -> bool:
-            cursor = conn.execute(
+        def _start(tx: Tx) -> bool:
+            cursor = tx.execute(
                 "UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ? "
                 "WHERE id = ? AND status = 'validating'",
                 (at, len(lines), batch_id),
             )
             if cursor.rowcount != 1:
                 return False
-            conn.executemany(
+            tx.executemany(
                 "INSERT INTO batch_lines (batch_id, idx, line, custom_id, model, backend, body) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
@@ -379,27 +305,20 @@ class BatchStore:
             "cancelled": "cancelled_at",
             "failed": "failed_at",
         }[status]
-        stored_errors = None
-        if errors:
-            stored_errors = json.dumps(
-                [
-                    {"code": e.code, "message": e.message, "param": e.param, "line": e.line}
-                    for e in errors
-                ]
-            )
+        stored_errors = _errors_text(errors) if errors else None
 
-        def _finish(conn: sqlite3.Connection) -> bool:
-            rows = conn.execute(
+        def _finish(tx: Tx) -> bool:
+            rows = tx.execute(
                 "SELECT outcome, output FROM batch_lines WHERE batch_id = ? ORDER BY line",
                 (batch.id,),
             ).fetchall()
             ok = [str(out) for outcome, out in rows if outcome == "ok"]
             bad = [str(out) for outcome, out in rows if outcome != "ok" and out is not None]
-            cursor = conn.execute(
+            cursor = tx.execute(
                 f"UPDATE batches SET status = ?, {stamp} = ?, "
                 "finalizing_at = COALESCE(finalizing_at, ?), output_file_id = ?, "
                 "error_file_id = ?, completed = ?, failed = ?, "
-                "errors = COALESCE(?, errors) "
+                f"errors = COALESCE(?, errors){self._UNDRIVEN} "
                 f"WHERE id = ? AND status IN {UNENDED}",
                 (
                     status,
@@ -422,8 +341,8 @@ class BatchStore:
                 if lines:
                     content = ("\n".join(lines) + "\n").encode()
                     filename = f"{batch.id}_{name}.jsonl"
-                    _insert_file(conn, file_id, batch.app, "batch_output", filename, content, at)
-            conn.execute("DELETE FROM batch_lines WHERE batch_id = ?", (batch.id,))
+                    _insert_file(tx, file_id, batch.app, "batch_output", filename, content, at)
+            tx.execute("DELETE FROM batch_lines WHERE batch_id = ?", (batch.id,))
             return True
 
         return await self._db.transaction(_finish, durable=True)
@@ -433,13 +352,13 @@ class BatchStore:
     async def lines(self, batch_id: str) -> list[LineRecord]:
         """A batch's lines in submission order (without bodies)."""
 
-        def _lines(conn: sqlite3.Connection) -> list[LineRecord]:
+        def _lines(tx: Tx) -> list[LineRecord]:
             # The records are made here, off the event loop: 50,000 of them
             # held it for about 100 ms.
-            rows = conn.execute(
+            rows = tx.execute(
                 f"SELECT {LINE_COLUMNS} FROM batch_lines WHERE batch_id = ? ORDER BY idx",
                 (batch_id,),
-            )
+            ).fetchall()
             return [line_from_row(row) for row in rows]
 
         return await self._db.transaction(_lines)
@@ -448,13 +367,13 @@ class BatchStore:
         """(completed, failed, expired) lines of a running batch so far; the
         expired ones are among the failed."""
         row = await self._db.fetchone(
-            "SELECT COALESCE(SUM(outcome = 'ok'), 0), "
-            "COALESCE(SUM(outcome IN ('error', 'expired')), 0), "
-            "COALESCE(SUM(outcome = 'expired'), 0) FROM batch_lines WHERE batch_id = ?",
+            "SELECT count(*) FILTER (WHERE outcome = 'ok'), "
+            "count(*) FILTER (WHERE outcome IN ('error', 'expired')), "
+            "count(*) FILTER (WHERE outcome = 'expired') FROM batch_lines WHERE batch_id = ?",
             (batch_id,),
         )
         assert row is not None
-        return int(cast(int, row[0])), int(cast(int, row[1])), int(cast(int, row[2]))
+        return int(row[0]), int(row[1]), int(row[2])
 
     async def submit(
         self,
@@ -471,16 +390,16 @@ class BatchStore:
         """Make the line a queued job (its request moves from the line to the
         job), durably. None if it already was one or has ended."""
 
-        def _submit(conn: sqlite3.Connection) -> bool:
-            row = conn.execute(
+        def _submit(tx: Tx) -> JobRecord | None:
+            row = tx.execute(
                 "SELECT body FROM batch_lines WHERE batch_id = ? AND idx = ? "
-                "AND job_id IS NULL AND outcome IS NULL",
+                f"AND job_id IS NULL AND outcome IS NULL{tx.for_update}",
                 (line.batch_id, line.idx),
             ).fetchone()
             if row is None or row[0] is None:
-                return False
-            insert_job(
-                conn,
+                return None
+            job = self.jobs.insert_row(
+                tx,
                 job_id=job_id,
                 app=app,
                 model=line.model,
@@ -495,18 +414,16 @@ class BatchStore:
                     path=path,
                     query="",
                     headers=((b"content-type", b"application/json"),),
-                    body=bytes(cast(bytes, row[0])),
+                    body=bytes(row[0]),
                 ),
             )
-            conn.execute(
+            tx.execute(
                 "UPDATE batch_lines SET job_id = ?, body = NULL WHERE batch_id = ? AND idx = ?",
                 (job_id, line.batch_id, line.idx),
             )
-            return True
+            return job
 
-        if not await self._db.transaction(_submit, durable=True):
-            return None
-        return await self.jobs.get(job_id)
+        return await self._db.transaction(_submit, durable=True)
 
     async def record(self, line: LineRecord, *, outcome: str, output: str) -> bool:
         """Store the line's outcome (``ok``, ``error``, ``expired``) and its
@@ -523,17 +440,14 @@ class BatchStore:
         """:meth:`record` for many lines ((line, outcome, output) each) in one
         durable transaction: a cancelled batch's 50,000 lines took one synced
         write each (20-180 s). Returns how many were recorded now."""
-
-        def _record(conn: sqlite3.Connection) -> int:
-            before = conn.total_changes
-            conn.executemany(
+        return await self._db.transaction(
+            lambda tx: tx.executemany(
                 "UPDATE batch_lines SET outcome = ?, output = ?, body = NULL "
                 "WHERE batch_id = ? AND idx = ? AND outcome IS NULL",
                 [(outcome, output, line.batch_id, line.idx) for line, outcome, output in ended],
-            )
-            return conn.total_changes - before
-
-        return await self._db.transaction(_record, durable=True)
+            ),
+            durable=True,
+        )
 
     async def service_times(self, backend: str, *, limit: int = 20) -> list[float]:
         """The run times (start to end, seconds) of the latest jobs on
@@ -544,12 +458,18 @@ class BatchStore:
             "AND result_status IS NOT NULL ORDER BY finished_at DESC LIMIT ?",
             (backend, limit),
         )
-        times = [float(cast(float, r[0])) for r in rows if r[0] is not None]
+        times = [float(r[0]) for r in rows if r[0] is not None]
         return [t for t in times if t >= 0]
 
 
+def _errors_text(errors: Sequence[BatchError]) -> str:
+    return json.dumps(
+        [{"code": e.code, "message": e.message, "param": e.param, "line": e.line} for e in errors]
+    )
+
+
 def _insert_file(
-    conn: sqlite3.Connection,
+    tx: Tx,
     file_id: str,
     app: str,
     purpose: str,
@@ -557,9 +477,6 @@ def _insert_file(
     content: bytes,
     created_at: float,
 ) -> None:
-    conn.execute(
-        "INSERT INTO files (id, app, purpose, filename, bytes, created_at) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
-        (file_id, app, purpose, filename, len(content), created_at),
-    )
-    conn.execute("INSERT INTO file_contents (file_id, body) VALUES (?, ?)", (file_id, content))
+    values = {"id": file_id, "app": app, "purpose": purpose, "filename": filename}
+    insert(tx, "files", {**values, "bytes": len(content), "created_at": created_at})
+    insert(tx, "file_contents", {"file_id": file_id, "body": content})

@@ -31,8 +31,9 @@ import psycopg
 import trio
 from psycopg import sql
 
-from yard.cluster.pg import DatabaseLost, PgLimits, Row, connect
+from yard.cluster.pg import DatabaseLost, PgLimits, connect
 from yard.cluster.schema import JOBS_CHANNEL, NODES_CHANNEL
+from yard.db import Row
 
 __all__ = ["Listener", "ListenerStatistics"]
 

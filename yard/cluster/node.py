@@ -49,7 +49,7 @@ from typing import Protocol
 import trio
 
 from yard.cluster.forward import Forwarder
-from yard.cluster.jobs import PgJobStore
+from yard.cluster.jobs import ClusterJobStore, SharedQueue
 from yard.cluster.listen import Listener
 from yard.cluster.pg import PgDatabase, PgLimits
 from yard.cluster.policy import Peer, by_first_instance, hungry, local_backends
@@ -138,7 +138,7 @@ class Node:
         cluster: ClusterConfig,
         engine: EngineLike,
         jobs: JobsLike,
-        store: PgJobStore,
+        store: ClusterJobStore,
         registry: Registry,
         listen: Callable[[], Listener],
         forwarder: Forwarder,
@@ -556,22 +556,9 @@ async def open_node(
     cluster = config.cluster
     if cluster is None:
         raise ValueError("open_node needs a configuration with [cluster]")
-    store = PgJobStore(db, node=cluster.node, aging_rate=config.scheduler.aging_rate)
-    wake: list[Callable[[], None]] = []
-
-    async def release(job_id: str) -> bool:
-        return await store.release(job_id, cluster.node)
-
-    jobs = Jobs(
-        engine=engine,
-        store=store,
-        pool=pool,
-        config=config.jobs,
-        wall=wall,
-        shared=True,
-        on_change=lambda: wake[0]() if wake else None,
-        release=release,
-    )
+    store = ClusterJobStore(db, node=cluster.node, aging_rate=config.scheduler.aging_rate)
+    queue = SharedQueue(lambda job_id: store.release(job_id, cluster.node))
+    jobs = Jobs(engine=engine, store=store, pool=pool, config=config.jobs, wall=wall, queue=queue)
     node = Node(
         config=config,
         cluster=cluster,
@@ -584,7 +571,7 @@ async def open_node(
         gpu_models=gpu_models,
         wall=wall,
     )
-    wake.append(node.wake)
+    queue.wake = node.wake
     try:
         yield node, jobs
     finally:

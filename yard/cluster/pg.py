@@ -1,15 +1,9 @@
-"""PostgreSQL for Trio: a few connections, each used by one thread at a time.
+"""PostgreSQL for Trio: the cluster's side of :class:`yard.db.Database`.
 
-Rules this module keeps (the PostgreSQL twin of :mod:`yard.db`):
+Rules this module keeps (beside those of the interface, :mod:`yard.db`):
 
-- Every call runs in a worker thread (``trio.to_thread.run_sync``) on one
-  connection taken from a small fixed set; the Trio loop never blocks on the
-  network. A call that has started in its thread runs to the end even if the
-  caller is cancelled: a transaction is committed or rolled back, never left
-  open.
-- Each public method is one transaction: :meth:`PgDatabase.transaction`
-  wraps ``fn`` in ``BEGIN`` ... ``COMMIT`` (``ROLLBACK`` if it raises);
-  :meth:`execute` and the fetches are single statements.
+- Every call runs in a worker thread on one connection taken from a small
+  fixed set. The stores' ``?`` placeholders become psycopg's ``%s``.
 - A lost server (refused, reset, shut down, unreachable) raises
   :class:`DatabaseLost`, and the connection it broke is dropped; the next
   call connects afresh. Sessions are bounded (:class:`PgLimits`): a
@@ -29,17 +23,18 @@ Rules this module keeps (the PostgreSQL twin of :mod:`yard.db`):
 
 from __future__ import annotations
 
+import functools
 import math
 import select
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import psycopg
 import trio
 
-from yard.db import DatabaseBusy, DatabaseError, DatabaseLost, passing
+from yard.db import Cursor, DatabaseBusy, DatabaseError, DatabaseLost, Row, Tx, passing
 
 __all__ = [
     "DatabaseBusy",
@@ -54,8 +49,37 @@ __all__ = [
 
 T = TypeVar("T")
 
-Row = tuple[Any, ...]
-"""A row as psycopg returns it (its default row factory)."""
+
+@functools.lru_cache(maxsize=1024)
+def _dialect(sql: str) -> str:
+    # psycopg takes %s for a parameter and %% for a literal %.
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+def _statement(sql: str, params: Sequence[object]) -> tuple[str, Sequence[object] | None]:
+    # Without parameters psycopg reads no placeholders (and no %%).
+    return (_dialect(sql), params) if params else (sql, None)
+
+
+class _PgTx:
+    for_update = " FOR UPDATE"
+
+    def __init__(self, conn: psycopg.Connection[Row]) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, params: Sequence[object] = ()) -> Cursor:
+        return self.conn.execute(*_statement(sql, params))
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[object]]) -> int:
+        with self.conn.cursor() as cur:
+            cur.executemany(_dialect(sql), rows)
+            return max(0, cur.rowcount)
+
+    def notify(self, channel: str, payload: str) -> None:
+        self.conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+    def lock(self, key: str) -> None:
+        self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (key,))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,32 +270,31 @@ class PgDatabase:
             raise
         return db
 
-    async def execute(self, query: str, params: Sequence[object] = ()) -> int:
+    async def execute(
+        self, sql: str, params: Sequence[object] = (), *, durable: bool = False
+    ) -> int:
         """Run one statement in its own transaction; return the number of
-        rows it changed (``rowcount``; -1 for statements that change none)."""
+        rows it changed (``rowcount``; -1 for statements that change none).
+        Every commit is synced: ``durable`` changes nothing here."""
+        return await self._call(lambda conn: conn.execute(*_statement(sql, params)).rowcount)
 
-        def _execute(conn: psycopg.Connection[Row]) -> int:
-            return conn.execute(query, params or None).rowcount
-
-        return await self._call(_execute)
-
-    async def fetchall(self, query: str, params: Sequence[object] = ()) -> list[Row]:
+    async def fetchall(self, sql: str, params: Sequence[object] = ()) -> list[Row]:
         """Every row of a query."""
-        return await self._call(lambda conn: conn.execute(query, params or None).fetchall())
+        return await self._call(lambda conn: conn.execute(*_statement(sql, params)).fetchall())
 
-    async def fetchone(self, query: str, params: Sequence[object] = ()) -> Row | None:
+    async def fetchone(self, sql: str, params: Sequence[object] = ()) -> Row | None:
         """The first row of a query, or None."""
-        return await self._call(lambda conn: conn.execute(query, params or None).fetchone())
+        return await self._call(lambda conn: conn.execute(*_statement(sql, params)).fetchone())
 
-    async def run(self, fn: Callable[[psycopg.Connection[Row]], T]) -> T:
-        """Run ``fn(connection)`` in a worker thread without a transaction
-        around it: each statement it executes commits on its own (one round
-        trip each). For a sequence of independent statements, each atomic by
-        itself; psycopg's errors as in :meth:`transaction`."""
-        return await self._call(fn)
+    async def run(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn(tx)`` in a worker thread without a transaction around it:
+        each statement it executes commits on its own (one round trip each).
+        For a sequence of independent statements, each atomic by itself;
+        psycopg's errors as in :meth:`transaction`."""
+        return await self._call(lambda conn: fn(_PgTx(conn)))
 
-    async def transaction(self, fn: Callable[[psycopg.Connection[Row]], T]) -> T:
-        """Run ``fn(connection)`` in a worker thread inside one transaction and
+    async def transaction(self, fn: Callable[[Tx], T], *, durable: bool = False) -> T:
+        """Run ``fn(tx)`` in a worker thread inside one transaction and
         return what it returns; if ``fn`` raises, the transaction is rolled
         back and the exception propagates (psycopg's own errors as
         :class:`DatabaseError` or :class:`DatabaseLost`). ``fn`` must not
@@ -279,7 +302,7 @@ class PgDatabase:
 
         def _transaction(conn: psycopg.Connection[Row]) -> T:
             with conn.transaction():
-                return fn(conn)
+                return fn(_PgTx(conn))
 
         return await self._call(_transaction)
 

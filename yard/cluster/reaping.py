@@ -15,18 +15,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import psycopg
-
-from yard.cluster.pg import Row
-from yard.cluster.schema import ENDED_CHANNEL, JOBS_CHANNEL
+from yard.db import Tx
 from yard.jobs.restore import INTERRUPTED
+from yard.jobs.schema import ENDED_CHANNEL, JOBS_CHANNEL
 
 __all__ = ["ReapSummary", "reap_node"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReapSummary:
-    """What :meth:`yard.cluster.jobs.PgJobStore.reap` did with a dead node's jobs (their ids)."""
+    """What :meth:`yard.cluster.jobs.ClusterJobStore.reap` did with a dead
+    node's jobs (their ids)."""
 
     released: tuple[str, ...] = ()
     rerun: tuple[str, ...] = ()
@@ -43,27 +42,27 @@ class ReapSummary:
         )
 
 
-def reap_node(conn: psycopg.Connection[Row], node: str, now: float) -> ReapSummary:
+def reap_node(tx: Tx, node: str, now: float) -> ReapSummary:
     """Apply the restart rules to the jobs ``node`` held (see the module
     rules), in the caller's transaction."""
-    released = conn.execute(
+    released = tx.execute(
         "UPDATE jobs SET claimed_by = NULL, claimed_at = NULL "
-        "WHERE claimed_by = %s AND status = 'queued' RETURNING id, backend",
+        "WHERE claimed_by = ? AND status = 'queued' RETURNING id, backend",
         (node,),
     ).fetchall()
-    rerun = conn.execute(
+    rerun = tx.execute(
         "UPDATE jobs SET status = 'queued', rerun_used = true, started_at = NULL, "
         "claimed_by = NULL, claimed_at = NULL "
-        "WHERE claimed_by = %s AND status = 'running' AND rerun_safe AND NOT rerun_used "
+        "WHERE claimed_by = ? AND status = 'running' AND rerun_safe AND NOT rerun_used "
         "RETURNING id, backend",
         (node,),
     ).fetchall()
     interrupted = [
         str(row[0])
-        for row in conn.execute(
-            "UPDATE jobs SET status = 'failed', finished_at = %s, error_code = %s, "
-            "error_message = %s, error_status = %s "
-            "WHERE claimed_by = %s AND status = 'running' RETURNING id",
+        for row in tx.execute(
+            "UPDATE jobs SET status = 'failed', finished_at = ?, error_code = ?, "
+            "error_message = ?, error_status = ? "
+            "WHERE claimed_by = ? AND status = 'running' RETURNING id",
             (
                 now,
                 INTERRUPTED.code,
@@ -71,13 +70,13 @@ def reap_node(conn: psycopg.Connection[Row], node: str, now: float) -> ReapSumma
                 INTERRUPTED.status,
                 node,
             ),
-        )
+        ).fetchall()
     ]
-    conn.execute("DELETE FROM job_requests WHERE job_id = ANY(%s)", (interrupted,))
+    tx.execute("DELETE FROM job_requests WHERE job_id = ANY(?)", (interrupted,))
     for job_id in interrupted:
-        conn.execute("SELECT pg_notify(%s, %s)", (ENDED_CHANNEL, job_id))
+        tx.notify(ENDED_CHANNEL, job_id)
     for backend in sorted({str(row[1]) for row in (*released, *rerun)}):
-        conn.execute("SELECT pg_notify(%s, %s)", (JOBS_CHANNEL, backend))
+        tx.notify(JOBS_CHANNEL, backend)
     return ReapSummary(
         released=tuple(str(row[0]) for row in released),
         rerun=tuple(str(row[0]) for row in rerun),

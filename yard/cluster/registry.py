@@ -9,7 +9,7 @@ Rules this module keeps:
   nodes' clocks must agree to well within ``after_s`` (NTP does).
 - Declaring a node gone is a conditional update: of several nodes that find
   it stale at once, exactly one flips it. A dead node is declared gone and
-  reaped in one transaction (:meth:`yard.cluster.jobs.PgJobStore.reap_gone`),
+  reaped in one transaction (:meth:`yard.cluster.jobs.ClusterJobStore.reap_gone`),
   so no node ever sees it gone while it still holds jobs;
   :meth:`Registry.mark_gone` is for a node leaving on its own (after it gave
   its jobs back). A node that publishes again is up again.
@@ -21,11 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
 from psycopg.types.json import Jsonb
 
-from yard.cluster.pg import PgDatabase, Row
+from yard.cluster.pg import PgDatabase
 from yard.cluster.schema import NODES_CHANNEL
+from yard.db import Row, Tx, insert
 
 __all__ = ["NodeState", "Registry"]
 
@@ -100,37 +100,34 @@ class Registry:
         wake the listening nodes."""
         if state.state not in ("up", "gone"):
             raise ValueError(f"a node's state is 'up' or 'gone', not {state.state!r}")
-        values = (
-            state.name,
-            state.url,
-            state.heartbeat_at,
-            state.started_at,
-            Jsonb(list(state.serves)),
-            Jsonb(list(state.backends)),
-            Jsonb(list(state.loaded)),
-            Jsonb(dict(state.free_mib)),
-            Jsonb(dict(state.queues)),
-            Jsonb(list(state.gpu_models)),
-            state.database_ok,
-            state.state,
+        values = dict(
+            zip(
+                _COLUMNS.split(", "),
+                (
+                    state.name,
+                    state.url,
+                    state.heartbeat_at,
+                    state.started_at,
+                    Jsonb(list(state.serves)),
+                    Jsonb(list(state.backends)),
+                    Jsonb(list(state.loaded)),
+                    Jsonb(dict(state.free_mib)),
+                    Jsonb(dict(state.queues)),
+                    Jsonb(list(state.gpu_models)),
+                    state.database_ok,
+                    state.state,
+                ),
+                strict=True,
+            )
         )
+        replace = ", ".join(f"{name} = excluded.{name}" for name in values if name != "name")
 
-        def _publish(conn: psycopg.Connection[Row]) -> None:
+        def _publish(tx: Tx) -> None:
             # A heartbeat lost in a crash of the database is only an older
             # heartbeat: its commit need not wait for the disk.
-            conn.execute("SET LOCAL synchronous_commit = off")
-            conn.execute(
-                f"INSERT INTO nodes ({_COLUMNS}) VALUES "
-                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                "ON CONFLICT (name) DO UPDATE SET url = excluded.url, "
-                "heartbeat_at = excluded.heartbeat_at, started_at = excluded.started_at, "
-                "serves = excluded.serves, backends = excluded.backends, "
-                "loaded = excluded.loaded, free_mib = excluded.free_mib, "
-                "queues = excluded.queues, gpu_models = excluded.gpu_models, "
-                "database_ok = excluded.database_ok, state = excluded.state",
-                values,
-            )
-            conn.execute("SELECT pg_notify(%s, %s)", (NODES_CHANNEL, state.name))
+            tx.execute("SET LOCAL synchronous_commit = off")
+            insert(tx, "nodes", values, conflict=f"(name) DO UPDATE SET {replace}")
+            tx.notify(NODES_CHANNEL, state.name)
 
         await self._db.transaction(_publish)
 
@@ -140,14 +137,14 @@ class Registry:
         return [_state(row) for row in rows]
 
     async def node(self, name: str) -> NodeState | None:
-        row = await self._db.fetchone(f"SELECT {_COLUMNS} FROM nodes WHERE name = %s", (name,))
+        row = await self._db.fetchone(f"SELECT {_COLUMNS} FROM nodes WHERE name = ?", (name,))
         return None if row is None else _state(row)
 
     async def stale(self, now: float, after_s: float) -> list[str]:
         """The nodes still up whose last heartbeat is older than
         ``now - after_s``, by name."""
         rows = await self._db.fetchall(
-            "SELECT name FROM nodes WHERE state = 'up' AND heartbeat_at < %s ORDER BY name",
+            "SELECT name FROM nodes WHERE state = 'up' AND heartbeat_at < ? ORDER BY name",
             (now - after_s,),
         )
         return [str(row[0]) for row in rows]
@@ -156,14 +153,14 @@ class Registry:
         """Declare ``name`` gone. True only for the one caller that changed it
         from up. Only for a node leaving on its own, whose jobs are already
         back: a dead node is declared gone and reaped at once with
-        :meth:`yard.cluster.jobs.PgJobStore.reap_gone`.
+        :meth:`yard.cluster.jobs.ClusterJobStore.reap_gone`.
 
         heartbeat_before: only if its heartbeat is still older than this
         (it did not publish in between the check and now).
         """
         changed = await self._db.execute(
-            "UPDATE nodes SET state = 'gone' WHERE name = %s AND state = 'up' "
-            "AND (%s::double precision IS NULL OR heartbeat_at < %s)",
+            "UPDATE nodes SET state = 'gone' WHERE name = ? AND state = 'up' "
+            "AND (?::double precision IS NULL OR heartbeat_at < ?)",
             (name, heartbeat_before, heartbeat_before),
         )
         return changed == 1
@@ -172,6 +169,6 @@ class Registry:
         """Remove a gone node's row (it will not come back). False if it is
         up or unknown."""
         changed = await self._db.execute(
-            "DELETE FROM nodes WHERE name = %s AND state = 'gone'", (name,)
+            "DELETE FROM nodes WHERE name = ? AND state = 'gone'", (name,)
         )
         return changed == 1

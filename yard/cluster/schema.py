@@ -22,16 +22,9 @@ A migration once released is never edited: a change is a new version.
 from __future__ import annotations
 
 from yard.cluster.pg import PgMigration
+from yard.jobs.schema import ENDED_CHANNEL, JOBS_CHANNEL
 
 __all__ = ["ENDED_CHANNEL", "JOBS_CHANNEL", "MIGRATIONS", "NODES_CHANNEL"]
-
-JOBS_CHANNEL = "yard_jobs"
-"""NOTIFY channel: a job became claimable; the payload is its backend."""
-
-ENDED_CHANNEL = "yard_job_ended"
-"""NOTIFY channel: a job ended (finished, cancelled, interrupted by a reap);
-the payload is its id. For the node running it (a cancel from elsewhere) and
-for clients waiting on another node."""
 
 NODES_CHANNEL = "yard_nodes"
 """NOTIFY channel: a node published its state; the payload is its name."""

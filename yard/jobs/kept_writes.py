@@ -1,8 +1,7 @@
-"""Writes a cluster's shared database did not take, kept until it is back.
+"""Writes the database did not take, kept until it is back.
 
-A cluster node's job service (``Jobs(shared=True)``, the store a
-:class:`~yard.cluster.jobs.PgJobStore`) writes to a shared PostgreSQL that
-can be lost or busy for a while. Rules kept here:
+A cluster node's job service writes to a shared PostgreSQL that can be lost
+or busy for a while (one yard's SQLite is neither). Rules kept here:
 
 - A write the database does not take because it is lost or busy
   (:func:`yard.db.passing`) is kept and made again every ``retry_s`` until
@@ -28,7 +27,7 @@ import trio
 
 from yard.db import DatabaseError, passing
 from yard.jobs.records import JobError, Status, StoredResult
-from yard.jobs.store import JobStoreLike
+from yard.jobs.store import JobStore
 
 __all__ = ["KeptWrites"]
 
@@ -40,18 +39,17 @@ T = TypeVar("T")
 class KeptWrites:
     """The kept writes of one job service (see the module rules).
 
-    store: the shared job store.
-    release: gives a claimed job back to the shared queue (True if it was);
-        None: jobs are never given back.
+    store: the job store.
+    release: gives a claimed job back to the shared queue (True if it was).
     retry_s: how often a kept write is made again.
     log_every_s: while it keeps failing, how often the log says so again.
     """
 
     def __init__(
         self,
-        store: JobStoreLike,
+        store: JobStore,
         *,
-        release: Callable[[str], Awaitable[bool]] | None,
+        release: Callable[[str], Awaitable[bool]],
         retry_s: float,
         log_every_s: float,
     ) -> None:
@@ -117,10 +115,8 @@ class KeptWrites:
         once the database is back (``exc``: why it could not be done now): one
         that has not run, or, with ``requeued``, one the core requeued after
         its backend was lost, marked so first (running -> queued, its one
-        requeue spent). Nothing to do without a ``release``."""
+        requeue spent)."""
         release = self._release
-        if release is None:
-            return
         store = self._store
 
         async def back() -> bool:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from yard.errors import Rejected
-from yard.jobs.store import JobError, JobRecord, JobStoreLike
+from yard.jobs.store import JobError, JobRecord, JobStore
 
 log = logging.getLogger("yard.jobs")
 
@@ -50,7 +50,7 @@ class Restorable(Protocol):
     """What a restart needs of the job service (:class:`yard.jobs.service.Jobs`)."""
 
     @property
-    def store(self) -> JobStoreLike: ...
+    def store(self) -> JobStore: ...
 
     def now(self) -> float: ...
 

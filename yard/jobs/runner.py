@@ -38,7 +38,7 @@ from yard.errors import Rejected
 from yard.h1.upstream import UpstreamError
 from yard.jobs.kept_writes import KeptWrites
 from yard.jobs.records import JobError, JobRecord, Status, StoredResult
-from yard.jobs.store import JobStoreLike
+from yard.jobs.store import JobStore
 from yard.jobs.upstream import ResultTooLarge, Upstream, fetch
 
 __all__ = ["Runner", "Running"]
@@ -91,7 +91,7 @@ class Runner:
 
     store: the job store. upstream: how requests reach backends.
     kept: where writes the shared database did not take are kept.
-    wall: the wall clock. shared: the store is a cluster's shared queue.
+    wall: the wall clock.
     max_result_bytes: the largest answer a job stores (``[jobs]``).
     on_dispatched: called when a job was dispatched and marked running.
     on_requeued: called when the core requeued a job after its backend was
@@ -100,11 +100,10 @@ class Runner:
         wrote (None: the job had ended already, or no end could be written).
     """
 
-    store: JobStoreLike
+    store: JobStore
     upstream: Upstream
     kept: KeptWrites
     wall: Callable[[], float]
-    shared: bool
     max_result_bytes: int
     on_dispatched: Callable[[], None]
     on_requeued: Callable[[], None]
@@ -149,7 +148,7 @@ class Runner:
                     job.id, at=self.wall(), queued_s=admission.queued_s
                 )
             except DatabaseError as exc:
-                if not (self.shared and passing(exc)):
+                if not passing(exc):
                     raise
                 raise _Unreachable(exc) from None
             if stored is None or not started:
@@ -177,7 +176,7 @@ class Runner:
                 try:
                     await self.store.mark_requeue_spent(job.id)
                 except DatabaseError as lost:
-                    if not (self.shared and passing(lost)):
+                    if not passing(lost):
                         raise
                     # The verdict still comes, and whatever it leads to is
                     # written before the job can run again: an end when the
@@ -198,7 +197,7 @@ class Runner:
             try:
                 await self.store.mark_requeued(job.id)
             except DatabaseError as exc:
-                if not (self.shared and passing(exc)):
+                if not passing(exc):
                     raise
                 raise _RequeueUnwritten(exc) from None
 
@@ -259,9 +258,7 @@ class Runner:
             try:
                 won = await self.store.finish(job_id, status, at=at, error=error, result=result)
             except DatabaseError as exc:
-                if not self.shared:
-                    raise
-                lost = exc
+                lost = exc  # kept, or (refused) ended plainly
         ended: Status | None = status if won else None
         if won is None:
             # Not shielded: a stop of yard ends this wait.

@@ -22,7 +22,16 @@ from yard.announce.schema import MIGRATIONS as ANNOUNCE_MIGRATIONS
 from yard.batches.schema import MIGRATIONS as BATCH_MIGRATIONS
 from yard.db import Migration
 
-__all__ = ["MIGRATIONS"]
+__all__ = ["ENDED_CHANNEL", "JOBS_CHANNEL", "MIGRATIONS"]
+
+JOBS_CHANNEL = "yard_jobs"
+"""Where a new claimable job is announced (PostgreSQL's NOTIFY; nobody
+listens to one yard's SQLite); the payload is its backend."""
+
+ENDED_CHANNEL = "yard_job_ended"
+"""Where a job's end is announced (finished, cancelled, interrupted by a
+reap); the payload is its id. For the node running it (a cancel from
+elsewhere) and for clients waiting on another node."""
 
 MIGRATIONS: tuple[Migration, ...] = (
     (

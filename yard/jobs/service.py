@@ -21,23 +21,25 @@ Rules it keeps:
 - Times shown to people are wall-clock (RFC 3339); times given to the engine
   are on its clock, converted at the moment of the call.
 
-In a cluster (``shared=True``, the store a
-:class:`~yard.cluster.jobs.PgJobStore`) a handed-in job is only stored, in
-the shared queue, unclaimed: the node that claims it
-(:mod:`yard.cluster.node`) calls :meth:`Jobs.enqueue`. Waiting for a job's end
-then also re-reads the store (another node may run it). A write the shared
-database does not take because it is lost or busy is kept and made again
-every :attr:`Jobs.RETRY_S` until it is back (:mod:`yard.jobs.kept_writes`):
-a job's end; a requeue (the job leaves this node's queue unrun and goes back
-to the shared queue, its one requeue spent); a job given back unrun.
+Where a stored job goes is injected (:class:`JobQueue`): into this yard's
+engine at once (:class:`LocalQueue`), or, on a node of a cluster
+(:class:`yard.cluster.jobs.SharedQueue`), into the shared queue, unclaimed,
+for the node that claims it (:mod:`yard.cluster.node`) to
+:meth:`~Jobs.enqueue`; waiting for a job's end then also re-reads the store
+(another node may run it). A write the database does not take because it is
+lost or busy (a cluster's PostgreSQL) is kept and made again every
+:attr:`Jobs.RETRY_S` until it is back (:mod:`yard.jobs.kept_writes`): a job's
+end; a requeue (the job leaves this node's queue unrun and goes back to the
+shared queue, its one requeue spent); a job given back unrun.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -57,7 +59,7 @@ from yard.jobs.runner import Runner, Running
 from yard.jobs.store import (
     JobError,
     JobRecord,
-    JobStoreLike,
+    JobStore,
     Quota,
     QuotaExceeded,
     Status,
@@ -89,6 +91,41 @@ class EngineLike(Protocol):
     def now(self) -> float: ...
 
     def explain(self, request_id: str) -> QueuedView | None: ...
+
+
+class JobQueue(Protocol):
+    """Where the job service puts the jobs it stores (see the module notes)."""
+
+    recheck_s: float
+    """How often a wait for a job's end reads the store again (an end made
+    elsewhere is seen there only); ``math.inf``: never."""
+
+    def hand_in(self, jobs: Jobs, job: JobRecord) -> None:
+        """``job`` was stored (handed in, or a batch line became it): start
+        its turn. May raise :class:`~yard.errors.Rejected`."""
+
+    def changed(self) -> None:
+        """A job was dispatched or ended here: room may have appeared."""
+
+    async def release(self, job_id: str) -> bool:
+        """Give a job held here and not started back, for another to run
+        (True if it was)."""
+
+
+class LocalQueue:
+    """This yard's own queue: a stored job enters the engine's queue at once,
+    and ends only here."""
+
+    recheck_s = math.inf
+
+    def hand_in(self, jobs: Jobs, job: JobRecord) -> None:
+        jobs.enqueue(job)
+
+    def changed(self) -> None:
+        pass
+
+    async def release(self, job_id: str) -> bool:
+        return False  # nobody else could run it
 
 
 class JobNotFound(Exception):
@@ -137,17 +174,11 @@ class Jobs:
     pool: the upstream connection pool (the gateway's).
     upstream: how requests reach backends (default: ``forward`` over ``pool``).
     wall: the wall clock (``time.time``; tests pass a virtual one).
-    shared: the store is a cluster's shared queue: :meth:`submit` stores a
-        job without enqueuing it (a node claims it), see the module notes.
-    on_change: called when a job was handed in, dispatched or ended here
-        (the cluster node looks for work then).
-    release: gives a claimed job that has not started back to the shared
-        queue (one found unstartable while the database was lost).
+    queue: where stored jobs go (default :class:`LocalQueue`).
     """
 
     RETRY_S = 1.0
-    """How often a write is made again while the shared database is lost or
-    busy, and how often a wait for a job's end re-reads a shared store."""
+    """How often a write is made again while the database is lost or busy."""
 
     LOG_EVERY_S = 60.0
     """While such a write keeps failing, how often the log says so again."""
@@ -156,32 +187,28 @@ class Jobs:
         self,
         *,
         engine: EngineLike,
-        store: JobStoreLike,
+        store: JobStore,
         pool: UpstreamPool | None = None,
         upstream: Upstream | None = None,
         config: JobsConfig | None = None,
         wall: Callable[[], float] = time.time,
-        shared: bool = False,
-        on_change: Callable[[], None] | None = None,
-        release: Callable[[str], Awaitable[bool]] | None = None,
+        queue: JobQueue | None = None,
     ) -> None:
         self.engine = engine
         self.store = store
-        self.shared = shared
-        self._on_change = on_change or _nothing
+        self._queue: JobQueue = queue or LocalQueue()
         self.config = config or JobsConfig()
         self._wall = wall
         self._kept = KeptWrites(
-            store, release=release, retry_s=self.RETRY_S, log_every_s=self.LOG_EVERY_S
+            store, release=self._queue.release, retry_s=self.RETRY_S, log_every_s=self.LOG_EVERY_S
         )
         self._runner = Runner(
             store=store,
             upstream=upstream or pooled(pool),
             kept=self._kept,
             wall=wall,
-            shared=shared,
             max_result_bytes=self.config.max_result_bytes,
-            on_dispatched=self._on_change,
+            on_dispatched=self._queue.changed,
             on_requeued=self._requeued,
             on_ended=self._ended_here,
         )
@@ -297,14 +324,9 @@ class Jobs:
         # On disk first, then into the queue: a crash in between leaves a
         # queued job that the next start enqueues. So does a stop that began
         # while it was being written: it is accepted, and waits for the restart.
-        if self.shared:
-            # The shared queue: whichever node can start it soonest claims it.
-            self._counts["submitted"] += 1
-            self._on_change()
-            return self.describe(job)
         if self._nursery is not None:
             try:
-                self.enqueue(job)
+                self.hand_in(job)
             except Rejected:
                 await self.store.delete(job_id)
                 raise
@@ -341,6 +363,12 @@ class Jobs:
             ),
             quota=quota,
         )
+
+    def hand_in(self, job: JobRecord) -> None:
+        """Start the turn of a job just stored (handed in, or a batch line
+        that became it), through the queue (see the module notes). May raise
+        :class:`~yard.errors.Rejected` (the job stays stored)."""
+        self._queue.hand_in(self, job)
 
     def enqueue(self, job: JobRecord, *, arrived_at_wall: float | None = None) -> None:
         """Put a stored queued job into the engine and start its runner.
@@ -395,11 +423,8 @@ class Jobs:
             if job.finished:
                 self._ended.pop(job_id, None)
                 return job
-            if self.shared:
-                # Another node may run it: its end is seen in the store only.
-                with trio.move_on_after(self.RETRY_S):
-                    await event.wait()
-            else:
+            # Another node may run it: its end is seen in the store only.
+            with trio.move_on_after(self._queue.recheck_s):
                 await event.wait()
 
     async def cancel(self, job_id: str, *, app: str | None) -> JobRecord:
@@ -490,7 +515,7 @@ class Jobs:
         if status is not None:
             self._counts["succeeded" if status == "succeeded" else "failed"] += 1
         self._notify(job_id)
-        self._on_change()
+        self._queue.changed()
 
     async def ended_elsewhere(self, job_ids: AbstractSet[str] | None) -> None:
         """Jobs ended in the shared store, perhaps by another node (a cluster
@@ -531,11 +556,5 @@ class Jobs:
             try:
                 await self.reap()
             except DatabaseError as exc:
-                if not self.shared:
-                    raise
                 log.warning("jobs: cannot expire old results now (%s)", exc)
             await trio.sleep(self.config.reap_interval_s)
-
-
-def _nothing() -> None:
-    return None

@@ -1,30 +1,33 @@
-"""The durable record of async jobs: SQLite (``data_dir/jobs.sqlite``).
+"""The durable record of async jobs: :class:`JobStore`, over either database.
 
-Rules this module keeps:
+One yard keeps it in SQLite (``data_dir/jobs.sqlite``, the tables of
+:data:`yard.jobs.schema.MIGRATIONS`); the nodes of a cluster share one
+PostgreSQL, where :class:`yard.cluster.jobs.ClusterJobStore` adds claims to
+the same queries. Rules this module keeps:
 
 - A job row is written with ``durable=True`` before yard promises anything
   about it (the 202), and every change of status that decides whether the job
   may run again after a crash (running, requeued, finished) is durable too.
 - A job ends exactly once: every move to a final status is a conditional
   update (``WHERE status IN ('queued', 'running')``) and says whether it won.
+  Every end is announced (:data:`~yard.jobs.schema.ENDED_CHANNEL`), and so is
+  a new job (:data:`~yard.jobs.schema.JOBS_CHANNEL`), in its transaction.
+- Quotas are checked under a per-app lock (:meth:`yard.db.Tx.lock`), in the
+  transaction of the insert, so two jobs at once cannot both squeeze in.
 - Times are wall-clock epochs (seconds); the engine clock does not survive a
   restart, the epoch does.
 - Request and result bytes live in their own tables, so that listing and
   reading jobs never touches the blobs; they are deleted when the job
-  expires.
-
-The tables are :data:`yard.jobs.schema.MIGRATIONS`; a row becomes a record
-in :mod:`yard.jobs.rows`.
+  expires. A row becomes a record in :mod:`yard.jobs.rows`.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, cast
+from typing import cast
 
-from yard.db import Database
+from yard.db import Database, SqliteDatabase, Tx, insert, marks
 from yard.jobs.records import (
     STATUSES,
     UNFINISHED,
@@ -38,7 +41,7 @@ from yard.jobs.records import (
     Usage,
 )
 from yard.jobs.rows import COLUMNS, dump_headers, job_record, load_headers
-from yard.jobs.schema import MIGRATIONS
+from yard.jobs.schema import ENDED_CHANNEL, JOBS_CHANNEL, MIGRATIONS
 
 __all__ = [
     "STATUSES",
@@ -46,109 +49,34 @@ __all__ = [
     "JobError",
     "JobRecord",
     "JobStore",
-    "JobStoreLike",
     "Quota",
     "QuotaExceeded",
     "Status",
     "StoredRequest",
     "StoredResult",
     "Usage",
-    "insert_job",
 ]
 
-
-class JobStoreLike(Protocol):
-    """What the job service (:class:`yard.jobs.service.Jobs`) and a restart
-    (:mod:`yard.jobs.restore`) need of a job store: :class:`JobStore` (SQLite,
-    one machine) and :class:`yard.cluster.jobs.PgJobStore` (PostgreSQL, a
-    cluster) both have it. See :class:`JobStore` for what each method does."""
-
-    async def insert(
-        self,
-        *,
-        job_id: str,
-        app: str,
-        model: str,
-        backend: str,
-        priority: float,
-        start_by: float | None,
-        allow_late: bool,
-        rerun_safe: bool,
-        created_at: float,
-        request: StoredRequest,
-        quota: Quota | None = None,
-        not_before: float | None = None,
-    ) -> JobRecord: ...
-
-    async def delete(self, job_id: str) -> None: ...
-
-    async def mark_running(self, job_id: str, *, at: float, queued_s: float) -> bool: ...
-
-    async def mark_requeue_spent(self, job_id: str) -> None: ...
-
-    async def mark_requeued(self, job_id: str) -> bool: ...
-
-    async def mark_rerun(self, job_id: str) -> bool: ...
-
-    async def finish(
-        self,
-        job_id: str,
-        status: Status,
-        *,
-        at: float,
-        error: JobError | None = None,
-        result: StoredResult | None = None,
-    ) -> bool: ...
-
-    async def expire(self, *, finished_before: float) -> list[str]: ...
-
-    async def forget_result(self, job_id: str) -> bool: ...
-
-    async def usage(self, app: str) -> Usage: ...
-
-    async def purge(self, *, finished_before: float) -> int: ...
-
-    async def get(self, job_id: str) -> JobRecord | None: ...
-
-    async def list_jobs(
-        self,
-        *,
-        app: str | None,
-        statuses: Sequence[Status] = (),
-        limit: int = 20,
-        before_seq: int | None = None,
-    ) -> list[JobRecord]: ...
-
-    async def unfinished(self) -> list[JobRecord]: ...
-
-    async def request(self, job_id: str) -> StoredRequest | None: ...
-
-    async def result(self, job_id: str) -> StoredResult | None: ...
-
-    async def counts(self) -> dict[str, int]: ...
-
-    async def close(self) -> None: ...
+_ENDED = "('succeeded', 'failed', 'cancelled')"
 
 
 class JobStore:
-    """Jobs in SQLite. Open with :meth:`open`, close with :meth:`close`."""
+    """The jobs of one yard (or, as :class:`yard.cluster.jobs.ClusterJobStore`,
+    of a cluster). ``db``: opened with the job tables; :meth:`open` opens
+    SQLite. Close with :meth:`close`."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
 
     @classmethod
     async def open(cls, path: Path, *, threaded: bool = True) -> JobStore:
-        """Open (create, migrate) the job database at ``path``.
-        ``threaded=False``: see :meth:`yard.db.Database.open` (tests only)."""
-        return cls(await Database.open(path, MIGRATIONS, threaded=threaded))
-
-    @property
-    def path(self) -> Path:
-        return self._db.path
+        """Open (create, migrate) the SQLite job database at ``path``.
+        ``threaded=False``: see :meth:`yard.db.SqliteDatabase.open` (tests only)."""
+        return cls(await SqliteDatabase.open(path, MIGRATIONS, threaded=threaded))
 
     @property
     def database(self) -> Database:
-        """The database itself, for the Batch API's tables (:mod:`yard.batches.store`)."""
+        """The database itself, for the Batch API's and the announcements' tables."""
         return self._db
 
     async def close(self) -> None:
@@ -173,21 +101,21 @@ class JobStore:
         not_before: float | None = None,
     ) -> JobRecord:
         """Record a new queued job and its request, durably (on disk, synced,
-        when this returns).
+        when this returns), and announce it.
 
         quota: the app's; raises :class:`QuotaExceeded` (and stores nothing)
-        if the job would take the app past it. Checked in the same
-        transaction as the insert, so two jobs at once cannot both squeeze in.
+        if the job would take the app past it.
         """
         size = len(request.body)
 
-        def _insert(conn: sqlite3.Connection) -> None:
+        def _insert(tx: Tx) -> JobRecord:
             if quota is not None:
-                usage = _usage(conn, app)
+                tx.lock(f"yard quota {app}")
+                usage = _usage(tx, app)
                 if usage.jobs >= quota.max_jobs or usage.bytes + size > quota.max_bytes:
                     raise QuotaExceeded(usage, quota, size)
-            insert_job(
-                conn,
+            return self.insert_row(
+                tx,
                 job_id=job_id,
                 app=app,
                 model=model,
@@ -201,10 +129,61 @@ class JobStore:
                 not_before=not_before,
             )
 
-        await self._db.transaction(_insert, durable=True)
-        job = await self.get(job_id)
-        assert job is not None
-        return job
+        return await self._db.transaction(_insert, durable=True)
+
+    def insert_row(
+        self,
+        tx: Tx,
+        *,
+        job_id: str,
+        app: str,
+        model: str,
+        backend: str,
+        priority: float,
+        start_by: float | None,
+        allow_late: bool,
+        rerun_safe: bool,
+        created_at: float,
+        request: StoredRequest,
+        not_before: float | None = None,
+    ) -> JobRecord:
+        """Write a new queued job and its request inside the caller's
+        transaction and announce it (:meth:`insert`, and a batch line
+        becoming a job)."""
+        values = {
+            "id": job_id,
+            "app": app,
+            "model": model,
+            "backend": backend,
+            "priority": priority,
+            "start_by": start_by,
+            "allow_late": allow_late,
+            "rerun_safe": rerun_safe,
+            "status": "queued",
+            "created_at": created_at,
+            "request_bytes": len(request.body),
+            "not_before": not_before,
+            **self._placed(priority, created_at),
+        }
+        row = insert(tx, "jobs", values, returning=COLUMNS).fetchall()[0]
+        insert(
+            tx,
+            "job_requests",
+            {
+                "job_id": job_id,
+                "method": request.method,
+                "path": request.path,
+                "query": request.query,
+                "headers": dump_headers(request.headers),
+                "body": request.body,
+            },
+        )
+        tx.notify(JOBS_CHANNEL, backend)
+        return job_record(row)
+
+    def _placed(self, priority: float, created_at: float) -> dict[str, object]:
+        """Columns a new job gets beyond its own fields (a cluster's order)."""
+        return {}
 
     async def delete(self, job_id: str) -> None:
         """Forget a job entirely (one that was never accepted)."""
@@ -225,14 +204,19 @@ class JobStore:
     async def mark_requeue_spent(self, job_id: str) -> None:
         """Its one requeue after a self-caused OOM may be used now: never grant
         another (kept for good, across restarts)."""
-        await self._db.execute("UPDATE jobs SET requeued = 1 WHERE id = ?", (job_id,), durable=True)
+        await self._db.execute(
+            "UPDATE jobs SET requeued = true WHERE id = ?", (job_id,), durable=True
+        )
 
     async def mark_requeued(self, job_id: str) -> bool:
         """Running -> queued: the core put it back after a self-caused OOM."""
+        return await self._requeue(job_id, "")
+
+    async def _requeue(self, job_id: str, where: str, *params: object) -> bool:
         changed = await self._db.execute(
-            "UPDATE jobs SET status = 'queued', requeued = 1, started_at = NULL "
-            "WHERE id = ? AND status = 'running'",
-            (job_id,),
+            "UPDATE jobs SET status = 'queued', requeued = true, started_at = NULL "
+            f"WHERE id = ? AND status = 'running'{where}",
+            (job_id, *params),
             durable=True,
         )
         return changed == 1
@@ -241,8 +225,8 @@ class JobStore:
         """Running -> queued after a restart, for a job the client marked
         rerun-safe; the one rerun is spent."""
         changed = await self._db.execute(
-            "UPDATE jobs SET status = 'queued', rerun_used = 1, started_at = NULL "
-            "WHERE id = ? AND status = 'running' AND rerun_safe = 1 AND rerun_used = 0",
+            "UPDATE jobs SET status = 'queued', rerun_used = true, started_at = NULL "
+            "WHERE id = ? AND status = 'running' AND rerun_safe AND NOT rerun_used",
             (job_id,),
             durable=True,
         )
@@ -259,14 +243,26 @@ class JobStore:
     ) -> bool:
         """End an unfinished job with ``status`` (and its error or result),
         durably. False if it had already ended: the first end wins."""
+        return await self._finish(job_id, status, at, error, result, "")
+
+    async def _finish(
+        self,
+        job_id: str,
+        status: Status,
+        at: float,
+        error: JobError | None,
+        result: StoredResult | None,
+        where: str,
+        *params: object,
+    ) -> bool:
         if status in UNFINISHED:
             raise ValueError(f"finish() needs a final status, not {status!r}")
 
-        def _finish(conn: sqlite3.Connection) -> bool:
-            cursor = conn.execute(
+        def _end(tx: Tx) -> bool:
+            cursor = tx.execute(
                 "UPDATE jobs SET status = ?, finished_at = ?, error_code = ?, "
                 "error_message = ?, error_status = ?, result_status = ?, result_bytes = ?, "
-                "result_type = ? WHERE id = ? AND status IN ('queued', 'running')",
+                f"result_type = ? WHERE id = ? AND status IN ('queued', 'running'){where}",
                 (
                     status,
                     at,
@@ -277,37 +273,44 @@ class JobStore:
                     None if result is None else len(result.body),
                     None if result is None else result.content_type,
                     job_id,
+                    *params,
                 ),
             )
             if cursor.rowcount != 1:
                 return False
+            tx.notify(ENDED_CHANNEL, job_id)
             # Its request will never run again: drop the bytes now.
-            conn.execute("DELETE FROM job_requests WHERE job_id = ?", (job_id,))
+            tx.execute("DELETE FROM job_requests WHERE job_id = ?", (job_id,))
             if result is not None:
-                conn.execute(
-                    "INSERT INTO job_results (job_id, status, headers, body) VALUES (?, ?, ?, ?)",
-                    (job_id, result.status, dump_headers(result.headers), result.body),
+                insert(
+                    tx,
+                    "job_results",
+                    {
+                        "job_id": job_id,
+                        "status": result.status,
+                        "headers": dump_headers(result.headers),
+                        "body": result.body,
+                    },
                 )
             return True
 
-        return await self._db.transaction(_finish, durable=True)
+        return await self._db.transaction(_end, durable=True)
 
     async def expire(self, *, finished_before: float) -> list[str]:
         """Jobs that ended before ``finished_before`` become ``expired`` and
         their results are deleted. Returns their ids."""
 
-        def _expire(conn: sqlite3.Connection) -> list[str]:
+        def _expire(tx: Tx) -> list[str]:
             ids = [
                 str(row[0])
-                for row in conn.execute(
-                    "SELECT id FROM jobs WHERE status IN "
-                    "('succeeded', 'failed', 'cancelled') AND finished_at < ?",
+                for row in tx.execute(
+                    f"UPDATE jobs SET status = 'expired' WHERE status IN {_ENDED} "
+                    "AND finished_at < ? RETURNING id",
                     (finished_before,),
-                )
+                ).fetchall()
             ]
-            for job_id in ids:
-                conn.execute("UPDATE jobs SET status = 'expired' WHERE id = ?", (job_id,))
-                conn.execute("DELETE FROM job_results WHERE job_id = ?", (job_id,))
+            if ids:
+                tx.execute(f"DELETE FROM job_results WHERE job_id IN ({marks(len(ids))})", ids)
             return ids
 
         return await self._db.transaction(_expire)
@@ -317,20 +320,20 @@ class JobStore:
         client has what it needs, or does not want it). False if the job has
         not ended (or does not exist)."""
 
-        def _forget(conn: sqlite3.Connection) -> bool:
-            cursor = conn.execute(
+        def _forget(tx: Tx) -> bool:
+            cursor = tx.execute(
                 "UPDATE jobs SET status = 'expired' WHERE id = ? AND status IN "
                 "('succeeded', 'failed', 'cancelled', 'expired')",
                 (job_id,),
             )
-            conn.execute("DELETE FROM job_results WHERE job_id = ?", (job_id,))
+            tx.execute("DELETE FROM job_results WHERE job_id = ?", (job_id,))
             return cursor.rowcount == 1
 
         return await self._db.transaction(_forget, durable=True)
 
     async def usage(self, app: str) -> Usage:
         """What ``app`` keeps stored now (see :class:`Quota`)."""
-        return await self._db.transaction(lambda conn: _usage(conn, app))
+        return await self._db.transaction(lambda tx: _usage(tx, app))
 
     async def purge(self, *, finished_before: float) -> int:
         """Forget expired jobs that ended before ``finished_before``."""
@@ -360,7 +363,7 @@ class JobStore:
             where.append("app = ?")
             params.append(app)
         if statuses:
-            where.append(f"status IN ({', '.join('?' for _ in statuses)})")
+            where.append(f"status IN ({marks(len(statuses))})")
             params.extend(statuses)
         if before_seq is not None:
             where.append("seq < ?")
@@ -391,7 +394,7 @@ class JobStore:
             path=str(path),
             query=str(query),
             headers=load_headers(str(headers)),
-            body=bytes(cast(bytes, body)),
+            body=bytes(body),
         )
 
     async def result(self, job_id: str) -> StoredResult | None:
@@ -402,76 +405,25 @@ class JobStore:
             return None
         status, headers, body = row
         return StoredResult(
-            status=int(cast(int, status)),
-            headers=load_headers(str(headers)),
-            body=bytes(cast(bytes, body)),
+            status=int(status), headers=load_headers(str(headers)), body=bytes(body)
         )
 
     async def counts(self) -> dict[str, int]:
         """How many jobs are in each status."""
         rows = await self._db.fetchall("SELECT status, count(*) FROM jobs GROUP BY status")
-        found = {str(status): int(cast(int, n)) for status, n in rows}
+        found = {str(status): int(n) for status, n in rows}
         return {status: found.get(status, 0) for status in STATUSES}
 
 
-def insert_job(
-    conn: sqlite3.Connection,
-    *,
-    job_id: str,
-    app: str,
-    model: str,
-    backend: str,
-    priority: float,
-    start_by: float | None,
-    allow_late: bool,
-    rerun_safe: bool,
-    created_at: float,
-    request: StoredRequest,
-    not_before: float | None = None,
-) -> None:
-    """Write a new queued job and its request inside the caller's transaction
-    (:meth:`JobStore.insert`, and a batch line becoming a job)."""
-    conn.execute(
-        "INSERT INTO jobs (id, app, model, backend, priority, start_by, allow_late, "
-        "rerun_safe, status, created_at, request_bytes, not_before) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?)",
-        (
-            job_id,
-            app,
-            model,
-            backend,
-            priority,
-            start_by,
-            int(allow_late),
-            int(rerun_safe),
-            created_at,
-            len(request.body),
-            not_before,
-        ),
-    )
-    conn.execute(
-        "INSERT INTO job_requests (job_id, method, path, query, headers, body) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
-        (
-            job_id,
-            request.method,
-            request.path,
-            request.query,
-            dump_headers(request.headers),
-            request.body,
-        ),
-    )
-
-
-def _usage(conn: sqlite3.Connection, app: str) -> Usage:
-    jobs, size, oldest = conn.execute(
+def _usage(tx: Tx, app: str) -> Usage:
+    jobs, size, oldest = tx.execute(
         "SELECT count(*), "
         "COALESCE(SUM(CASE WHEN status IN ('queued', 'running') THEN request_bytes "
         "ELSE COALESCE(result_bytes, 0) END), 0), "
         "MIN(CASE WHEN status NOT IN ('queued', 'running') THEN finished_at END) "
         "FROM jobs WHERE app = ? AND status != 'expired'",
         (app,),
-    ).fetchone()
+    ).fetchall()[0]
     return Usage(jobs=int(jobs), bytes=int(size), oldest_finished_at=_float_or_none(oldest))
 
 

@@ -1,4 +1,9 @@
-"""Profiles: what a backend was measured to need, kept in SQLite.
+"""Profiles: what a backend was measured to need, kept in a database.
+
+:class:`Profiles` keeps them in SQLite (``data_dir/profiles.sqlite``) for one
+yard, or in a cluster's PostgreSQL, where one measurement serves every node
+with the same footprint (the cluster injects a portable key,
+:func:`yard.cluster.profiles.cluster_key`).
 
 A profile is valid only for the footprint it was measured with. The key
 (:func:`footprint_key`) is a digest of everything that changes it:
@@ -25,10 +30,8 @@ import hashlib
 import json
 import os
 import shutil
-import sqlite3
 import sys
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +41,7 @@ import trio
 
 from yard.config import programs
 from yard.core.spec import Profile
-from yard.db import Database, Migration
+from yard.db import Database, Migration, Row, SqliteDatabase, Tx, insert
 from yard.memory.llama import find_llama_server
 
 PROFILE_MIGRATIONS: Sequence[Migration] = (
@@ -264,84 +267,95 @@ _MEASURED = (
 _COLUMNS = "key, backend, parts, " + _MEASURED
 
 
-def _row(row: tuple[object, ...]) -> StoredProfile:
+def _row(row: Row) -> StoredProfile:
     key, backend, parts, gpu, host, load_s, steady_gpu, steady_host, source, at = row[:10]
     context, gpu_per_token, host_per_token, parallel, gpu_per_slot, host_per_slot = row[10:]
     return StoredProfile(
         backend=str(backend),
         key=str(key),
         profile=Profile(
-            gpu_bytes=int(str(gpu)),
-            host_bytes=int(str(host)),
-            load_s=float(str(load_s)),
-            context=None if context is None else int(str(context)),
-            gpu_per_token=None if gpu_per_token is None else float(str(gpu_per_token)),
-            host_per_token=None if host_per_token is None else float(str(host_per_token)),
-            parallel=None if parallel is None else int(str(parallel)),
-            gpu_per_slot=None if gpu_per_slot is None else float(str(gpu_per_slot)),
-            host_per_slot=None if host_per_slot is None else float(str(host_per_slot)),
+            gpu_bytes=int(gpu),
+            host_bytes=int(host),
+            load_s=float(load_s),
+            context=None if context is None else int(context),
+            gpu_per_token=None if gpu_per_token is None else float(gpu_per_token),
+            host_per_token=None if host_per_token is None else float(host_per_token),
+            parallel=None if parallel is None else int(parallel),
+            gpu_per_slot=None if gpu_per_slot is None else float(gpu_per_slot),
+            host_per_slot=None if host_per_slot is None else float(host_per_slot),
         ),
-        steady_gpu_bytes=None if steady_gpu is None else int(str(steady_gpu)),
-        steady_host_bytes=None if steady_host is None else int(str(steady_host)),
+        steady_gpu_bytes=None if steady_gpu is None else int(steady_gpu),
+        steady_host_bytes=None if steady_host is None else int(steady_host),
         source=str(source),
-        measured_at=float(str(at)),
-        parts=json.loads(str(parts)) if parts else {},
+        measured_at=float(at),
+        # JSON text (SQLite) or already decoded (PostgreSQL's jsonb).
+        parts=parts if isinstance(parts, dict) else json.loads(parts) if parts else {},
     )
 
 
-def _marks(n: int) -> str:
-    return ",".join("?" * n)
+class Profiles:
+    """The profile store behind :class:`yard.ports.ProfileStore`, over either
+    database.
 
+    db: opened with :data:`PROFILE_MIGRATIONS` (SQLite; or use
+    :func:`open_profile_store`) or a cluster's migrations. config: each
+    backend's command, files and devices. devices: labels of the GPUs
+    (``meter.describe()``). clock: ``measured_at`` (wall-clock seconds).
+    portable: turns this machine's key into the one stored (a cluster's
+    :func:`~yard.cluster.profiles.cluster_key`); None: this machine's.
+    node: a cluster node's name, kept with each measurement.
+    Unknown backend names have no profile; storing one raises ``KeyError``.
+    """
 
-class ProfileStoreLike(Protocol):
-    """What ``yard serve`` and ``yard probe`` need of a profile store:
-    :class:`SqliteProfileStore` (one machine) and
-    :class:`yard.cluster.profiles.PgProfileStore` (a cluster) both have it."""
-
-    async def key(self, backend: str) -> FootprintKey: ...
-
-    async def record(self, backend: str) -> StoredProfile | None: ...
-
-    async def get(self, backend: str) -> Profile | None: ...
-
-    async def put(self, backend: str, profile: Profile) -> None: ...
-
-    async def store(
+    def __init__(
         self,
-        backend: str,
-        profile: Profile,
+        db: Database,
+        config: ConfigLike,
         *,
-        steady_gpu_bytes: int | None = None,
-        steady_host_bytes: int | None = None,
-        source: str = "probe",
-    ) -> StoredProfile: ...
+        devices: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.time,
+        portable: Callable[[FootprintKey], FootprintKey] | None = None,
+        node: str | None = None,
+    ) -> None:
+        self._db = db
+        self._config = config
+        self._devices = dict(devices or {})
+        self._clock = clock
+        self._portable = portable
+        self._also: dict[str, object] = {} if node is None else {"node": node}
 
-    async def forget(self, backend: str) -> None: ...
+    @property
+    def db(self) -> Database:
+        return self._db
 
-    async def history(self, backend: str, limit: int = 50) -> list[StoredProfile]: ...
+    def use_config(self, config: ConfigLike) -> None:
+        """Read each backend's command from ``config`` from now on (``yard
+        reload``: backends added, changed or removed)."""
+        self._config = config
 
-    async def aclose(self) -> None: ...
+    async def key(self, backend: str) -> FootprintKey:
+        """The current footprint key of ``backend`` (``KeyError`` if unknown).
+        Blocking file checks run in a worker thread."""
+        config = self._config.backends[backend]
+        local = await trio.to_thread.run_sync(
+            lambda: footprint_key(
+                config,
+                config_dir=self._config.path.parent,
+                data_dir=self._config.server.data_dir,
+                devices=self._devices,
+            )
+        )
+        return local if self._portable is None else self._portable(local)
 
-
-class ProfileLookups(ABC):
-    """What every profile store does the same way on top of its own
-    :meth:`record` and :meth:`store` (SQLite here, PostgreSQL in a cluster)."""
-
-    @abstractmethod
     async def record(self, backend: str) -> StoredProfile | None:
         """The stored profile for the current footprint, with its details."""
-
-    @abstractmethod
-    async def store(
-        self,
-        backend: str,
-        profile: Profile,
-        *,
-        steady_gpu_bytes: int | None = None,
-        steady_host_bytes: int | None = None,
-        source: str = "probe",
-    ) -> StoredProfile:
-        """Store (replace) the profile for the current footprint."""
+        if backend not in self._config.backends:
+            return None
+        key = await self.key(backend)
+        row = await self._db.fetchone(
+            f"SELECT {_COLUMNS} FROM profiles WHERE key = ?", (key.digest,)
+        )
+        return None if row is None else _row(row)
 
     async def get(self, backend: str) -> Profile | None:
         record = await self.record(backend)
@@ -359,61 +373,6 @@ class ProfileLookups(ABC):
             source="measured" if previous is None else "raised",
         )
 
-
-class SqliteProfileStore(ProfileLookups):
-    """The profile store behind :class:`yard.ports.ProfileStore`.
-
-    ``db`` must have been opened with :data:`PROFILE_MIGRATIONS` (or use
-    :func:`open_profile_store`). ``config`` gives each backend's command,
-    files and devices; ``devices`` labels the GPUs (``meter.describe()``);
-    ``clock`` gives ``measured_at`` (wall-clock seconds).
-    Unknown backend names have no profile; storing one raises ``KeyError``.
-    """
-
-    def __init__(
-        self,
-        db: Database,
-        config: ConfigLike,
-        *,
-        devices: Mapping[str, str] | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._db = db
-        self._config = config
-        self._devices = dict(devices or {})
-        self._clock = clock
-
-    @property
-    def db(self) -> Database:
-        return self._db
-
-    def use_config(self, config: ConfigLike) -> None:
-        """Read each backend's command from ``config`` from now on (``yard
-        reload``: backends added, changed or removed)."""
-        self._config = config
-
-    async def key(self, backend: str) -> FootprintKey:
-        """The current footprint key of ``backend`` (``KeyError`` if unknown)."""
-        config = self._config.backends[backend]
-        return await trio.to_thread.run_sync(
-            lambda: footprint_key(
-                config,
-                config_dir=self._config.path.parent,
-                data_dir=self._config.server.data_dir,
-                devices=self._devices,
-            )
-        )
-
-    async def record(self, backend: str) -> StoredProfile | None:
-        """The stored profile for the current footprint, with its details."""
-        if backend not in self._config.backends:
-            return None
-        key = await self.key(backend)
-        row = await self._db.fetchone(
-            f"SELECT {_COLUMNS} FROM profiles WHERE key = ?", (key.digest,)
-        )
-        return None if row is None else _row(row)
-
     async def store(
         self,
         backend: str,
@@ -424,7 +383,8 @@ class SqliteProfileStore(ProfileLookups):
         source: str = "probe",
     ) -> StoredProfile:
         """Store (replace) the profile for the current footprint, with its
-        steady state, and append it to the history."""
+        steady state (for every node with the same footprint, in a cluster),
+        and append it to the history."""
         key = await self.key(backend)
         record = StoredProfile(
             backend=backend,
@@ -436,50 +396,52 @@ class SqliteProfileStore(ProfileLookups):
             measured_at=self._clock(),
             parts=key.parts,
         )
-        values = (
-            record.key,
-            backend,
-            json.dumps(key.parts, sort_keys=True),
-            profile.gpu_bytes,
-            profile.host_bytes,
-            profile.load_s,
-            steady_gpu_bytes,
-            steady_host_bytes,
-            source,
-            record.measured_at,
-            profile.context,
-            profile.gpu_per_token,
-            profile.host_per_token,
-            profile.parallel,
-            profile.gpu_per_slot,
-            profile.host_per_slot,
+        measured = dict(
+            zip(
+                _MEASURED.split(", "),
+                (
+                    profile.gpu_bytes,
+                    profile.host_bytes,
+                    profile.load_s,
+                    steady_gpu_bytes,
+                    steady_host_bytes,
+                    source,
+                    record.measured_at,
+                    profile.context,
+                    profile.gpu_per_token,
+                    profile.host_per_token,
+                    profile.parallel,
+                    profile.gpu_per_slot,
+                    profile.host_per_slot,
+                ),
+                strict=True,
+            )
         )
+        parts = json.dumps(key.parts, sort_keys=True)
+        row = {"key": record.key, "backend": backend, "parts": parts, **measured, **self._also}
+        # Storing again replaces every column but the key.
+        replace = ", ".join(f"{name} = excluded.{name}" for name in row if name != "key")
 
-        def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                f"INSERT OR REPLACE INTO profiles ({_COLUMNS}) VALUES ({_marks(len(values))})",
-                values,
-            )
-            conn.execute(
-                f"INSERT INTO profile_history (key, backend, {_MEASURED}) "
-                f"VALUES ({_marks(len(values) - 1)})",
-                (values[0], values[1], *values[3:]),
-            )
+        def write(tx: Tx) -> None:
+            insert(tx, "profiles", row, conflict=f"(key) DO UPDATE SET {replace}")
+            insert(tx, "profile_history", {k: v for k, v in row.items() if k != "parts"})
 
         await self._db.transaction(write)
         return record
 
     async def forget(self, backend: str) -> None:
-        """Drop the current footprint's profile (history stays)."""
+        """Drop the current footprint's profile (history stays): it is
+        measured again (on every node with this footprint, in a cluster)."""
         if backend not in self._config.backends:
             return
         key = await self.key(backend)
         await self._db.execute("DELETE FROM profiles WHERE key = ?", (key.digest,))
 
     async def history(self, backend: str, limit: int = 50) -> list[StoredProfile]:
-        """Every measurement stored for ``backend`` (any footprint), newest first."""
+        """Every measurement stored for ``backend`` (any footprint, any
+        node), newest first."""
         rows = await self._db.fetchall(
-            f"SELECT key, backend, '', {_MEASURED} FROM profile_history "
+            f"SELECT key, backend, NULL, {_MEASURED} FROM profile_history "
             "WHERE backend = ? ORDER BY id DESC LIMIT ?",
             (backend, limit),
         )
@@ -491,13 +453,13 @@ class SqliteProfileStore(ProfileLookups):
 
 async def open_profile_store(
     config: ConfigLike, *, devices: Mapping[str, str] | None = None
-) -> SqliteProfileStore:
+) -> Profiles:
     """Open (creating if needed) ``data_dir/profiles.sqlite`` as a store.
-    Close it with :meth:`SqliteProfileStore.aclose`."""
+    Close it with :meth:`Profiles.aclose`."""
     path = config.server.data_dir / PROFILES_FILE
     await trio.Path(path.parent).mkdir(parents=True, exist_ok=True)
-    db = await Database.open(path, PROFILE_MIGRATIONS)
-    return SqliteProfileStore(db, config, devices=devices)
+    db = await SqliteDatabase.open(path, PROFILE_MIGRATIONS)
+    return Profiles(db, config, devices=devices)
 
 
 class MemoryProfileStore:
