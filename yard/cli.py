@@ -28,6 +28,7 @@ COMMANDS: dict[str, Command] = {
     "status": Command("yard.status", "show a running yard in the terminal"),
     "jobs": Command("yard.jobs.cli", "list, inspect and cancel async jobs"),
     "key": Command("yard.keys", "make a new app key (yard key new APP)"),
+    "models": Command("yard.models_cli", "list a running yard's models: memory, context, state"),
     "init": Command("yard.init", "write a starter configuration for this machine"),
     "reload": Command("yard.app.reload_cli", "make the running yard read its configuration again"),
 }

@@ -131,6 +131,12 @@ async def test_yard_from_the_wheel_serves_a_folder_and_a_file_dropped_into_it(
                 await _wait_listed(c, "gamma")
                 assert await _chat(c, "gamma") == 200
                 took["third file"] = time.monotonic() - t1
+                listed = _run([str(venv / "bin" / "yard"), "models", "--url", str(c.base_url)],
+                              env, 60)  # fmt: skip
+                rows = {line.split()[0]: line for line in listed.splitlines()[1:]}
+                assert sorted(rows) == ["alpha", "beta", "gamma"]
+                # Each was loaded once: measured; the context is the file's (2,048 tokens).
+                assert all("(measured)" in row and "2048" in row for row in rows.values()), listed
                 assert proc.returncode is None  # the same yard throughout
     finally:
         with trio.CancelScope(shield=True):

@@ -49,6 +49,8 @@ class BackendView:
     slot count the server itself reported once ready (llama-server's
     ``/props``), else those yard chose. prior: the estimate read from its
     model file while it has no profile (None: measured, or no file).
+    context_range: the context sizes it may start with (min, max; None: no
+    range).
     """
 
     name: str
@@ -66,6 +68,7 @@ class BackendView:
     context: int | None = None
     parallel: int | None = None
     prior: Prior | None = None
+    context_range: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -257,6 +260,7 @@ def backend_view(b: Backend, profile: Profile | None) -> BackendView:
         context=(b.served_context or b.context) if b.state in OCCUPYING else None,
         parallel=b.parallel if b.state in OCCUPYING else None,
         prior=b.spec.prior if b.profile is None else None,
+        context_range=b.spec.context,
     )
 
 

@@ -177,8 +177,23 @@ def _backend_json(view: BackendView, now: float, models: Sequence[str]) -> Json:
         "profile": _profile_json(view),
         "last_load_s": view.last_load_s,
         "context": view.context,
+        "context_range": list(view.context_range) if view.context_range else None,
         "parallel": view.parallel,
+        "estimate": _estimate_json(view),
         "reason": view.reason,
+    }
+
+
+def _estimate_json(view: BackendView) -> Json | None:
+    """The memory read from its model file while it was never measured."""
+    if view.prior is None:
+        return None
+    p = view.prior.profile
+    return {
+        "gpu_bytes": p.gpu_bytes,
+        "host_bytes": p.host_bytes,
+        "at_context": p.context,
+        "source": view.prior.source,
     }
 
 
