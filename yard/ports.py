@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from yard.core.spec import Profile
 
@@ -74,6 +74,29 @@ class BackendProcess(Protocol):
     async def stop(self) -> ExitStatus:
         """SIGTERM to the process group, SIGKILL after the grace period;
         return once every process of the group is gone."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Took:
+    """What a server reports it took once ready (llama-server's ``/props``).
+
+    context: a slot's context (``default_generation_settings.n_ctx``).
+    slots: its slots (``total_slots``). None: not reported.
+    """
+
+    context: int | None = None
+    slots: int | None = None
+
+
+@runtime_checkable
+class TellsWhatItTook(Protocol):
+    """A :class:`BackendProcess` that reads back what the server took once
+    ready (the real supervisor's, for llama-server)."""
+
+    @property
+    def took(self) -> Took | None:
+        """What it reported (None: nothing, or not ready yet)."""
         ...
 
 

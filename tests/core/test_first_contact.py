@@ -17,6 +17,7 @@ from yard.core import (
     Prior,
     Profile,
     ProfileMeasured,
+    ProfileRaised,
     Reject,
     StartBackend,
     StopBackend,
@@ -178,3 +179,18 @@ def test_a_measured_profile_replaces_the_prior() -> None:
     )
     (view,) = h.s.snapshot(4).backends
     assert view.prior is None and view.profile is not None
+
+
+def test_a_profile_is_raised_only_for_a_meaningful_step() -> None:
+    """At least 2 % and 32 MiB above it: a host creeping by megabytes is not."""
+    h = Harness([BackendSpec(name="llm")], profiles={"llm": (0, 0.6, 1)})
+    h.load("llm", "r1")
+    creep = 0.6 + 30 / 1024  # 30 MiB above 0.6 GiB: under 32 MiB
+    assert of(ProfileRaised, h.memory("host", used_gib=2, at=1, llm=creep)) == []
+    assert of(Flag, [d for _, d in h.log]) == []
+    [raised] = of(ProfileRaised, h.memory("host", used_gib=2, at=2, llm=0.7))
+    assert raised.profile.host_bytes == int(0.7 * GIB)
+    big = Harness([BackendSpec(name="big")], profiles={"big": (0, 10, 1)})
+    big.load("big", "r1")
+    # 100 MiB above 10 GiB is 1 %: not a step
+    assert of(ProfileRaised, big.memory("host", used_gib=20, at=1, big=10 + 100 / 1024)) == []

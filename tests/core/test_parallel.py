@@ -173,10 +173,10 @@ def test_a_raise_keeps_the_reservation_at_the_running_settings() -> None:
     h.load("other", "r0")
     h.arrive("r1", "llm", at=1)  # (16384, 6): 7.75 GiB
     h.ready("llm", at=2)
-    h.memory("host", used_gib=16, at=3, other=8, llm=7.9)
+    h.memory("host", used_gib=16, at=3, other=8, llm=8.0)
     [dev] = [d for d in h.s.snapshot(3).devices if d.name == HOST]
-    # other's 8 GiB and llm's 7.9 GiB, not llm's need at (4096, 1) by the raised line
-    assert dev.committed_bytes == 8 * GIB + int(7.9 * GIB)
+    # other's 8 GiB and llm's 8.0 GiB, not llm's need at (4096, 1) by the raised line
+    assert dev.committed_bytes == 8 * GIB + int(8.0 * GIB)
 
 
 def test_yard_probe_measures_the_ends_of_the_path() -> None:

@@ -253,7 +253,7 @@ def memory(core: Core, ev: MemoryMeasured, now: float, out: list[Decision]) -> N
             # At the context and slot count it runs with (optional resources).
             figures = resources.at(b.profile, b.context, b.parallel)
             limit = figures.gpu_bytes if ev.device != HOST else figures.host_bytes
-            if nbytes > limit:
+            if failures.meaningfully_above(nbytes, limit):
                 above.append((b, nbytes, limit))
                 if b.overcommit is None:
                     b.overcommit = reasons.above_profile(nbytes, ev.device, limit)

@@ -35,8 +35,23 @@ counts as caused by that load (its peak may outlast the health check)."""
 RAISE_FACTOR = 1.10
 """A profile grows by at least this factor after a self-caused OOM."""
 
+RAISE_MIN_BYTES = 32 * 2**20
+RAISE_MIN_FRACTION = 0.02
+"""A live reading raises a profile only when it is above it by a meaningful
+step: at least this fraction of the profile's figure and at least
+``RAISE_MIN_BYTES``. A server's host memory creeps by kilobytes as it serves
+(allocator pages, caches): raising for each creep flooded the log with
+"0.6 GiB above its profile 0.6 GiB" every second or two, and changed no
+placement."""
+
 Occupants = Callable[[str], Iterable[Backend]]
 """The backends holding memory on a device."""
+
+
+def meaningfully_above(nbytes: int, limit: int) -> bool:
+    """Whether a reading of ``nbytes`` is above a profile's ``limit`` by a
+    meaningful step (:data:`RAISE_MIN_FRACTION` and :data:`RAISE_MIN_BYTES`)."""
+    return nbytes > limit + max(RAISE_MIN_BYTES, math.ceil(limit * RAISE_MIN_FRACTION))
 
 
 def self_caused(b: Backend, occupants: Occupants, now: float) -> str | None:

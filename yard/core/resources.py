@@ -288,7 +288,7 @@ def choose(
     """
     if spec.context is None and spec.parallel is None:
         return None
-    span = offered(spec)
+    span = capped = offered(spec)
     if span is not None and minimum:
         span = (span[0], span[0])
     context = context_of(span, profile, gpus)
@@ -306,8 +306,8 @@ def choose(
             context = grown[0]
             context_top = context == span[1]
             why.append(reasons.context_chosen(context, span))
-        if span[1] < spec.context[1]:
-            why.append(reasons.trained_cap(span[1], spec.context))
+        if capped is not None and capped[1] < spec.context[1]:
+            why.append(reasons.trained_cap(capped[1], spec.context))
     if spec.parallel is not None:
         assert parallel is not None
         more = grow_slots(spec.parallel, profile, gpus, margin, free, context)

@@ -26,7 +26,7 @@ from yard.core.events import (
 )
 from yard.engine.metering import Metering
 from yard.engine.records import BackendRecord
-from yard.ports import BackendProcess, BackendStartError, ExitStatus, Launcher
+from yard.ports import BackendProcess, BackendStartError, ExitStatus, Launcher, TellsWhatItTook
 
 log = logging.getLogger("yard.engine")
 
@@ -157,8 +157,20 @@ class Backends:
             self._started_failed(record, failure[0], failure[1] or status.oom)
             return
         record.ready = True
+        if record.measure:
+            await self._metering.last_sample(record)
         measured = self._metering.finish_measurement(record) if record.measure else None
-        self._send_event(BackendReady(backend=name))
+        # What the server itself took (llama-server's /props) is what yard
+        # reports; the memory profile stays at the context yard started it
+        # with (its -c: the cache is allocated at it even where a slot is capped).
+        took = process.took if isinstance(process, TellsWhatItTook) else None
+        self._send_event(
+            BackendReady(
+                backend=name,
+                context=took.context if took is not None else None,
+                slots=took.slots if took is not None else None,
+            )
+        )
         if measured is not None:
             self._spawn(self._metering.store_profile, name, measured)
         with trio.CancelScope() as record.scope:

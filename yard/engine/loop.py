@@ -100,6 +100,7 @@ class Engine:
         # None is no event: it wakes the loop to work out its next wake-up again.
         self._send, self._receive = trio.open_memory_channel[Event | None](math.inf)
         self._log: deque[LoggedDecision] = deque(maxlen=log_size)
+        self._raised_this_load: set[str | None] = set()
         # Each live feed with the decision types it takes (None: all).
         self._subscribers: list[
             tuple[trio.MemorySendChannel[LoggedDecision], tuple[type[Decision], ...] | None]
@@ -544,11 +545,17 @@ class Engine:
         log.info("flag: %s", decision.reason)
 
     def _apply_profile_raised(self, decision: ProfileRaised, now: float) -> None:
-        log.warning("profile raised: %s", decision.reason)
+        # One line per backend and load at INFO (a raise is yard learning, not
+        # a fault); the decision log keeps every one.
+        first = decision.backend not in self._raised_this_load
+        if decision.backend is not None:
+            self._raised_this_load.add(decision.backend)
+        log.log(logging.INFO if first else logging.DEBUG, "profile raised: %s", decision.reason)
         if decision.backend is not None:
             self._metering.raised(decision.backend, decision.profile)
 
     def _apply_start(self, decision: StartBackend, now: float) -> None:
+        self._raised_this_load.discard(decision.backend)
         if self._backends.start(decision, self._nursery):
             self._loads += 1
 

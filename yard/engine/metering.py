@@ -102,6 +102,13 @@ class Metering:
             track_peaks(record, readings)
             await trio.sleep(self.profile_interval_s)
 
+    async def last_sample(self, record: BackendRecord) -> None:
+        """One more reading into ``record``'s peaks, once it is ready: a load
+        shorter than a reading (a busy machine) must not be profiled at
+        nothing, as if the backend needed no memory."""
+        if self.meter is not None:
+            track_peaks(record, await self.read(self.pids()))
+
     def finish_measurement(self, record: BackendRecord) -> Profile:
         """Turn the peaks seen during a first load into a profile and tell the core."""
         load_s = trio.current_time() - record.launched_at

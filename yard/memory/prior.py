@@ -8,7 +8,11 @@ format) it is worked out from the header alone, nothing is loaded:
   llama-server's ``-ngl 99``) llama.cpp keeps the token embedding in host
   memory (its input layer), so that table is counted on the host, the rest on
   the GPU. On the CPU every tensor is read on every token: the mmap'd file's
-  pages are held like anonymous memory (:mod:`yard.memory.host`).
+  pages are held like anonymous memory (:mod:`yard.memory.host`); where the
+  CPU backend repacks the weights for its kernels (Intel AMX, seen in
+  llama-server's log as an ``AMX model buffer`` as large as the model) they are
+  held twice, the copy and the file pages it was read from
+  (:func:`cpu_repacks`).
 - **KV cache**: ``layers x KV heads x (key width x K-type bytes + value width x
   V-type bytes)`` per token of context, the types from the command's
   ``-ctk``/``-ctv`` (``--cache-type-k``/``--cache-type-v``; ``f16`` by default;
@@ -62,6 +66,7 @@ __all__ = [
     "Estimate",
     "ModelFile",
     "ServerSettings",
+    "cpu_repacks",
     "estimate",
     "model_path",
     "prior",
@@ -92,10 +97,11 @@ CACHE_TYPES: dict[str, float] = {
 CONTEXT_PAD = 256
 """llama.cpp pads the KV cache to this many cells."""
 
-HOST_BASE = 96 * MIB
-"""Host memory of the server process beyond its buffers: code, libraries,
-tokenizer, HTTP server, slot state (a CPU llama-server with a 5 MB model holds
-about 80 MiB)."""
+HOST_BASE = 24 * MIB
+"""Host memory of the server process beyond its buffers: code and libraries
+(file-backed, held), tokenizer, HTTP server, slot state (a CPU llama-server
+with a 60 MB model at 2,048 tokens held 17 MiB beyond its weights, cache and
+compute buffer)."""
 
 GPU_BASE = 512 * MIB
 """A CUDA context on the GPU (518 MiB measured on an H200 with NVML); added to
@@ -155,6 +161,8 @@ class ServerSettings:
     flash_attn: ``-fa`` on or off (None: llama.cpp's ``auto``, which turns it on
         where the device supports it: counted as on).
     mmap: False with ``--no-mmap`` (the weights are read into anonymous memory).
+    repack: the CPU backend copies the weights into a buffer of its own
+        (:func:`cpu_repacks`); counted for a host-only backend.
     """
 
     cache_k: str = "f16"
@@ -162,6 +170,7 @@ class ServerSettings:
     ubatch: int = 512
     flash_attn: bool | None = None
     mmap: bool = True
+    repack: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -302,6 +311,20 @@ def server_settings(argv: Sequence[str]) -> ServerSettings:
     )
 
 
+def cpu_repacks(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether llama.cpp's CPU backend copies a model's weights into a buffer
+    of its own on this machine: Intel AMX (``amx_int8`` among the CPU's
+    flags), whose buffer takes every matrix it can multiply. False where it
+    cannot tell (no ``/proc``)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(
+        line.startswith("flags") and "amx_int8" in line.split() for line in text.splitlines()
+    )
+
+
 def _padded(context: int) -> int:
     return -(-context // CONTEXT_PAD) * CONTEXT_PAD
 
@@ -350,7 +373,8 @@ def estimate(
         host = model.input_bytes + GPU_HOST_BASE
     else:
         gpu = 0
-        host = model.tensor_bytes + kv + compute + HOST_BASE
+        copies = 2 if s.repack else 1
+        host = model.tensor_bytes * copies + kv + compute + HOST_BASE
     return Estimate(
         context=context,
         gpu_bytes=gpu,
@@ -420,7 +444,10 @@ def prior_for(
         model = read_model_file(path)
     except OSError:
         return None
-    return prior(model, settings=server_settings(argv), on_gpu=on_gpu)
+    settings = server_settings(argv)
+    if not on_gpu:
+        settings = dataclasses.replace(settings, repack=cpu_repacks())
+    return prior(model, settings=settings, on_gpu=on_gpu)
 
 
 def with_priors(config: Config, specs: Sequence[BackendSpec]) -> list[BackendSpec]:

@@ -23,7 +23,14 @@ from yard.core.decisions import (
     StopBackend,
 )
 from yard.engine import Engine, LoggedDecision
-from yard.ports import BackendProcess, BackendStartError, ExitStatus, Launcher
+from yard.ports import (
+    BackendProcess,
+    BackendStartError,
+    ExitStatus,
+    Launcher,
+    TellsWhatItTook,
+    Took,
+)
 
 log = logging.getLogger("yard.serve")
 
@@ -77,14 +84,23 @@ class _LoggedProcess:
     def pid(self) -> int | None:
         return self._process.pid
 
+    @property
+    def took(self) -> Took | None:
+        p = self._process
+        return p.took if isinstance(p, TellsWhatItTook) else None
+
     async def wait_ready(self) -> None:
         try:
             await self._process.wait_ready()
         except BackendStartError as exc:
             log.warning("%s failed to start: %s", self.name, exc.detail)
             raise
-        took = trio.current_time() - self._launched_at
-        log.info("%s is ready (%.1f s after launch, %s)", self.name, took, self.base_url)
+        load_s = trio.current_time() - self._launched_at
+        told = self.took
+        took = ""
+        if told is not None:
+            took = f", the server took context {told.context} and {told.slots} slot(s)"
+        log.info("%s is ready (%.1f s after launch, %s%s)", self.name, load_s, self.base_url, took)
 
     async def wait_exit(self) -> ExitStatus:
         # The engine waits here only while it has not asked for a stop (it

@@ -26,7 +26,7 @@ import trio
 
 from yard.config import BackendConfig
 from yard.memory.warmup import FillProgress
-from yard.ports import BackendStartError, ExitStatus
+from yard.ports import BackendStartError, ExitStatus, Took
 from yard.supervisor.groups import (
     alive,
     descendants,
@@ -42,6 +42,7 @@ from yard.supervisor.readiness import (
     WarmupFailed,
     fill_context,
     poll_health,
+    read_took,
     warm_up,
 )
 
@@ -151,6 +152,11 @@ class ManagedProcess:
         self.warmup: FillProgress | None = None
         """How far the context fill of a measured load is (None: none runs)."""
         self._ready = False
+        self._took: Took | None = None
+        # an out-of-memory line logged before it is ready: a server that
+        # reports it and stays up (llama-server answering 503) is failed at once
+        self._oom_line: str | None = None
+        self._oom_seen = trio.Event()
         self._sent_sigkill = False
         self._stop_requested = False
         self._status: ExitStatus | None = None
@@ -176,6 +182,12 @@ class ManagedProcess:
     @property
     def ready(self) -> bool:
         return self._ready
+
+    @property
+    def took(self) -> Took | None:
+        """What the server reported taking once ready (llama-server's
+        ``/props``; None: nothing, or another server)."""
+        return self._took
 
     @property
     def exit_status(self) -> ExitStatus | None:
@@ -209,7 +221,14 @@ class ManagedProcess:
                 await self._process.wait()
                 nursery.cancel_scope.cancel()
 
+            async def watch_oom() -> None:
+                nonlocal failure
+                await self._oom_seen.wait()
+                failure = f"{self.name} ran out of memory while starting: {self._oom_line}"
+                nursery.cancel_scope.cancel()
+
             nursery.start_soon(watch_exit)
+            nursery.start_soon(watch_oom)
             try:
                 await poll_health(self.base_url, self.config.health_path)
                 await warm_up(self.name, self.base_url, self.config.warmup)
@@ -217,10 +236,25 @@ class ManagedProcess:
                     await fill_context(
                         self.config, self.base_url, self._process, self.note, self._warming
                     )
+                # llama-server's /props (any server may have one; others 404)
+                self._took = await read_took(self.base_url)
                 self._ready = True
             except WarmupFailed as exc:
                 failure = str(exc)
             nursery.cancel_scope.cancel()
+        if self._oom_line is not None and not self._ready:
+            # It said so. Most servers exit next (their exit status tells);
+            # one that stays up (health 503) is not waited for until its
+            # start-up timeout: the caller stops it.
+            with trio.move_on_after(EXIT_CHECK_S):
+                await self._process.wait()
+            if self._process.poll() is not None:
+                status = await self.wait_exit()
+                raise BackendStartError(
+                    f"{self.name} exited before it was ready: {status.detail}", oom=True
+                )
+            self.note("[yard] out of memory reported while starting and still up; stopping it")
+            raise BackendStartError(failure or f"{self.name}: {self._oom_line}", oom=True)
         if failure is not None:
             # A warm-up that broke off is usually a backend that died under it.
             with trio.move_on_after(EXIT_CHECK_S):
@@ -286,7 +320,12 @@ class ManagedProcess:
                     # A progress bar without newlines must not grow without end.
                     lines.append(buffer)
                     buffer = b""
-                self._ring.extend(line.decode(errors="replace").rstrip("\r") for line in lines)
+                text = [line.decode(errors="replace").rstrip("\r") for line in lines]
+                self._ring.extend(text)
+                if not self._ready and self._oom_line is None:
+                    self._oom_line = next((t for t in text if looks_like_oom([t])), None)
+                    if self._oom_line is not None:
+                        self._oom_seen.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:

@@ -20,6 +20,7 @@ import trio
 
 from yard.config import BackendConfig, WarmupConfig
 from yard.memory.warmup import FillProgress, fill_llama_context, looks_like_llama_server
+from yard.ports import Took
 
 HEALTH_POLL_S = 0.1
 """Pause between two health checks."""
@@ -29,6 +30,38 @@ HEALTH_ATTEMPT_S = 2.0
 
 EXIT_CHECK_S = 1.0
 """After a failed step, how long to wait to see whether the process died under it."""
+
+
+PROPS_WAIT_S = 2.0
+"""Longest the read-back of ``/props`` may take once a backend is ready."""
+
+
+async def read_took(base_url: str) -> Took | None:
+    """What a llama-server took (``GET /props``: a slot's ``n_ctx``,
+    ``total_slots``), None where the server has no such page or it says
+    nothing usable (another server, an old llama-server)."""
+    with trio.move_on_after(PROPS_WAIT_S):
+        try:
+            async with httpx.AsyncClient(
+                base_url=base_url, trust_env=False, timeout=httpx.Timeout(PROPS_WAIT_S)
+            ) as client:
+                response = await client.get("/props")
+            if response.status_code != 200:
+                return None
+            props = response.json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        if not isinstance(props, dict):
+            return None
+        settings = props.get("default_generation_settings")
+        n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+        slots = props.get("total_slots")
+        took = Took(
+            context=n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None,
+            slots=slots if isinstance(slots, int) and slots > 0 else None,
+        )
+        return took if took.context is not None or took.slots is not None else None
+    return None
 
 
 class WarmupFailed(Exception):

@@ -41,6 +41,13 @@ Switches (sizes accept ``"512MiB"`` etc.):
 - ``--ignore-sigterm``: ignore SIGTERM (only SIGKILL stops it).
 - ``--child``: start a child process that sleeps forever in the same process
   group (to test that the whole group is stopped).
+- ``--gpu-file PATH --model-file GGUF --context N [--parallel P] [--skew F]``:
+  a llama-server on a busy card: while loading, take from the shared fake GPU
+  (:mod:`yard.testing.gpu`) what the model's estimate gives at ``N`` tokens,
+  times ``F``; where that does not fit, print llama.cpp's out-of-memory lines
+  and exit 1 (``--oom-stays-up``: stay up, health answering 503, as a server
+  that survives its failed context may). ``GET /props`` answers a slot's
+  context (capped at the model's trained one) and the slots.
 
 It prints ``listening on http://HOST:PORT`` on stdout once bound, and
 ``ready`` once loaded.
@@ -123,6 +130,12 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--child", action="store_true")
     p.add_argument("--embedding-dim", type=int, default=8)
+    p.add_argument("--gpu-file", default=None)
+    p.add_argument("--model-file", default=None)
+    p.add_argument("--context", type=int, default=None)
+    p.add_argument("--parallel", type=int, default=1)
+    p.add_argument("--skew", type=float, default=1.0)
+    p.add_argument("--oom-stays-up", action="store_true")
     ns = p.parse_args(list(argv))
     values = {k: v for k, v in vars(ns).items() if v is not None}
     return Options(answer="openai", record=False, **values)

@@ -12,6 +12,8 @@ What it answers is chosen by the request:
 
 - ``GET /health``: 200 ``{"status": "ok"}``; 503 ``Loading model`` while
   loading (as llama-server does); 500 forever with ``fail_health``.
+- ``GET /props``: llama-server's context and slots with ``gpu_file``
+  (:meth:`FakeBackend.props`), else 404 as other servers.
 - ``/status/NNN``: status NNN with a small JSON body.
 - ``/cut-before``: closes the connection without answering.
 - ``/cut-after``: the head and one chunk, then closes.
@@ -56,6 +58,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qs, urlsplit
 
@@ -114,6 +117,12 @@ class Options:
     ignore_sigterm: bool = False
     child: bool = False
     embedding_dim: int = 8
+    gpu_file: str | None = None
+    model_file: str | None = None
+    context: int | None = None
+    parallel: int = 1
+    skew: float = 1.0
+    oom_stays_up: bool = False
 
 
 @dataclass(slots=True)
@@ -180,6 +189,7 @@ class FakeBackend:
         self.served = 0  # API requests answered
         self.held: list[bytearray] = []
         self.grown = False
+        self.trained_context: int | None = None
 
     @property
     def answer(self) -> Answer:
@@ -208,11 +218,49 @@ class FakeBackend:
         t0 = trio.current_time()
         if self.options.memory:
             self.held.append(await trio.to_thread.run_sync(touch, self.options.memory))
+        if self.options.gpu_file is not None and not self._allocate_on_gpu():
+            if self.options.oom_stays_up:
+                await trio.sleep_forever()  # health stays 503, as llama-server's may
+            os._exit(1)
         await trio.sleep_until(t0 + self.options.load_time)
         if self.options.oom and self.options.crash_after is None:
             self.die(oom=True)
         self.ready = True
         print("ready", flush=True)
+
+    def _allocate_on_gpu(self) -> bool:
+        """Take what llama-server would at ``context`` from the shared fake
+        card (:mod:`yard.testing.gpu`): the estimate from ``model_file``
+        (:func:`yard.memory.prior.estimate`) times ``skew`` (a real server
+        may need more than the estimate). False, after llama.cpp's own
+        out-of-memory lines on stderr, when it does not fit."""
+        from yard.memory.prior import estimate, read_model_file
+        from yard.testing.gpu import CudaOutOfMemory, SharedGpu, llama_oom_lines
+
+        o = self.options
+        assert o.gpu_file is not None and o.model_file is not None
+        model = read_model_file(Path(o.model_file))
+        self.trained_context = model.trained_context
+        need = estimate(model, o.context, on_gpu=True).gpu_bytes
+        wanted = int(need * o.skew)
+        try:
+            SharedGpu(Path(o.gpu_file)).allocate(os.getpid(), wanted)
+        except CudaOutOfMemory:
+            for line in llama_oom_lines(wanted, o.model_file):
+                print(line, file=sys.stderr, flush=True)
+            return False
+        return True
+
+    def props(self) -> dict[str, object]:
+        """llama-server's ``/props``: a slot's context (capped at the trained
+        one) and the slots."""
+        context = self.options.context or 4096
+        if self.trained_context is not None:
+            context = min(context, self.trained_context)
+        return {
+            "default_generation_settings": {"n_ctx": context},
+            "total_slots": self.options.parallel,
+        }
 
     def die(self, *, oom: bool) -> None:
         """Exit abruptly, as a crash (code 3) or a GPU out-of-memory (code 1)."""
@@ -313,6 +361,12 @@ class FakeBackend:
                 await self.send_json(stream, conn, 503, _error("Loading model", code=503))
             else:
                 await self.send_json(stream, conn, 200, {"status": "ok"})
+        elif path == "/props":
+            # llama-server's page; other servers have none (yard asks every one)
+            if self.options.gpu_file is not None:
+                await self.send_json(stream, conn, 200, self.props())
+            else:
+                await self.send_json(stream, conn, 404, _error("File Not Found", code=404))
         elif path.startswith("/status/"):
             status = int(path.rsplit("/", 1)[1])
             await self.send_json(stream, conn, status, {"backend_status": status})
