@@ -11,6 +11,14 @@ Rules this module keeps:
 - Bodies are bytes and go through unchanged, in both directions.
 - It never retries. A pooled keep-alive connection is checked before it is
   reused (a closed one is dropped), so that a request is written at most once.
+- A pooled connection is not reused once it has been idle for half the
+  keep-alive timeout the backend announced (``Keep-Alive: timeout=5`` from
+  llama.cpp's server), or :data:`DEFAULT_IDLE_S` when it announced none: a
+  request written just as the backend's timer closes the connection is lost
+  (the server closes with the request unread, the kernel answers RST) and
+  its client would get a 502 "connection broke", although the backend is
+  healthy. The check above cannot see a close that has not happened yet; the
+  age can. A new connection costs about 0.1 ms on loopback.
 - Responses are read with :class:`yard.h1.wire.ClientConnection`, the same
   sans-I/O HTTP/1.1 code as the server side (h11 cost a third of the proxy's
   time per request). What a backend sends that could not go on to a client
@@ -54,6 +62,10 @@ HOP_BY_HOP = frozenset(
 _READ_SIZE = 65536
 _JOIN_LIMIT = 256 * 1024
 _MAX_IDLE_PER_HOST = 128
+
+DEFAULT_IDLE_S = 2.0
+"""How long a pooled connection may stay idle and still be reused when the
+backend did not say how long it keeps one (uvicorn and Node keep 5 s)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,13 +157,20 @@ class _Connection:
     """One HTTP/1.1 connection to a backend: a trio socket stream and the
     state of its responses."""
 
-    __slots__ = ("stream", "wire")
+    __slots__ = ("idle_since", "keep_s", "stream", "wire")
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
         self.wire = wire.ClientConnection(max_head=_HEAD_LIMIT)
+        # Set when it goes back to the pool: since when, and for how long it
+        # may be reused.
+        self.idle_since = 0.0
+        self.keep_s = DEFAULT_IDLE_S
 
-    def is_reusable(self) -> bool:
+    def is_reusable(self, now: float) -> bool:
+        # Too old: the backend may be closing it right now (see the module).
+        if now - self.idle_since >= self.keep_s:
+            return False
         # A keep-alive connection the server closed (idle timeout, restart)
         # reads as "readable" (EOF); one with stray bytes is unusable too.
         return self.wire.reusable and not self.stream.socket.is_readable()
@@ -180,9 +199,10 @@ class UpstreamPool:
 
     async def _acquire(self, origin: _Origin) -> _Connection:
         idle = self._idle.get((origin.host, origin.port))
+        now = trio.current_time()
         while idle:
             conn = idle.pop()
-            if conn.is_reusable():
+            if conn.is_reusable(now):
                 return conn
             conn.stream.socket.close()
         try:
@@ -193,9 +213,11 @@ class UpstreamPool:
             ) from exc
         return _Connection(stream)
 
-    def _release(self, origin: _Origin, conn: _Connection) -> None:
+    def _release(self, origin: _Origin, conn: _Connection, headers: Headers) -> None:
         idle = self._idle.setdefault((origin.host, origin.port), [])
         if len(idle) < self._max_idle:
+            conn.idle_since = trio.current_time()
+            conn.keep_s = keep_alive_s(headers)
             idle.append(conn)
         else:
             conn.stream.socket.close()
@@ -245,9 +267,28 @@ class UpstreamPool:
             yield response
         finally:
             if response is not None and response.complete and conn.wire.reusable:
-                self._release(origin, conn)
+                self._release(origin, conn, response.headers)
             else:
                 conn.stream.socket.close()
+
+
+def keep_alive_s(headers: Headers) -> float:
+    """How long a connection may be reused after a response with ``headers``:
+    half the ``Keep-Alive: timeout=N`` the backend sent, else
+    :data:`DEFAULT_IDLE_S`."""
+    for name, value in headers:
+        if name.lower() != b"keep-alive":
+            continue
+        for part in value.split(b","):
+            key, _, number = part.strip().partition(b"=")
+            if key.strip().lower() == b"timeout":
+                try:
+                    seconds = float(number.strip())
+                except ValueError:
+                    break
+                if seconds >= 0:
+                    return min(seconds, 3600.0) / 2
+    return DEFAULT_IDLE_S
 
 
 _HEAD_LIMIT = 64 * 1024
