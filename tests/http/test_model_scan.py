@@ -263,3 +263,11 @@ def test_a_multipart_model_field_is_looked_for_among_the_first_100_parts() -> No
         model_of("POST", ctype, form(100))
     assert caught.value.code == "model_required"
     assert "first 100 parts" in caught.value.message
+
+
+def test_an_empty_multipart_model_field_is_a_model_required_400() -> None:
+    # It was routed as the model "" and answered 404 model_not_found.
+    body = b'--b\r\ncontent-disposition: form-data; name="model"\r\n\r\n \r\n--b--\r\n'
+    with pytest.raises(ApiError) as caught:
+        model_of("POST", b"multipart/form-data; boundary=b", body)
+    assert (caught.value.status, caught.value.code) == (400, "model_required")

@@ -21,6 +21,7 @@ from quart import Blueprint, Response, request
 from werkzeug.datastructures import Headers
 
 from yard.announce.service import AnnouncementNotFound, Announcements, BadAnnouncement
+from yard.api.body import json_object
 from yard.app.runtime import current_runtime
 from yard.config import AppConfig
 from yard.h1.errors import ApiError, error_body, error_headers
@@ -84,11 +85,10 @@ async def create() -> Response:
             "invalid_request",
             "announcements are made by an app: use the app's API key, not the admin key",
         )
-    raw = await request.get_data(as_text=False)
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep
-        raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
+    body = json_object(
+        await request.get_data(as_text=False),
+        expected="model, not_before or start_after, start_by or window_s, count, priority",
+    )
     record = await service.create(app, body)
     return _json(service.describe(record), 201)
 

@@ -20,6 +20,7 @@ import re
 
 from quart import Blueprint, Response, request
 
+from yard.api.body import json_object
 from yard.app.runtime import current_runtime
 from yard.batches.service import Batches
 from yard.batches.validate import BadRequest
@@ -178,17 +179,10 @@ async def delete_file(file_id: str) -> dict[str, object]:
 @batches.post("", strict_slashes=False)
 async def create_batch() -> tuple[dict[str, object], int]:
     service, app = _app_only()
-    raw = await request.get_data(as_text=False)
-    try:
-        payload = json.loads(raw)
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep
-        payload = None
-    if not isinstance(payload, dict):
-        raise BadRequest(
-            400,
-            "invalid_request",
-            "send a JSON object: input_file_id, endpoint, completion_window (and metadata)",
-        )
+    payload = json_object(
+        await request.get_data(as_text=False),
+        expected="input_file_id, endpoint, completion_window (and metadata)",
+    )
     prefer = request.headers.get("prefer", "")
     tokens = {t.strip().split("=")[0].lower() for t in prefer.replace(";", ",").split(",")}
     batch = await service.create(

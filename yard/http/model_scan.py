@@ -31,6 +31,7 @@ from collections.abc import Generator
 from typing import TypeVar
 from urllib.parse import unquote
 
+from yard.api.body import parse_json
 from yard.h1.errors import ApiError
 
 _DISPOSITION_NAME = re.compile(rb'(?:^|;)\s*name="([^"]*)"', re.IGNORECASE)
@@ -349,7 +350,10 @@ def model_steps(method: str, content_type: bytes | None, body: bytes) -> Steps[s
                 "model_required",
                 f"the form has no 'model' field (among its first {_MAX_PARTS} parts)",
             )
-        return raw.decode("utf-8", "replace").strip()
+        named = raw.decode("utf-8", "replace").strip()
+        if not named:
+            raise ApiError(400, "model_required", "the form's 'model' field is empty")
+        return named
     if ctype.startswith(b"application/x-www-form-urlencoded"):
         first = yield from _skip_ws(body, 0)
         # (A JSON body under the form type is what `curl -d '{...}'` sends.)
@@ -366,14 +370,7 @@ def model_steps(method: str, content_type: bytes | None, body: bytes) -> Steps[s
         )
     if len(body) > INLINE_LIMIT:
         return (yield from _json_model_steps(body))
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ApiError(
-            400, "invalid_json", "the JSON body is nested too deeply for yard to read"
-        ) from None
+    data = parse_json(body)
     model = data.get("model") if isinstance(data, dict) else None
     if not isinstance(model, str) or not model:
         raise _no_model()
