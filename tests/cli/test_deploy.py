@@ -15,7 +15,7 @@ DEPLOY = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
 
 
 def _unit() -> str:
-    blocks = re.findall(r"```ini\n(.*?)```", DEPLOY.read_text(), re.DOTALL)
+    blocks: list[str] = re.findall(r"```ini\n(.*?)```", DEPLOY.read_text(), re.DOTALL)
     [unit] = [b for b in blocks if "/etc/systemd/system/yard.service" in b]
     return unit
 
