@@ -209,4 +209,14 @@ def _keep_restart_only(old: Config, new: Config) -> tuple[Config, list[str]]:
         if getattr(new, section) != getattr(old, section):
             warnings.append(f"[{section}]: changed; it takes a restart of yard")
             kept = dataclasses.replace(kept, **{section: getattr(old, section)})
+    # The engine and the core hold these per app from the start.
+    unset = {"max_queued": None, "max_concurrent": None, "weight": 1.0}
+    for name, app in new.apps.items():
+        before = old.apps.get(name)
+        for key, default in unset.items():
+            if getattr(app, key) != (getattr(before, key) if before else default):
+                warnings.append(
+                    f"apps.{name}.{key}: changed; the new value takes a restart of yard "
+                    "(the key and the models apply now)"
+                )
     return kept, sorted(set(warnings))

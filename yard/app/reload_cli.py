@@ -57,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
             # Invalid: the running yard says why (and keeps its configuration);
             # its data directory is read from the file as written.
             data_dir = _data_dir_as_written(path)
+    if data_dir is None and path is None:
+        # yard serve --models DIR without a file keeps its data here.
+        base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        data_dir = Path(base) / "yard"
     if data_dir is None:
         print(
             "yard reload: cannot tell the running yard's data directory; give --config FILE "
