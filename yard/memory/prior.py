@@ -386,26 +386,34 @@ def estimate(
 
 
 def prior(
-    model: ModelFile, *, settings: ServerSettings | None = None, on_gpu: bool = False
+    model: ModelFile,
+    *,
+    settings: ServerSettings | None = None,
+    on_gpu: bool = False,
+    unified: bool = False,
 ) -> Prior:
     """The core's record of ``model``'s estimate: the figures at the trained
     context (or 4,096 tokens) as a line in the context, the trained context,
-    and the sentence reasons quote."""
+    and the sentence reasons quote. ``unified``: the GPU's memory is the
+    host's (Apple silicon: its meter shows a backend's whole footprint on
+    both), so a GPU backend's host figure is its GPU figure."""
     s = settings or ServerSettings()
     if not model.gguf:
         at = estimate(model, None, settings=s, on_gpu=on_gpu)
-        figures = Profile(gpu_bytes=at.gpu_bytes, host_bytes=at.host_bytes, load_s=0.0)
+        host = at.gpu_bytes if unified and on_gpu else at.host_bytes
+        figures = Profile(gpu_bytes=at.gpu_bytes, host_bytes=host, load_s=0.0)
         return Prior(profile=figures, trained_context=None, source="the model file's size")
     anchor = model.trained_context or 4096
     here = estimate(model, anchor, settings=s, on_gpu=on_gpu)
     per_token = model.kv_bytes_per_token(s.cache_k, s.cache_v) + _compute_per_token(model, s)
+    shared = unified and on_gpu
     figures = Profile(
         gpu_bytes=here.gpu_bytes,
-        host_bytes=here.host_bytes,
+        host_bytes=here.gpu_bytes if shared else here.host_bytes,
         load_s=0.0,
         context=_padded(anchor),
         gpu_per_token=per_token if on_gpu else 0.0,
-        host_per_token=0.0 if on_gpu else per_token,
+        host_per_token=per_token if shared or not on_gpu else 0.0,
     )
     return Prior(profile=figures, trained_context=model.trained_context, source="the model file")
 
@@ -432,11 +440,18 @@ def model_path(argv: Sequence[str], model_file: Path | None, cwd: Path | None) -
 
 
 def prior_for(
-    argv: Sequence[str], model_file: Path | None, cwd: Path | None, *, on_gpu: bool
+    argv: Sequence[str],
+    model_file: Path | None,
+    cwd: Path | None,
+    *,
+    on_gpu: bool,
+    unified: bool | None = None,
 ) -> Prior | None:
     """The prior of a backend from its command line and ``model_file`` (None: no
-    model file is found; blocking: it reads the file's header). Raises
-    ``ValueError`` for a cache type llama.cpp does not know."""
+    model file is found; blocking: it reads the file's header). ``unified``:
+    see :func:`prior` (None: on macOS, where yard meters Apple silicon's
+    unified memory). Raises ``ValueError`` for a cache type llama.cpp does not
+    know."""
     path = model_path(argv, model_file, cwd)
     if path is None:
         return None
@@ -447,7 +462,9 @@ def prior_for(
     settings = server_settings(argv)
     if not on_gpu:
         settings = dataclasses.replace(settings, repack=cpu_repacks())
-    return prior(model, settings=settings, on_gpu=on_gpu)
+    if unified is None:
+        unified = sys.platform == "darwin"
+    return prior(model, settings=settings, on_gpu=on_gpu, unified=unified)
 
 
 def with_priors(config: Config, specs: Sequence[BackendSpec]) -> list[BackendSpec]:
