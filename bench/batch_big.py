@@ -124,7 +124,7 @@ async def _run(args: argparse.Namespace, steps: _Steps) -> dict[str, float]:
         content = _input(args.lines)
         async with trio.open_nursery() as nursery:
             runtime = await nursery.start(serve, config)
-            batches = runtime.batches
+            batches = runtime.parts.batches
             assert isinstance(batches, Batches)
             app = config.apps["bench"]
             source = await batches.upload(

@@ -17,8 +17,7 @@ from typing import Any, cast
 
 import trio
 
-from yard.app.runtime import Runtime
-from yard.app.web import create_app, serve_app
+from yard.app.web import Parts, create_app, serve_app
 from yard.config import BackendConfig, Config, ServerConfig
 from yard.core.spec import SchedulerConfig
 from yard.engine import Assignment, Engine
@@ -74,9 +73,9 @@ async def _serve(upstream: str, host: str, port: int) -> None:
             "bench": BackendConfig(name="bench", models=("bench",), command=("true",), api="openai")
         },
     )
-    runtime = Runtime(config=config, engine=cast(Engine, _ImmediateEngine(upstream)))
+    parts = Parts(config=config, engine=cast(Engine, _ImmediateEngine(upstream)))
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(serve_app, create_app(runtime), host, port)
+        binds = await nursery.start(serve_app, create_app(parts), host, port)
         print(f"listening on {binds[0]}", flush=True)
 
 

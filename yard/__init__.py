@@ -17,11 +17,15 @@ The rooms, from the inside out:
   ``process``, ``readiness``, ``groups``, ``pidfiles``).
 - ``yard.memory``: meters (``nvml``, ``drm``, ``apple``, ``host``; ``gpus``:
   which GPU is which), profiles, first-load measurement, ``yard probe``.
-- ``yard.h1.upstream``: the HTTP client that sends requests to backends.
-- ``yard.http``: yard's HTTP/1.1 server (``server``, ``connection``,
-  ``exchange``, ``wire``, ``sockio``, ``limits``), the browser ``guard``, the
-  data plane (``gateway``, ``intake``), the whole ``app`` with its Quart
-  control plane, ``runtime``, ``errors``, ``openapi``.
+- ``yard.h1``: the HTTP/1.1 library: the server (``server``, ``connection``,
+  ``exchange``, ``wire``, ``sockio``, ``limits``) and the client that sends
+  requests to backends (``upstream``).
+- ``yard.api``: what every API shares (``intake``: keys, priorities,
+  deadlines; ``errors``: a refusal answered).
+- ``yard.http``: the data plane (``gateway``, ``reader``, ``model_scan``) and
+  the browser ``guard``.
+- ``yard.app``: the composition root: ``serve`` builds every part and hands
+  each its services; ``web`` is the whole ASGI app; ``openapi``.
 - ``yard.jobs``: durable async jobs; ``yard.batches``: the OpenAI Batch API
   on them; ``yard.announce``: work announced ahead; ``yard.db``: the database
   interface every store is written against, and SQLite.

@@ -49,7 +49,7 @@ async def test_a_request_in_an_announced_window_finds_its_backend_ready(tmp_path
         ):
 
             def state() -> str:
-                backends = runtime.engine.snapshot(limit=0).backends
+                backends = runtime.parts.engine.snapshot(limit=0).backends
                 return next(b.state for b in backends if b.name == "news")
 
             # Without an announcement: the request waits for the load (the

@@ -19,8 +19,7 @@ from tests.jobs.fakes import EPOCH, wall
 from yard.announce.metrics import AnnouncementCollector
 from yard.announce.service import AnnouncementNotFound, Announcements, BadAnnouncement, Limits
 from yard.announce.store import AnnouncementStore, Status
-from yard.app.runtime import Runtime
-from yard.app.web import create_control_app
+from yard.app.web import Parts, create_control_app
 from yard.config import AppConfig, BackendConfig, Config, JobsConfig, ServerConfig
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
@@ -56,12 +55,12 @@ def iso(t: float) -> str:
 
 class Yard:
     def __init__(
-        self, engine: Engine, service: Announcements, launcher: FakeLauncher, runtime: Runtime
+        self, engine: Engine, service: Announcements, launcher: FakeLauncher, parts: Parts
     ) -> None:
         self.engine = engine
         self.service = service
         self.launcher = launcher
-        self.runtime = runtime
+        self.parts = parts
 
 
 class SlowStore(AnnouncementStore):
@@ -99,10 +98,10 @@ async def yard(
             wall=wall,
             keep_ended_per_app=keep_ended_per_app,
         )
-        runtime = Runtime(config=config(), engine=engine, announcements=service)
+        parts = Parts(config=config(), engine=engine, announcements=service)
         try:
             await nursery.start(service.run)
-            yield Yard(engine, service, launcher, runtime)
+            yield Yard(engine, service, launcher, parts)
             nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
@@ -136,7 +135,7 @@ async def test_an_unused_announcement_expires_at_its_windows_end_and_is_counted(
         assert record.status == "expired"
         assert record.ended_at == EPOCH + 60
         assert y.service.counts() == {("radio", "expired"): 1}
-        families = list(AnnouncementCollector(y.runtime).collect())
+        families = list(AnnouncementCollector(y.service).collect())
         assert [(s.name, s.labels, s.value) for s in families[0].samples] == [
             ("yard_announcements_total", {"app": "radio", "outcome": "expired"}, 1.0)
         ]
@@ -260,7 +259,7 @@ async def test_the_http_api_answers_in_openais_shapes(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with yard(tmp_path) as y:
-        client = create_control_app(y.runtime).test_client()
+        client = create_control_app(y.parts).test_client()
         radio = {"authorization": "Bearer sk-radio"}
         made = await client.post(
             "/v1/announcements", json=body(start_after=60, window_s=600), headers=radio
@@ -330,7 +329,7 @@ async def test_a_body_nested_too_deep_is_a_400_in_the_error_shape(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with yard(tmp_path) as y:
-        client = create_control_app(y.runtime).test_client()
+        client = create_control_app(y.parts).test_client()
         deep = await client.post(
             "/v1/announcements",
             data=b"[" * 20_000 + b"]" * 20_000,

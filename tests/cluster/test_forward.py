@@ -17,8 +17,7 @@ import pytest
 import trio
 
 from tests.http.fakes import FakeEngine
-from yard.app.runtime import Runtime
-from yard.app.web import create_app, serve_app
+from yard.app.web import Parts, create_app, serve_app
 from yard.cluster.forward import (
     ARRIVED_AT,
     FORWARDED_BY,
@@ -180,15 +179,15 @@ class Pair:
 
 async def _gateway(
     nursery: trio.Nursery, config: Config, engine: FakeEngine, forwarder: Forwarder
-) -> tuple[str, Runtime]:
-    runtime = Runtime(config=config, engine=cast(Engine, engine), started_at=time.time())
+) -> tuple[str, Parts]:
     health = {"status": "ok", "node": forwarder.node, "database": "ok", "nodes": []}
-    runtime.cluster = cast(
+    node = cast(
         Node, SimpleNamespace(forwarder=forwarder, name=forwarder.node, health=lambda: health)
     )
-    forwarder._pool = runtime.upstream
-    binds = await nursery.start(serve_app, create_app(runtime), "127.0.0.1", 0)
-    return str(binds[0]), runtime
+    parts = Parts(config=config, engine=cast(Engine, engine), started_at=time.time(), cluster=node)
+    forwarder._pool = parts.pool
+    binds = await nursery.start(serve_app, create_app(parts), "127.0.0.1", 0)
+    return str(binds[0]), parts
 
 
 @pytest.fixture
@@ -217,8 +216,8 @@ async def pair() -> AsyncIterator[Pair]:
         ):
             yield Pair(a, b, a_engine, b_engine, a_fw, b_url)
         nursery.cancel_scope.cancel()
-    a_rt.upstream.close_idle()
-    b_rt.upstream.close_idle()
+    a_rt.pool.close_idle()
+    b_rt.pool.close_idle()
 
 
 async def test_a_request_for_a_model_this_node_lacks_is_answered_by_the_node_that_has_it(

@@ -26,7 +26,7 @@ async def test_a_busy_first_instance_sends_the_next_request_to_a_second_on_its_o
     body += "instances = 2\n"
     with trio.fail_after(60):
         async with running_yard(tmp_path, body) as runtime:
-            assert runtime.launcher is not None
+            assert runtime.parts.launcher is not None
             async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
                 models = (await client.get("/v1/models")).json()["data"]
                 assert [(m["id"], m["backend"], m["instances"]) for m in models] == [
@@ -47,7 +47,7 @@ async def test_a_busy_first_instance_sends_the_next_request_to_a_second_on_its_o
                 assert [a.status_code for a in answers] == [200, 200]
                 pids = {a.headers["x-test-backend-pid"] for a in answers}
                 assert len(pids) == 2, "two processes served them"
-                running = runtime.launcher.running()
+                running = runtime.parts.launcher.running()
                 assert sorted(running) == ["llm", "llm@2"]
                 assert running["llm"].port != running["llm@2"].port
                 assert running["llm"].pid != running["llm@2"].pid
@@ -57,11 +57,11 @@ async def test_a_busy_first_instance_sends_the_next_request_to_a_second_on_its_o
             assert models[0]["state"] == "ready"
             for name in ("llm", "llm@2"):
                 assert f'yard_backend_state{{backend="{name}",state="ready"}} 1' in metrics
-            status = {b.name: b for b in runtime.engine.snapshot().backends}
+            status = {b.name: b for b in runtime.parts.engine.snapshot().backends}
             assert status["llm"].state == status["llm@2"].state == "ready"
             bound = [
                 d.decision.reason
-                for d in runtime.engine.decisions()
+                for d in runtime.parts.engine.decisions()
                 if getattr(d.decision, "backend", None) == "llm@2"
                 and "bound to" in d.decision.reason
             ]

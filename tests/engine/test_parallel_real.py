@@ -53,15 +53,15 @@ async def test_the_instance_gets_its_slot_count_and_serves_that_many_at_once(
                     nursery.start_soon(ask, client)
 
                 def llm_busy() -> int:
-                    views = runtime.engine.snapshot().backends
+                    views = runtime.parts.engine.snapshot().backends
                     return next(v.inflight for v in views if v.name == "llm")
 
                 await wait_until(lambda: llm_busy() == 3)
-                view = next(v for v in runtime.engine.snapshot().backends if v.name == "llm")
+                view = next(v for v in runtime.parts.engine.snapshot().backends if v.name == "llm")
                 assert (view.context, view.parallel, view.slots) == (2048, 3, 3)
-                assert runtime.engine.statistics().queue_length == 1
-                assert runtime.launcher is not None
-                pid = runtime.launcher.running()["llm"].pid
+                assert runtime.parts.engine.statistics().queue_length == 1
+                assert runtime.parts.launcher is not None
+                pid = runtime.parts.launcher.running()["llm"].pid
                 assert pid is not None
                 env = psutil.Process(pid).environ()
                 assert (env["SLOTS"], env["PER_SLOT"], env["TOTAL"]) == ("3", "2048", "6144")

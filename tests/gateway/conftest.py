@@ -17,9 +17,8 @@ import trio
 from tests.engine.fakes import Script
 from tests.http.conftest import APPS, make_config
 from tests.http.virtual import ServedLauncher, VirtualGateway
-from yard.app.runtime import Runtime
-from yard.app.serve import serve
-from yard.app.web import create_app
+from yard.app.serve import Running, serve
+from yard.app.web import Parts, create_app
 from yard.config import AppConfig, load_config
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
@@ -59,13 +58,13 @@ def write_config(tmp_path: Path, body: str, *, listen: str = "127.0.0.1:0") -> P
 
 
 @asynccontextmanager
-async def running_yard(tmp_path: Path, body: str) -> AsyncIterator[Runtime]:
+async def running_yard(tmp_path: Path, body: str) -> AsyncIterator[Running]:
     """Run yard with the configuration ``body`` until the block ends; every
     backend it started is stopped on the way out."""
     config = load_config(write_config(tmp_path, body))
     async with trio.open_nursery() as nursery:
-        runtime: Runtime = await nursery.start(serve, config)
-        yield runtime
+        running: Running = await nursery.start(serve, config)
+        yield running
         nursery.cancel_scope.cancel()
 
 
@@ -113,16 +112,16 @@ async def virtual_yard(
         launcher = ServedLauncher(upstream.base_url, {"llm": Script(ready_after_s=load_s)})
         engine = Engine(scheduler=scheduler, launcher=launcher)
         await nursery.start(engine.run)
-        runtime = Runtime(
+        parts = Parts(
             config=make_config(apps=dict(apps)), engine=engine, started_at=1_700_000_000.0
         )
-        server = Server(create_app(runtime))
+        server = Server(create_app(parts))
         server.nursery = nursery
-        gateway = VirtualGateway(server, nursery, engine, upstream, runtime)
+        gateway = VirtualGateway(server, nursery, engine, upstream, parts)
         try:
             yield gateway
         finally:
             nursery.cancel_scope.cancel()
             for client in gateway.clients:
                 client.socket.close()
-            runtime.upstream.close_idle()
+            parts.pool.close_idle()

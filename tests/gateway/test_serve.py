@@ -23,8 +23,7 @@ from tests.gateway.conftest import (
     wait_until,
     write_config,
 )
-from yard.app.runtime import Runtime
-from yard.app.serve import serve
+from yard.app.serve import Running, serve
 from yard.config import load_config
 from yard.core.spec import Profile
 from yard.memory import default_meter
@@ -39,8 +38,8 @@ def _llm(tmp_path: Path, **switches: object) -> str:
     return backend_toml("llm", models=("tiny",), switches=switches)
 
 
-def _engine_stats(runtime: Runtime) -> object:
-    return runtime.engine.statistics()
+def _engine_stats(runtime: Running) -> object:
+    return runtime.parts.engine.statistics()
 
 
 async def test_openai_client_gets_the_same_answers_through_yard_as_directly(
@@ -64,8 +63,8 @@ async def test_openai_client_gets_the_same_answers_through_yard_as_directly(
                 return answer.choices[0].message.content or "", pieces
 
             via_yard = await trio.to_thread.run_sync(talk, url)
-            assert runtime.launcher is not None
-            direct_url = runtime.launcher.running()["llm"].base_url
+            assert runtime.parts.launcher is not None
+            direct_url = runtime.parts.launcher.running()["llm"].base_url
             direct = await trio.to_thread.run_sync(talk, direct_url)
             assert via_yard == direct
             assert via_yard[1][:4] == ["tok0 ", "tok1 ", "tok2 ", "tok3 "]
@@ -100,7 +99,7 @@ async def test_backend_crash_mid_request_fails_the_client_and_is_never_retried(
             assert again.headers["x-test-backend-pid"] != ok.headers["x-test-backend-pid"]
             served = counter.read_text().split()
             assert served == [ok.headers["x-yard-request-id"], again.headers["x-yard-request-id"]]
-            stats = runtime.engine.statistics()
+            stats = runtime.parts.engine.statistics()
             assert stats.requeues == 0
             assert stats.loads == 2
 
@@ -122,7 +121,7 @@ async def test_model_that_cannot_fit_is_refused_at_once(tmp_path: Path) -> None:
             assert response.status_code == 503
             assert response.json()["error"]["code"] == "does_not_fit"
             assert took < 2.0
-            assert runtime.engine.statistics().loads == 0
+            assert runtime.parts.engine.statistics().loads == 0
 
 
 def _alive(pid: int) -> bool:
@@ -192,7 +191,7 @@ async def test_respond_async_becomes_a_job_whose_result_is_the_backend_answer(
                 result = await client.get(location + "/result", params={"wait": "30"})
             assert result.status_code == 200
             assert result.json()["choices"][0]["message"]["content"] == "echo: hi"
-            assert runtime.engine.statistics().requests.get("ok") == 1
+            assert runtime.parts.engine.statistics().requests.get("ok") == 1
 
 
 async def test_sigterm_lets_the_stream_in_flight_finish_then_stops_the_backends(
@@ -201,7 +200,7 @@ async def test_sigterm_lets_the_stream_in_flight_finish_then_stops_the_backends(
     config = load_config(write_config(tmp_path, _llm(tmp_path, chunks=8, chunk_interval=0.1)))
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            runtime: Runtime = await nursery.start(serve, config)
+            runtime: Running = await nursery.start(serve, config)
             async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
                 body = {**CHAT, "stream": True}
                 async with client.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -230,7 +229,7 @@ async def test_a_second_yard_on_a_taken_port_fails_before_touching_the_backends(
                         "yard.cli",
                         "serve",
                         "--config",
-                        str(runtime.config.path),
+                        str(runtime.parts.config.path),
                         "--listen",
                         listen,
                     ],
@@ -287,7 +286,7 @@ async def test_forgetting_a_profile_through_the_admin_api_drops_the_stored_one(
 ) -> None:
     with trio.fail_after(60):
         async with running_yard(tmp_path, _llm(tmp_path)) as runtime:
-            store = runtime.profiles
+            store = runtime.parts.profiles
             assert store is not None
             async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
                 assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
@@ -308,7 +307,7 @@ async def test_sigterm_ends_an_open_log_tail_cleanly_before_the_grace_runs_out(
     config = load_config(write_config(tmp_path, _llm(tmp_path)))
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            runtime: Runtime = await nursery.start(serve, config)
+            runtime: Running = await nursery.start(serve, config)
             async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
                 assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
                 async with client.stream("GET", "/admin/backends/llm/log") as tail:
@@ -343,7 +342,7 @@ async def test_serve_logs_backend_starts_readiness_and_rejections_with_reasons(
 ) -> None:
     with trio.fail_after(60), caplog.at_level(logging.INFO, logger="yard"):
         async with running_yard(tmp_path, _llm(tmp_path, service_time=1.0)) as runtime:
-            engine = runtime.engine
+            engine = runtime.parts.engine
             async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=30) as client:
                 await client.post("/v1/chat/completions", json=CHAT)
 
@@ -357,7 +356,7 @@ async def test_serve_logs_backend_starts_readiness_and_rejections_with_reasons(
                         "/v1/chat/completions", json=CHAT, headers={"x-yard-start-within": "0.2"}
                     )
                 unload = await client.post("/admin/backends/llm/unload")
-                supervisor = runtime.launcher
+                supervisor = runtime.parts.launcher
                 assert supervisor is not None
                 await wait_until(lambda: not supervisor.running())
     assert unload.status_code == 202

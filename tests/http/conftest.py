@@ -22,14 +22,14 @@ import trio.testing
 
 from tests.http.fakes import FakeEngine
 from tests.http.virtual import VirtualGateway
-from yard.app.runtime import JobService, RequestHook, Runtime
-from yard.app.web import create_app, create_control_app, serve_app
+from yard.app.web import Parts, create_app, create_control_app, serve_app
 from yard.config import AppConfig, BackendConfig, Config, ServerConfig
 from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
 from yard.h1.asgi import ASGIApp
 from yard.h1.server import Server
 from yard.http.gateway import Gateway as GatewayApp
+from yard.http.ports import JobService, RequestHook
 from yard.testing.fake import FakeBackend as Upstream
 from yard.testing.fake import serve_fake as serve_upstream
 
@@ -64,13 +64,13 @@ class Gateway:
     client: httpx.AsyncClient
     engine: FakeEngine
     upstream: Upstream
-    runtime: Runtime
+    parts: Parts
 
 
 class GatewayFactory:
     def __init__(self, nursery: trio.Nursery) -> None:
         self.nursery = nursery
-        self.runtimes: list[Runtime] = []
+        self.parts: list[Parts] = []
 
     async def __call__(
         self,
@@ -80,26 +80,20 @@ class GatewayFactory:
         observe: RequestHook | None = None,
     ) -> Gateway:
         """A gateway on a free port; ``observe`` replaces the metrics hook
-        ``yard.observe`` leaves in the runtime (to record what it hears)."""
+        (``yard.observe.observe_request``), to record what it hears."""
         upstream = await self.nursery.start(serve_upstream, Upstream())
         engine = FakeEngine(base_urls=dict.fromkeys(("llm", "whisper", "music"), upstream.base_url))
-        runtime = Runtime(
+        parts = Parts(
             config=config or make_config(),
             engine=cast(Engine, engine),
             jobs=jobs,
             started_at=1_700_000_000.0,
         )
-        self.runtimes.append(runtime)
-        app: ASGIApp
-        if observe is None:
-            app = create_app(runtime)
-        else:
-            control = cast(ASGIApp, create_control_app(runtime))
-            runtime.observe_request = observe
-            app = GatewayApp(runtime, control)
+        self.parts.append(parts)
+        app: ASGIApp = create_app(parts) if observe is None else observed_gateway(parts, observe)
         binds = await self.nursery.start(serve_app, app, "127.0.0.1", 0)
         client = httpx.AsyncClient(base_url=binds[0], timeout=10.0)
-        return Gateway(binds[0], client, engine, upstream, runtime)
+        return Gateway(binds[0], client, engine, upstream, parts)
 
 
 @pytest.fixture
@@ -108,8 +102,8 @@ async def gateway_factory() -> AsyncIterator[GatewayFactory]:
         factory = GatewayFactory(nursery)
         yield factory
         nursery.cancel_scope.cancel()
-    for runtime in factory.runtimes:
-        runtime.upstream.close_idle()
+    for parts in factory.parts:
+        parts.pool.close_idle()
 
 
 @pytest.fixture
@@ -127,25 +121,37 @@ async def vgw(
     async with trio.open_nursery() as nursery:
         upstream = await nursery.start(serve_upstream, Upstream())
         engine = FakeEngine(base_urls=dict.fromkeys(("llm", "whisper", "music"), upstream.base_url))
-        runtime = Runtime(
+        parts = Parts(
             config=make_config(),
             engine=cast(Engine, engine),
             jobs=None,
             started_at=1_700_000_000.0,
         )
-        server = Server(create_app(runtime))
+        server = Server(create_app(parts))
         server.nursery = nursery
-        gateway = VirtualGateway(server, nursery, engine, upstream, runtime)
+        gateway = VirtualGateway(server, nursery, engine, upstream, parts)
         yield gateway
         nursery.cancel_scope.cancel()
         for client in gateway.clients:
             client.socket.close()
-    runtime.upstream.close_idle()
+    parts.pool.close_idle()
+
+
+def observed_gateway(parts: Parts, hook: RequestHook) -> GatewayApp:
+    """The data plane of ``parts`` in front of its control plane, with
+    ``hook`` as the metrics hook."""
+    return GatewayApp(
+        cast(ASGIApp, create_control_app(parts)),
+        config=parts.config,
+        engine=parts.engine,
+        pool=parts.pool,
+        started_at=parts.started_at,
+        jobs=parts.jobs,
+        observe=hook,
+    )
 
 
 def observed(vgw: VirtualGateway[FakeEngine], hook: RequestHook) -> None:
     """Serve ``vgw`` with ``hook`` as the metrics hook (as ``gateway_factory``'s
     ``observe`` does)."""
-    control = cast(ASGIApp, create_control_app(vgw.runtime))  # (it registers yard's hook)
-    vgw.runtime.observe_request = hook
-    vgw.server.app = GatewayApp(vgw.runtime, control)
+    vgw.server.app = observed_gateway(vgw.parts, hook)

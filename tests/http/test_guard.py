@@ -15,8 +15,7 @@ import pytest
 import trio
 
 from tests.observe.fakes import FakeEngine
-from yard.app.runtime import Runtime
-from yard.app.web import create_app, serve_app
+from yard.app.web import Parts, create_app, serve_app
 from yard.config import AppConfig, BackendConfig, Config, ConfigError, ServerConfig, load_config
 from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
@@ -55,13 +54,13 @@ async def keyless_yard() -> AsyncIterator[tuple[httpx.AsyncClient, FakeEngine]]:
     """The documented no-key demo: the whole app on a loopback port."""
     engine = FakeEngine()
     engine.set_backend("llm", state="ready")
-    runtime = Runtime(config=make_config(), engine=cast(Engine, engine), started_at=1.0)
+    parts = Parts(config=make_config(), engine=cast(Engine, engine), started_at=1.0)
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(serve_app, create_app(runtime), "127.0.0.1", 0)
+        binds = await nursery.start(serve_app, create_app(parts), "127.0.0.1", 0)
         async with httpx.AsyncClient(base_url=binds[0], timeout=10.0) as client:
             yield client, engine
         nursery.cancel_scope.cancel()
-    runtime.upstream.close_idle()
+    parts.pool.close_idle()
 
 
 async def test_a_cross_site_form_cannot_unload_a_backend_in_keyless_mode(

@@ -14,8 +14,7 @@ import trio
 
 from tests.engine.fakes import Script
 from tests.http.virtual import ServedLauncher
-from yard.app.runtime import Runtime
-from yard.app.web import create_app, serve_app
+from yard.app.web import Parts, create_app, serve_app
 from yard.config import BackendConfig, Config, ServerConfig
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
@@ -83,7 +82,7 @@ async def _yard(server: ServerConfig) -> AsyncIterator[tuple[str, Engine, _Backe
     )
     launcher = ServedLauncher(scripts={"big": Script(ready_after_s=0.0)})
     engine = Engine(scheduler=scheduler, launcher=launcher)
-    runtime = Runtime(config=config, engine=engine)
+    parts = Parts(config=config, engine=engine)
     async with trio.open_nursery() as nursery:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         backend.port = listeners[0].socket.getsockname()[1]
@@ -91,13 +90,13 @@ async def _yard(server: ServerConfig) -> AsyncIterator[tuple[str, Engine, _Backe
         nursery.start_soon(trio.serve_listeners, backend.handle, listeners)
         await nursery.start(engine.run)
         binds = await nursery.start(
-            functools.partial(serve_app, create_app(runtime), "127.0.0.1", 0, server_config=server)
+            functools.partial(serve_app, create_app(parts), "127.0.0.1", 0, server_config=server)
         )
         try:
             yield binds[0], engine, backend
         finally:
             nursery.cancel_scope.cancel()
-            runtime.upstream.close_idle()
+            parts.pool.close_idle()
 
 
 def _request(url: str, path: str) -> bytes:

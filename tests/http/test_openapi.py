@@ -29,8 +29,7 @@ from tests.gateway.conftest import backend_toml, running_yard
 from tests.http.conftest import make_config
 from tests.http.fakes import FakeEngine
 from yard.app.openapi import OPENAI_ROUTES, PROXY_METHODS, document
-from yard.app.runtime import Runtime
-from yard.app.web import create_control_app
+from yard.app.web import Parts, create_control_app
 from yard.engine import Engine
 from yard.h1.asgi import Message, Scope
 from yard.http.gateway import Gateway
@@ -41,8 +40,8 @@ _IGNORED_METHODS = {"HEAD", "OPTIONS"}
 _DATA_PLANE = {"/v1/models", "/v1/models/{model}", *OPENAI_ROUTES, "/backends/{backend}/{path}"}
 
 
-def _runtime() -> Runtime:
-    return Runtime(
+def _parts() -> Parts:
+    return Parts(
         config=make_config(),
         engine=cast(Engine, FakeEngine(base_urls={})),
         started_at=1_700_000_000.0,
@@ -50,7 +49,7 @@ def _runtime() -> Runtime:
 
 
 def _control_routes() -> set[tuple[str, str]]:
-    app = create_control_app(_runtime())
+    app = create_control_app(_parts())
     routes = set()
     for rule in app.url_map.iter_rules():
         path = re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule)
@@ -107,7 +106,9 @@ async def _routed_to_control(path: str, method: str) -> bool:
         "query_string": b"",
         "headers": [],
     }
-    await Gateway(_runtime(), control)(scope, receive, send)
+    parts = _parts()
+    gateway = Gateway(control, config=parts.config, engine=parts.engine, pool=parts.pool)
+    await gateway(scope, receive, send)
     return bool(reached)
 
 

@@ -15,7 +15,7 @@ import h11
 import trio
 
 from tests.engine.fakes import FakeLauncher, FakeProcess, Script
-from yard.app.runtime import Runtime
+from yard.app.web import Parts
 from yard.h1.server import Server
 from yard.testing.fake import FakeBackend
 
@@ -59,7 +59,7 @@ class VirtualGateway(Generic[E]):
     nursery: trio.Nursery
     engine: E
     upstream: FakeBackend
-    runtime: Runtime
+    parts: Parts
     clients: list[trio.SocketStream] = field(default_factory=list)
 
     async def open(

@@ -16,12 +16,12 @@ from typing import Any
 import trio
 
 from yard.admission import Assignment
-from yard.app.runtime import JobService
 from yard.config import JobsConfig
 from yard.core.events import Outcome
 from yard.core.views import QueuedView
 from yard.errors import Rejected
 from yard.h1.upstream import ProxyRequest, UpstreamError
+from yard.http.ports import JobService
 from yard.jobs.service import Jobs
 from yard.jobs.store import JobStore
 from yard.jobs.upstream import UpstreamResponseLike

@@ -20,8 +20,7 @@ import pytest
 import trio
 
 from tests.jobs.fakes import FakeEngine
-from yard.app.runtime import Runtime
-from yard.app.web import create_app, serve_app
+from yard.app.web import Parts, create_app, serve_app
 from yard.config import AppConfig, BackendConfig, Config, ServerConfig, load_config
 from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
@@ -71,8 +70,8 @@ async def running_api(tmp_path: Path, jobs_toml: str = "") -> AsyncIterator[Yard
         engine = FakeEngine(auto_dispatch=backend.base_url)
         async with open_jobs(engine=engine, data_dir=tmp_path, config=settings) as jobs:
             await nursery.start(jobs.run)
-            runtime = Runtime(config=make_config(tmp_path), engine=cast(Engine, engine), jobs=jobs)
-            binds = await nursery.start(serve_app, create_app(runtime), "127.0.0.1", 0)
+            parts = Parts(config=make_config(tmp_path), engine=cast(Engine, engine), jobs=jobs)
+            binds = await nursery.start(serve_app, create_app(parts), "127.0.0.1", 0)
             async with httpx.AsyncClient(base_url=binds[0], timeout=20.0) as client:
                 yield Yard(client=client, backend=backend, engine=engine, jobs=jobs)
             nursery.cancel_scope.cancel()

@@ -41,7 +41,7 @@ async def test_sync_requests_and_jobs_interleaved_are_served_in_one_priority_ord
     ]
     with trio.fail_after(90):
         async with running_yard(tmp_path, body) as runtime:
-            engine = runtime.engine
+            engine = runtime.parts.engine
             ids: dict[str, str] = {}
             async with httpx.AsyncClient(base_url=runtime.urls[0], timeout=60) as client:
 

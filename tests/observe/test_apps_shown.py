@@ -12,7 +12,6 @@ from rich.console import Console
 from tests.observe.conftest import ADMIN_KEY
 from tests.observe.fakes import FakeEngine, statistics
 from tests.observe.test_metrics import scrape
-from yard.app.runtime import Runtime
 from yard.config import load_config
 from yard.engine import Engine
 from yard.observe import Observer, install
@@ -94,8 +93,8 @@ async def test_the_limits_come_from_the_configuration(
         "[apps.radio]\nkey = 'k'\nmodels = ['voice*']\nmax_queued = 2\nweight = 2\n"
         "[apps.chat]\nkey = 'k2'\nmax_concurrent = 4\n"
     )
-    runtime = Runtime(config=load_config(path, env={}), engine=cast(Engine, engine), started_at=0.0)
-    assert Observer.from_runtime(runtime).apps == {
+    config = load_config(path, env={})
+    assert Observer.from_config(config, engine=cast(Engine, engine)).apps == {
         "radio": {"models": ["voice*"], "max_queued": 2, "max_concurrent": None, "weight": 2.0},
         "chat": {"models": None, "max_queued": None, "max_concurrent": 4, "weight": 1.0},
     }

@@ -7,8 +7,7 @@ from rich.console import Console
 
 from tests.observe.fakes import FakeEngine
 from tests.observe.test_metrics import scrape
-from yard.app.runtime import MeterInfo
-from yard.observe import Observer, install
+from yard.observe import MeterInfo, Observer, install
 
 DETAIL = "GPUs metered through the kernel's DRM interface (fdinfo, sysfs): gpu0 (RX 7900)"
 

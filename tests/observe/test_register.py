@@ -6,13 +6,12 @@ from typing import cast
 from quart_trio import QuartTrio
 
 from tests.observe.fakes import FakeEngine
-from yard.app.runtime import Runtime
 from yard.config import load_config
 from yard.engine import Engine
-from yard.observe import Observer, observe_request, register
+from yard.observe import Observer, install
 
 
-async def test_register_serves_the_runtimes_engine_and_configuration(
+async def test_an_observer_from_the_configuration_serves_its_engine_and_settings(
     tmp_path: Path, engine: FakeEngine
 ) -> None:
     path = tmp_path / "yard.toml"
@@ -21,11 +20,10 @@ async def test_register_serves_the_runtimes_engine_and_configuration(
         "[scheduler]\nprofile_margin = 1.5\n\n"
         '[backends.llm]\ncommand = ["llm-server", "--port", "{port}"]\nmodels = ["tiny"]\n'
     )
-    runtime = Runtime(config=load_config(path), engine=cast(Engine, engine), started_at=5.0)
+    built = Observer.from_config(load_config(path), engine=cast(Engine, engine), started_at=5.0)
     app = QuartTrio(__name__)
-    observer = register(app, runtime)
-    assert app.extensions[Observer.KEY] is observer
-    assert runtime.observe_request is observe_request
+    observer = install(app, built)
+    assert app.extensions[Observer.KEY] is observer is built
     assert (observer.admin_key, observer.profile_margin) == ("k", 1.5)
     client = app.test_client()
     assert (await client.get("/admin/status")).status_code == 401

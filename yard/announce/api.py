@@ -1,4 +1,5 @@
-"""The announcements API: ``/v1/announcements`` (a Quart blueprint).
+"""The announcements API: ``/v1/announcements`` (mounted by :func:`register`
+with the announcement service it serves).
 
 - ``POST /v1/announcements``: ``{"model", "not_before" (RFC 3339) or
   "start_after" (s), "start_by" (RFC 3339) or "window_s" (s), "count",
@@ -16,27 +17,45 @@ does not exist (404). The admin key sees every app's.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
-from quart import Blueprint, Response, request
+from quart import Blueprint, Quart, Response, current_app, request
 from werkzeug.datastructures import Headers
 
 from yard.announce.service import AnnouncementNotFound, Announcements, BadAnnouncement
 from yard.api.body import json_object
-from yard.app.runtime import current_runtime
+from yard.api.keys import KeyCheck
 from yard.config import AppConfig
 from yard.h1.errors import ApiError, error_body, error_headers
 
 blueprint = Blueprint("announcements", __name__)
-"""Mounted with ``url_prefix="/v1/announcements"``."""
+"""Mounted by :func:`register` with ``url_prefix="/v1/announcements"``."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """What :func:`register` mounted the API with, kept in ``app.extensions``."""
+
+    KEY = "yard.announcements"
+
+    announcements: Announcements | None
+    keys: KeyCheck
+
+
+def register(app: Quart, service: Announcements | None, keys: KeyCheck) -> None:
+    """Mount the announcements API on ``app`` at ``/v1/announcements``, serving
+    ``service`` (None: every call answers 501)."""
+    app.extensions[_Served.KEY] = _Served(service, keys)
+    app.register_blueprint(blueprint, url_prefix="/v1/announcements")
 
 
 def _caller() -> tuple[Announcements, AppConfig | None]:
     """The service and the caller's app (None: the admin, who sees all)."""
-    runtime = current_runtime()
+    served: _Served = current_app.extensions[_Served.KEY]
     # The key first: a wrong one counts as a guess even where the service is off.
-    app = runtime.keys.caller(request.headers.get("authorization"), request.remote_addr)
-    service = runtime.announcements
-    if not isinstance(service, Announcements):
+    app = served.keys.caller(request.headers.get("authorization"), request.remote_addr)
+    service = served.announcements
+    if service is None:
         raise ApiError(
             501,
             "announcements_unavailable",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -11,15 +10,12 @@ from prometheus_client.registry import Collector
 
 from yard.announce.service import Announcements
 
-if TYPE_CHECKING:
-    from yard.app.runtime import Runtime
-
 
 class AnnouncementCollector(Collector):
-    """Reads the runtime's announcement service when Prometheus scrapes."""
+    """Reads the announcement service's counts when Prometheus scrapes."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
+    def __init__(self, service: Announcements | None) -> None:
+        self._service = service
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(
@@ -28,8 +24,7 @@ class AnnouncementCollector(Collector):
             "(used: their requests came; expired: their window closed first; withdrawn).",
             labels=["app", "outcome"],
         )
-        service = self._runtime.announcements
-        if isinstance(service, Announcements):
-            for (app, outcome), count in sorted(service.counts().items()):
+        if self._service is not None:
+            for (app, outcome), count in sorted(self._service.counts().items()):
                 family.add_metric([app, outcome], count)
         yield family

@@ -152,6 +152,11 @@ class KeyCheck:
         )
         self._clock = clock
 
+    def use_config(self, config: Config) -> None:
+        """Check keys against ``config`` from now on (``yard reload``); the
+        throttle keeps its records."""
+        self.config = config
+
     def caller(self, authorization: str | None, remote_addr: str | None) -> AppConfig | None:
         """The app a request comes from, or None for the admin key.
 

@@ -19,11 +19,9 @@ request, each with the core's reason, and what became of each backend
 process: ready, stopped, exited on its own, failed to start
 (:mod:`yard.observe.activity`).
 
-The :class:`~yard.app.runtime.Runtime` it hands the HTTP side carries the
-supervisor, the job service, the profile store (for ``DELETE
-/admin/profiles/NAME``), which meter it reads (``yard status`` and
-``/metrics`` show it) and the shutdown event (open dashboard streams and log
-tails end once it is set).
+Each part is handed the services it uses when it is built, in that order;
+the HTTP side gets them as one :class:`~yard.app.web.Parts` record, built
+once every service exists (``docs/architecture.md``).
 
 SIGHUP (``yard reload``) reads the configuration again and applies it without
 a restart (:mod:`yard.app.reload`); until this release it stopped yard like
@@ -48,6 +46,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -55,8 +54,7 @@ import trio
 from yard import datadir, modelfolder
 from yard.announce.service import announcement_service
 from yard.app.reload import Reloader
-from yard.app.runtime import MeterInfo, Runtime
-from yard.app.web import create_app, serve_app
+from yard.app.web import Parts, Web, serve_app
 from yard.batches.service import open_batches
 from yard.cluster.batches import ClusterBatchStore
 from yard.cluster.node import open_database, open_node
@@ -65,11 +63,13 @@ from yard.config import Config, ConfigError, default_config, exposure, is_loopba
 from yard.core import Scheduler
 from yard.db import DatabaseError
 from yard.engine import Engine
-from yard.h1.server import Server, open_listeners
+from yard.h1.server import Server, ServerStatistics, open_listeners
+from yard.h1.upstream import UpstreamPool
 from yard.jobs import JOBS_FILE, JobStore, open_jobs
 from yard.memory import default_meter
 from yard.memory.prior import with_priors
 from yard.memory.profiles import Profiles, open_profile_store
+from yard.observe import MeterInfo
 from yard.observe.activity import LoggingLauncher, log_decisions, logged_kinds
 from yard.ports import MachineMeter
 from yard.supervisor import Supervisor
@@ -171,12 +171,24 @@ class CannotListen(Exception):
     """The HTTP address is taken (or not ours to bind); nothing was started."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class Running:
+    """What :func:`serve` reports once yard serves.
+
+    urls: where it listens (``["http://127.0.0.1:8080"]``).
+    parts: what it serves (the engine, the supervisor, the job service...).
+    """
+
+    urls: list[str]
+    parts: Parts
+
+
 async def serve(
     config: Config,
     *,
     freeze_heap: bool = False,
     load: Callable[[], Config] | None = None,
-    task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run yard with ``config`` until SIGINT/SIGTERM (or cancellation).
 
@@ -189,8 +201,8 @@ async def serve(
     ``load`` reads the configuration again for ``yard reload`` and SIGHUP
     (default: the file ``config`` came from, without command-line overrides).
 
-    Reports its :class:`Runtime` (``runtime.urls``: where it listens) once
-    ``/healthz`` answers. Raises :class:`CannotListen` when the address is
+    Reports :class:`Running` (``urls``: where it listens) once ``/healthz``
+    answers. Raises :class:`CannotListen` when the address is
     taken (before anything is started).
     Raises :class:`ConfigError` when the configuration does not match this
     machine (a GPU it names is not there), and
@@ -234,7 +246,7 @@ async def _serve(
     *,
     freeze_heap: bool,
     load: Callable[[], Config],
-    task_status: trio.TaskStatus[Runtime],
+    task_status: trio.TaskStatus[Running],
 ) -> None:
     config.server.data_dir.mkdir(parents=True, exist_ok=True)
     meter: MachineMeter = default_meter()
@@ -327,30 +339,19 @@ async def _serve(
         nursery.start_soon(log_decisions, engine, engine.subscribe(logged_kinds()), stop)
         await nursery.start(engine.run)
 
-        runtime = Runtime(
-            config=config,
-            engine=engine,
-            launcher=supervisor,
-            started_at=time.time(),
-            stopping=stop,
-            profiles=profiles,
-            # The meter logged its mode once; the same sentence for the
-            # parts that show it (status, /metrics).
-            meter=MeterInfo(mode=meter.mode, detail=meter.mode_detail),
-        )
+        pool = UpstreamPool()
+        node = None
         if cluster_db is None:
             jobs = await stack.enter_async_context(
                 open_jobs(
                     engine=engine,
                     data_dir=config.server.data_dir,
-                    pool=runtime.upstream,
+                    pool=pool,
                     config=config.jobs,
                 )
             )
-            runtime.jobs = jobs
             await nursery.start(jobs.run)
             batches = await stack.enter_async_context(open_batches(jobs, config))
-            runtime.batches = batches
             await nursery.start(batches.run)
             local_store = jobs.store
         else:
@@ -362,26 +363,49 @@ async def _serve(
                     config=config,
                     db=cluster_db,
                     engine=engine,
-                    pool=runtime.upstream,
+                    pool=pool,
                     gpu_models=[
                         label for name, label in meter.describe().items() if name != "host"
                     ],
                 )
             )
-            runtime.jobs = jobs
-            runtime.cluster = node
             await nursery.start(jobs.run)
             await nursery.start(node.run)
             batches = await stack.enter_async_context(
                 open_batches(jobs, config, ClusterBatchStore(node.store))
             )
-            runtime.batches = batches
             await nursery.start(batches.run)
             local_store = await JobStore.open(config.server.data_dir / JOBS_FILE)
             stack.push_async_callback(_shielded_close, local_store.close)
         announcements = announcement_service(engine, local_store, config)
-        runtime.announcements = announcements
         await nursery.start(announcements.run)
+
+        # The HTTP server exists only once it serves; /metrics asks it then.
+        http: list[Server] = []
+
+        def http_statistics() -> ServerStatistics | None:
+            return http[0].statistics() if http else None
+
+        parts = Parts(
+            config=config,
+            engine=engine,
+            pool=pool,
+            launcher=supervisor,
+            jobs=jobs,
+            batches=batches,
+            announcements=announcements,
+            started_at=time.time(),
+            stopping=stop,
+            profiles=profiles,
+            # The meter logged its mode once; the same sentence for the
+            # parts that show it (status, /metrics).
+            meter=MeterInfo(mode=meter.mode, detail=meter.mode_detail),
+            cluster=node,
+            http_statistics=http_statistics,
+        )
+        # The HTTP side: every part it serves, and the configuration that
+        # yard reload hands it (app keys, scopes, model names).
+        web = Web(parts)
 
         # yard reload, SIGHUP and the models folder's rescans (yard.app.reload).
         reloader = Reloader(
@@ -392,13 +416,13 @@ async def _serve(
             engine=engine,
             supervisor=supervisor,
             profiles=profiles,
-            publish=functools.partial(setattr, runtime, "config"),
+            publish=web.use_config,
         )
         await nursery.start(reloader.run)
         nursery.start_soon(_reload_on_hangup, reloader)
 
-        binds = await nursery.start(_serve_http, runtime, listeners, stop)
-        runtime.urls = binds
+        http_done = trio.Event()
+        binds = await nursery.start(_serve_http, web, listeners, http.append, http_done)
         log.info("yard is serving on %s (data in %s)", ", ".join(binds), config.server.data_dir)
         open_to_all = not config.apps and not is_loopback(config.server.listen_host)
         for line in exposure(config):
@@ -407,42 +431,40 @@ async def _serve(
             gc.collect()
             gc.freeze()
         shutdown.serving()
-        task_status.started(runtime)
+        task_status.started(Running(urls=binds, parts=parts))
         # The HTTP server returns once stop is set and its grace is over;
         # then everything else winds down (backends stopped, shielded).
         await stop.wait()
-        await runtime.http_done.wait()
+        await http_done.wait()
         nursery.cancel_scope.cancel()
     log.info("yard stopped")
 
 
 async def _serve_http(
-    runtime: Runtime,
+    web: Web,
     listeners: list[trio.SocketListener],
-    stop: trio.Event,
+    on_server: Callable[[Server], None],
+    done: trio.Event,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    server = runtime.config.server
-
-    def keep_statistics(http: Server) -> None:
-        runtime.http_statistics = http.statistics
-
+    parts = web.parts
+    server = parts.config.server
     try:
         await serve_app(
-            create_app(runtime),
+            web.app,
             server.listen_host,
             server.listen_port,
-            shutdown_trigger=stop.wait,
+            shutdown_trigger=parts.stopping.wait,
             graceful_s=server.stop_grace_s,
             listeners=listeners,
             server_config=server,
-            on_server=keep_statistics,
+            on_server=on_server,
             task_status=task_status,
         )
     finally:
-        runtime.upstream.close_idle()
-        runtime.http_done.set()
+        parts.pool.close_idle()
+        done.set()
 
 
 async def _shielded_close(close: Callable[[], Awaitable[None]]) -> None:

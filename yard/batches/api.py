@@ -1,4 +1,5 @@
-"""The Batch API over HTTP: ``/v1/files`` and ``/v1/batches`` (Quart blueprints).
+"""The Batch API over HTTP: ``/v1/files`` and ``/v1/batches`` (Quart
+blueprints, mounted by :func:`register` with the batch service they serve).
 
 - ``POST /v1/files`` (multipart: ``file``, ``purpose=batch``), ``GET /v1/files
   [?purpose=&limit=&order=&after=]``, ``GET /v1/files/ID``, ``GET
@@ -17,11 +18,12 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 
-from quart import Blueprint, Response, request
+from quart import Blueprint, Quart, Response, current_app, request
 
 from yard.api.body import json_object
-from yard.app.runtime import current_runtime
+from yard.api.keys import KeyCheck
 from yard.batches.service import Batches
 from yard.batches.validate import BadRequest
 from yard.batches.views import batch_json, file_json
@@ -58,13 +60,31 @@ for _blueprint in (files, batches):
     _blueprint.register_error_handler(Rejected, _rejected)
 
 
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """What :func:`register` mounted the API with, kept in ``app.extensions``."""
+
+    KEY = "yard.batches"
+
+    batches: Batches | None
+    keys: KeyCheck
+
+
+def register(app: Quart, service: Batches | None, keys: KeyCheck) -> None:
+    """Mount ``/v1/files`` and ``/v1/batches`` on ``app``, serving ``service``
+    (None: this yard runs without the job service; every call answers 501)."""
+    app.extensions[_Served.KEY] = _Served(service, keys)
+    app.register_blueprint(files, url_prefix="/v1/files")
+    app.register_blueprint(batches, url_prefix="/v1/batches")
+
+
 def _caller() -> tuple[Batches, AppConfig | None]:
     """The batch service and the caller's app (None: the admin, who reads all)."""
-    runtime = current_runtime()
+    served: _Served = current_app.extensions[_Served.KEY]
     # The key first: a wrong one counts as a guess even where the service is off.
-    app = runtime.keys.caller(request.headers.get("authorization"), request.remote_addr)
-    service = runtime.batches
-    if not isinstance(service, Batches):
+    app = served.keys.caller(request.headers.get("authorization"), request.remote_addr)
+    service = served.batches
+    if service is None:
         raise BadRequest(
             501, "batches_unavailable", "this yard runs without the job service; no batches"
         )

@@ -197,6 +197,24 @@ class Forwarder:
             return None
         return Target(node=choice.node, url=url, reason=choice.reason)
 
+    def arrival(
+        self,
+        *,
+        forwarded_by: bytes,
+        arrived_at: bytes | None,
+        signature: bytes | None,
+        now_wall: float,
+    ) -> float | None:
+        """The original arrival of a request another node forwarded, when its
+        signature under this cluster's secret holds (:func:`trusted_arrival`)."""
+        return trusted_arrival(
+            secret=self.secret,
+            forwarded_by=forwarded_by,
+            arrived_at=arrived_at,
+            signature=signature,
+            now_wall=now_wall,
+        )
+
     async def proxy(
         self,
         target: Target,

@@ -5,14 +5,29 @@ from __future__ import annotations
 
 import resource
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from yard.config import ServerConfig
+from typing import Protocol
 
 # File descriptors kept free of client connections: listeners, the event
 # loop, SQLite, backend pipes and log files, NVML.
 _FD_HEADROOM = 128
+
+
+class Settings(Protocol):
+    """Where the limits are read from: yard's ``[server]`` table
+    (``yard.config.ServerConfig``), or anything with the same keys."""
+
+    @property
+    def keep_alive_s(self) -> float: ...
+    @property
+    def head_timeout_s(self) -> float: ...
+    @property
+    def body_timeout_s(self) -> float: ...
+    @property
+    def send_timeout_s(self) -> float: ...
+    @property
+    def max_connections(self) -> int: ...
+    @property
+    def reserved_connections(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,7 +55,7 @@ class Limits:
     reserved_connections: int = 8
 
     @classmethod
-    def from_config(cls, config: ServerConfig) -> Limits:
+    def from_config(cls, config: Settings) -> Limits:
         """The limits of a ``[server]`` table."""
         return cls(
             keep_alive_s=config.keep_alive_s,

@@ -15,8 +15,8 @@ One request, in order:
 3. ``Prefer: respond-async`` -> hand it to the job service (202), else
 4. ``engine.submit`` -> wait for dispatch -> :func:`yard.h1.upstream.forward`
    -> stream back -> ``admission.report``;
-5. the metrics hook (``runtime.observe_request``, left there by
-   ``yard.observe.register``) hears the outcome, queue wait and latency.
+5. the metrics hook it was handed (``yard.observe.observe_request`` in a
+   running yard) hears the outcome, queue wait and latency.
 
 Rules it keeps:
 
@@ -34,19 +34,20 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from yard.admission import Assignment, ResponseCut, UpstreamLost, run_turn
 from yard.api.intake import authenticate, new_request_id, without_connection_options
-from yard.app.runtime import RequestHook, Runtime
-from yard.cluster.forward import Forwarder
+from yard.config import Config
 from yard.core.spec import instance_name
-from yard.engine import Rejected
+from yard.engine import Engine, Rejected
 from yard.h1.asgi import ASGIApp, Receive, Scope, Send
 from yard.h1.errors import ApiError, error_body, error_headers
-from yard.h1.upstream import HOP_BY_HOP, Headers, ProxyRequest, UpstreamError
+from yard.h1.upstream import HOP_BY_HOP, Headers, ProxyRequest, UpstreamError, UpstreamPool
+from yard.http.ports import JobService, RequestHook, Router
 from yard.http.reader import ClientGone, Forward, RequestReader
 from yard.observe.auth import COOKIE as SESSION_COOKIE
 
@@ -64,20 +65,49 @@ _SESSION = SESSION_COOKIE.encode().lower()
 
 
 class Gateway:
-    """The ASGI app yard serves: the data plane, in front of ``control``."""
+    """The ASGI app yard serves: the data plane, in front of ``control``.
 
-    def __init__(self, runtime: Runtime, control: ASGIApp) -> None:
-        self.runtime = runtime
+    config: the configuration. engine: the scheduler loop requests are
+    submitted to. pool: the upstream connections every call to a backend goes
+    through. started_at: wall-clock time yard started (``/v1/models``'
+    ``created``). jobs: the job service ``Prefer: respond-async`` hands
+    requests to (None: answered 501). observe: the metrics hook, told how each
+    request ended (None: nobody listens). router: the other nodes of the
+    cluster (None: a yard on its own). health: what ``GET /healthz`` answers on
+    a cluster node (None: the control plane answers it).
+    """
+
+    def __init__(
+        self,
+        control: ASGIApp,
+        *,
+        config: Config,
+        engine: Engine,
+        pool: UpstreamPool,
+        started_at: float = 0.0,
+        jobs: JobService | None = None,
+        observe: RequestHook | None = None,
+        router: Router[Any] | None = None,
+        health: Callable[[], dict[str, object]] | None = None,
+    ) -> None:
         self.control = control
+        self.config = config
+        self.engine = engine
+        self.pool = pool
+        self.started_at = started_at
+        self.jobs = jobs
         # Reads and routes each request (a bound method, looked up once).
-        self._read = RequestReader(runtime).read
-        # Looked up once: ``yard.observe.register`` leaves it while the
-        # control app is built, before this app exists.
-        self._observe: RequestHook | None = runtime.observe_request
+        self._reader = RequestReader(config, engine, router)
+        self._read = self._reader.read
+        self._observe = observe
         # A cluster node forwards requests another node should serve.
-        self._forwarder: Forwarder | None = (
-            runtime.cluster.forwarder if runtime.cluster is not None else None
-        )
+        self._router = router
+        self._health = health
+
+    def use_config(self, config: Config) -> None:
+        """Serve with ``config`` from the next request on (``yard reload``)."""
+        self.config = config
+        self._reader.use_config(config)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Route one ASGI connection event.
@@ -96,9 +126,9 @@ class Gateway:
         """
         if scope["type"] == "http":
             path: str = scope["path"]
-            if path == "/healthz" and self.runtime.cluster is not None:
+            if path == "/healthz" and self._health is not None:
                 # A node says how it stands in its cluster (the database, the nodes).
-                return await _send_json(send, 200, self.runtime.cluster.health())
+                return await _send_json(send, 200, self._health())
             if path.startswith("/v1/"):
                 if path.startswith(_CONTROL_V1) and path[4:].partition("/")[0] in _CONTROL_NAMES:
                     return await self.control(scope, receive, send)
@@ -126,9 +156,8 @@ class Gateway:
             return await self._forward(scope, send, forward, request_id)
         if is_async:
             return await self._submit_job(request, rerun_safe, send)
-        engine = self.runtime.engine
         try:
-            admission = engine.submit(
+            admission = self.engine.submit(
                 backend=request.backend,
                 priority=request.priority,
                 app=request.app,
@@ -177,7 +206,7 @@ class Gateway:
                 admission.cancel()
 
     async def _exchange(self, request: ProxyRequest, admission: Admission, send: Send) -> None:
-        pool = self.runtime.upstream
+        pool = self.pool
         method = request.method.encode()
         target = request.target
         # What the metrics hook hears once this request ends, however it ends
@@ -272,7 +301,7 @@ class Gateway:
             )
 
     async def _submit_job(self, request: ProxyRequest, rerun_safe: bool, send: Send) -> None:
-        jobs = self.runtime.jobs
+        jobs = self.jobs
         if jobs is None:
             return await _send_error(
                 send,
@@ -306,10 +335,10 @@ class Gateway:
 
     async def _forward(self, scope: Scope, send: Send, forward: Forward, request_id: str) -> None:
         """Serve the request through the node it belongs on (cluster mode)."""
-        assert self._forwarder is not None
+        assert self._router is not None
         raw = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"")
-        outcome = await self._forwarder.proxy(
+        outcome = await self._router.proxy(
             forward.target,
             method=scope["method"],
             raw_target=raw + b"?" + query if query else raw,
@@ -334,14 +363,14 @@ class Gateway:
 
     async def _models(self, scope: Scope, send: Send) -> None:
         request_id = new_request_id()
-        config = self.runtime.config
+        config = self.config
         try:
             authorization = next((v for n, v in scope["headers"] if n == b"authorization"), None)
             app, _ = authenticate(config, authorization)
         except ApiError as exc:
             return await _send_error(send, exc.status, exc.code, exc.message, request_id, None)
-        states = {b.name: b for b in self.runtime.engine.snapshot(limit=0).backends}
-        created = int(self.runtime.started_at)
+        states = {b.name: b for b in self.engine.snapshot(limit=0).backends}
+        created = int(self.started_at)
         entries = []
         for model, backend in config.models():
             if not app.may_use(model):

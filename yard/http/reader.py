@@ -29,7 +29,7 @@ Rules it keeps:
 from __future__ import annotations
 
 import time
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
@@ -44,12 +44,13 @@ from yard.api.intake import (
     too_large,
     without_connection_options,
 )
-from yard.app.runtime import Runtime
-from yard.cluster.forward import Forwarder, Target, trusted_arrival
+from yard.config import Config
+from yard.engine import Engine
 from yard.h1.asgi import Receive, Scope
 from yard.h1.errors import ApiError
 from yard.h1.upstream import HOP_BY_HOP, Headers, ProxyRequest
 from yard.http.model_scan import INLINE_LIMIT, Steps, model_of, model_steps
+from yard.http.ports import Router
 
 # Request headers yard consumes and never passes on.
 _DROPPED = HOP_BY_HOP | {b"host", b"content-length", b"prefer"}
@@ -66,26 +67,37 @@ class ClientGone(Exception):
 
 
 class Forward(Exception):
-    """Another node of the cluster serves this request (:mod:`yard.cluster.forward`)."""
+    """Another node of the cluster serves this request (``target``: where, as
+    the :class:`~yard.http.ports.Router` said)."""
 
-    def __init__(self, target: Target, body: bytes, priority: float, model: str) -> None:
-        super().__init__(target.node)
+    def __init__(self, target: object, body: bytes, priority: float, model: str) -> None:
+        super().__init__(target)
         self.target, self.body, self.priority, self.model = target, body, priority, model
 
 
 class RequestReader:
-    """Reads the data-plane requests of one runtime; the gateway holds one."""
+    """Reads the data-plane requests of one yard; the gateway holds one.
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        self._max_body = runtime.config.server.max_body_bytes
+    config: the configuration (apps, backends, the body limit). engine: its
+    clock places deadlines and time windows. router: the other nodes of the
+    cluster, or None for a yard on its own.
+    """
+
+    def __init__(self, config: Config, engine: Engine, router: Router[Any] | None) -> None:
+        self.config = config
+        self.engine = engine
+        self._max_body = config.server.max_body_bytes
         # Without app keys every request is the local app's: built once, not
         # per request (a dataclass per request was 0.6% of yard's CPU).
-        self._local_app = local_app(runtime.config) if not runtime.config.apps else None
+        self._local_app = local_app(config) if not config.apps else None
         # A cluster node forwards requests another node should serve.
-        self._forwarder: Forwarder | None = (
-            runtime.cluster.forwarder if runtime.cluster is not None else None
-        )
+        self._router = router
+
+    def use_config(self, config: Config) -> None:
+        """Read requests with ``config`` from the next one on (``yard reload``)."""
+        self.config = config
+        self._max_body = config.server.max_body_bytes
+        self._local_app = local_app(config) if not config.apps else None
 
     async def read(
         self, scope: Scope, receive: Receive, request_id: str
@@ -98,7 +110,7 @@ class RequestReader:
         while its body was read, and :class:`Forward` when another node of
         the cluster serves it (with the body, already read).
         """
-        config = self.runtime.config
+        config = self.config
         forwarded: Headers = []
         authorization = content_type = content_length = None
         priority = start_by = start_within = allow_late = prefer = connection = None
@@ -197,8 +209,8 @@ class RequestReader:
                 # in a worker thread.
                 model = await _in_turns(model_steps(method, content_type, body))
             backend_config = config.backend_for_model(model)
-            if self._forwarder is not None and forwarded_by is None and app.may_use(model):
-                target = self._forwarder.route(
+            if self._router is not None and forwarded_by is None and app.may_use(model):
+                target = self._router.route(
                     model,
                     served_here=backend_config is not None,
                     is_async=prefer is not None and b"respond-async" in prefer.lower(),
@@ -215,8 +227,7 @@ class RequestReader:
                 )
             upstream_path = raw_path.decode("latin-1")
 
-        engine = self.runtime.engine
-        now = engine.now()
+        now = self.engine.now()
         deadline = parse_start_by(now, start_by, start_within)
         opens, window_label = parse_not_before(now, not_before, start_after)
         check_window(opens, deadline)
@@ -244,10 +255,9 @@ class RequestReader:
             is_async = b"respond-async" in tokens
             rerun_safe = b"rerun-safe" in tokens
         arrived_at = None
-        if forwarded_by is not None and self._forwarder is not None:
+        if forwarded_by is not None and self._router is not None:
             wall = time.time()
-            first = trusted_arrival(
-                secret=self._forwarder.secret,
+            first = self._router.arrival(
                 forwarded_by=forwarded_by,
                 arrived_at=arrived_header,
                 signature=signature,

@@ -6,7 +6,7 @@ Layout:
   quota; ``store``: the SQLite record of them (``data_dir/jobs.sqlite``),
   its tables in ``schema``, a row read into a record by ``rows`` (shared with
   the cluster's PostgreSQL store).
-- ``service``: :class:`Jobs`, the :class:`~yard.app.runtime.JobService` the
+- ``service``: :class:`Jobs`, the :class:`~yard.http.ports.JobService` the
   proxy hands ``Prefer: respond-async`` requests to, and the reaper that
   expires old results; ``refusals``: what a client is told when a job is
   not taken.
@@ -21,8 +21,7 @@ Layout:
 ``yard serve`` uses it like this (after the engine has started)::
 
     async with open_jobs(engine=engine, data_dir=config.server.data_dir,
-                         pool=runtime.upstream, config=config.jobs) as jobs:
-        runtime.jobs = jobs
+                         pool=pool, config=config.jobs) as jobs:
         await nursery.start(jobs.run)
 """
 

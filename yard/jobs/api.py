@@ -1,4 +1,5 @@
-"""The jobs API: ``/v1/jobs`` (a Quart blueprint the gateway mounts there).
+"""The jobs API: ``/v1/jobs`` (mounted by :func:`register` with the job
+service it serves).
 
 - ``GET /v1/jobs/ID[?wait=SECONDS]``: the job (status, place in the queue,
   why it waits, estimated start, error); ``wait`` long-polls until it ends.
@@ -20,12 +21,13 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 import trio
-from quart import Blueprint, Response, request
+from quart import Blueprint, Quart, Response, current_app, request
 from werkzeug.datastructures import Headers
 
-from yard.app.runtime import current_runtime
+from yard.api.keys import KeyCheck
 from yard.h1.errors import ApiError, error_body, error_headers
 from yard.h1.upstream import HOP_BY_HOP
 from yard.jobs.service import JobFinished, JobNotFinished, JobNotFound, Jobs
@@ -33,7 +35,7 @@ from yard.jobs.store import STATUSES, JobRecord, Status
 from yard.observe.auth import is_loopback
 
 blueprint = Blueprint("jobs", __name__)
-"""Mounted by the gateway with ``url_prefix="/v1/jobs"``."""
+"""Mounted by :func:`register` with ``url_prefix="/v1/jobs"``."""
 
 _MAX_LIMIT = 100
 _LIMIT = re.compile(r"[0-9]{1,4}")
@@ -41,12 +43,29 @@ _LIMIT = re.compile(r"[0-9]{1,4}")
 _RESULT_DROPPED = HOP_BY_HOP | {b"content-length", b"date", b"server"}
 
 
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """What :func:`register` mounted the API with, kept in ``app.extensions``."""
+
+    KEY = "yard.jobs"
+
+    jobs: Jobs | None
+    keys: KeyCheck
+
+
+def register(app: Quart, jobs: Jobs | None, keys: KeyCheck) -> None:
+    """Mount the jobs API on ``app`` at ``/v1/jobs``, serving ``jobs`` (None:
+    this yard runs without the job service, and every call answers 501)."""
+    app.extensions[_Served.KEY] = _Served(jobs, keys)
+    app.register_blueprint(blueprint, url_prefix="/v1/jobs")
+
+
 def _caller() -> tuple[Jobs, str | None]:
     """The job service and the caller's app (None: the admin, who sees all)."""
-    runtime = current_runtime()
+    served: _Served = current_app.extensions[_Served.KEY]
     header = request.headers.get("authorization")
     if (
-        runtime.config.server.admin_key is None
+        served.keys.config.server.admin_key is None
         and header is None
         and is_loopback(request.remote_addr)
     ):
@@ -56,9 +75,9 @@ def _caller() -> tuple[Jobs, str | None]:
     else:
         # The key before the service: a wrong one counts as a guess even
         # where the service is off.
-        app = runtime.keys.caller(header, request.remote_addr)
-    jobs = runtime.jobs
-    if not isinstance(jobs, Jobs):
+        app = served.keys.caller(header, request.remote_addr)
+    jobs = served.jobs
+    if jobs is None:
         raise ApiError(
             501, "jobs_unavailable", "this yard runs without the job service; no jobs exist"
         )

@@ -1,6 +1,7 @@
 """See what the bouncer sees: the dashboard, ``/metrics`` and the admin API.
 
-``register(app, runtime)`` mounts all three on the gateway's Quart app:
+:func:`install` mounts all three on the gateway's Quart app, serving an
+:class:`Observer` (``Observer.from_config``):
 
 - ``/dashboard``: a live page (server-rendered, updated over server-sent
   events by a small script shipped with the package; no build step, no CDN).
@@ -19,32 +20,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from yard.observe.metrics import observe_proxy_latency, observe_request
-from yard.observe.state import Observer
+from yard.observe.state import MeterInfo, Observer
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from yard.app.runtime import Runtime
-
-__all__ = ["Observer", "install", "observe_proxy_latency", "observe_request", "register"]
-
-
-def register(app: QuartTrio, runtime: Runtime) -> Observer:
-    """Mount the dashboard, ``/metrics`` and the admin API on ``app``, serving
-    the runtime's engine and configuration.
-
-    Returns the :class:`Observer` that serves them (also kept in
-    ``app.extensions["yard.observe"]``). The gateway's hook is left in
-    ``runtime.observe_request`` (:func:`observe_request`), so that
-    the proxy can report each request without importing this package.
-    """
-    runtime.observe_request = observe_request
-    return install(app, Observer.from_runtime(runtime))
+__all__ = ["MeterInfo", "Observer", "install", "observe_proxy_latency", "observe_request"]
 
 
 def install(app: QuartTrio, observer: Observer) -> Observer:
     """Mount the dashboard, ``/metrics`` and the admin API on ``app``, serving
-    ``observer`` (for callers that build one themselves, such as tests)."""
+    ``observer`` (kept in ``app.extensions["yard.observe"]``; returned)."""
     from yard.observe.admin import blueprint as admin_blueprint
     from yard.observe.dashboard import blueprint as dashboard_blueprint
     from yard.observe.metrics_view import blueprint as metrics_blueprint

@@ -19,8 +19,20 @@ from yard.observe.report import EngineSource, Json, apps_json, build_status
 from yard.observe.timeline_svg import render_svg
 
 if TYPE_CHECKING:
-    from yard.app.runtime import MeterInfo, Runtime
+    from yard.config import Config
     from yard.h1.server import ServerStatistics
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeterInfo:
+    """Which memory meter yard reads, for the parts that show it.
+
+    mode: ``nvml``, ``drm``, ``nvml+drm``, ``apple`` or ``host-only``.
+    detail: the meter's sentence (which GPUs, through what; or why host-only).
+    """
+
+    mode: str
+    detail: str
 
 
 class ProfileForgetter(Protocol):
@@ -50,7 +62,7 @@ class Observer:
     failures_before_delay, failure_max_delay_s: how wrong admin keys are
         slowed down (:class:`yard.api.keys.LoginThrottle`).
     shared_throttle: the throttle to use instead of a new one: the one that
-        every route of the running yard shares (``Runtime.keys``).
+        every route of the running yard shares (``yard.app.web.Web.keys``).
     clock: monotonic seconds for sessions and the throttle (tests move it).
     placements: backend name -> the GPUs it may be placed on (the timeline
         puts work ahead for a backend not loaded lately there).
@@ -112,19 +124,32 @@ class Observer:
         )
 
     @classmethod
-    def from_runtime(cls, runtime: Runtime) -> Observer:
-        """The observer for a gateway's runtime."""
-        config = runtime.config
+    def from_config(
+        cls,
+        config: Config,
+        *,
+        engine: EngineSource,
+        started_at: float = 0.0,
+        profiles: ProfileForgetter | None = None,
+        shutdown: trio.Event | None = None,
+        meter_info: MeterInfo | None = None,
+        node: str | None = None,
+        cluster: Callable[[], Json] | None = None,
+        http: Callable[[], ServerStatistics | None] | None = None,
+        shared_throttle: LoginThrottle | None = None,
+    ) -> Observer:
+        """The observer of a yard run with ``config`` (the other arguments are
+        the fields of the same names)."""
         return cls(
-            engine=runtime.engine,
+            engine=engine,
             admin_key=config.server.admin_key,
             models={name: tuple(b.models) for name, b in config.backends.items()},
             placements={name: tuple(b.gpus) for name, b in config.backends.items()},
             profile_margin=config.scheduler.profile_margin,
-            started_at=runtime.started_at,
-            profiles=runtime.profiles,
-            shutdown=runtime.stopping,
-            meter_info=runtime.meter,
+            started_at=started_at,
+            profiles=profiles,
+            shutdown=shutdown,
+            meter_info=meter_info,
             apps={
                 name: {
                     "models": None if app.models is None else list(app.models),
@@ -138,10 +163,10 @@ class Observer:
             login_max_bytes=config.server.dashboard_login_max_bytes,
             failures_before_delay=config.server.admin_failures_before_delay,
             failure_max_delay_s=config.server.admin_failure_max_delay_s,
-            shared_throttle=runtime.keys.throttle,
-            node=None if runtime.cluster is None else runtime.cluster.name,
-            cluster=None if runtime.cluster is None else runtime.cluster.health,
-            http=lambda: None if runtime.http_statistics is None else runtime.http_statistics(),
+            shared_throttle=shared_throttle,
+            node=node,
+            cluster=cluster,
+            http=http,
         )
 
     def stopping(self) -> bool:
