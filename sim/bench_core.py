@@ -10,8 +10,14 @@ drains and evictions happen along the way. Target: median under 50 us at
 The model-zoo case: 10, 25 and 50 backends on two GPUs where one fits per GPU,
 most with requests waiting, a quarter of arrivals with a start-by, 10,000 waiting.
 Every event may change which backend should be loaded next, so it shows how the
-cost of planning grows with the number of configured backends. Target: median
-under 50 us and p99 under 500 us with 50 backends.
+cost of planning grows with the number of configured backends. Then 40 backends
+with 100, 1,000 and 10,000 waiting and the mix a real meter and real clients give
+(:class:`_Bench` ``varied``): each reading reports every loaded backend's live use
+(below its profile, moving with its traffic: a reading changes what planning
+reads), now and then a backend above its profile (its profile is raised), foreign
+use that comes and goes, loads reported while they run (``BackendLoading``), and
+clients that give up (``RequestCancelled``). Target: median under 50 us and p99
+under 500 us at every queue length.
 
 Run: ``python -m sim bench`` (or ``python -m sim.bench_core``).
 """
@@ -27,6 +33,7 @@ import time
 
 from yard.core import (
     HOST,
+    BackendLoading,
     BackendReady,
     BackendSpec,
     BackendStopped,
@@ -37,6 +44,7 @@ from yard.core import (
     MemoryMeasured,
     ProfileMeasured,
     RequestArrived,
+    RequestCancelled,
     RequestFinished,
     Scheduler,
     SchedulerConfig,
@@ -71,6 +79,10 @@ _Backends = dict[str, tuple[tuple[str, ...], int, tuple[int, int, float], float,
 ZOO_SIZES = (10, 25, 50)
 ZOO_QUEUED = 10_000
 ZOO_DEADLINE_SHARE = 0.25
+VARIED_BACKENDS = 40
+VARIED_READING_SHARE = 0.1  # of events: a reading of one device
+VARIED_CANCEL_SHARE = 0.05  # of arrivals: the client gives up while it waits
+VARIED_ABOVE_SHARE = 0.02  # of readings: a backend above its profile
 
 
 def zoo(count: int) -> _Backends:
@@ -96,10 +108,14 @@ class _Bench:
         rng: random.Random,
         backends: _Backends = BACKENDS,
         deadline_share: float = 0.1,
+        varied: bool = False,
     ) -> None:
         self.rng = rng
         self.backends = backends
         self.deadline_share = deadline_share
+        self.varied = varied
+        self.profile_gpu = {n: p[0] * GIB for n, (_g, _s, p, _svc, _w) in backends.items()}
+        self.foreign = {d.name: 0 for d in DEVICES}
         specs = [
             BackendSpec(name=n, gpus=g, slots=s, idle_ttl_s=300.0)
             for n, (g, s, _p, _svc, _w) in backends.items()
@@ -146,7 +162,10 @@ class _Bench:
 
     def carry_out(self, d: Decision) -> None:
         if isinstance(d, StartBackend):
-            self.later(self.backends[d.backend][2][2], BackendReady(backend=d.backend))
+            load_s = self.backends[d.backend][2][2]
+            if self.varied:
+                self.later(load_s / 2, BackendLoading(backend=d.backend, progress="50%"))
+            self.later(load_s, BackendReady(backend=d.backend))
             self.loaded[d.backend] = d.gpus
         elif isinstance(d, StopBackend):
             self.loaded.pop(d.backend, None)
@@ -159,6 +178,8 @@ class _Bench:
         rid = f"r{next(self.ids)}"
         deadline = self.rng.random() < self.deadline_share
         start_by = self.now + self.rng.uniform(60, 3_600) if deadline else None
+        if self.varied and self.rng.random() < VARIED_CANCEL_SHARE:
+            self.later(self.rng.uniform(1.0, 120.0), RequestCancelled(request_id=rid))
         self.feed(
             RequestArrived(
                 request_id=rid,
@@ -170,6 +191,9 @@ class _Bench:
         )
 
     def reading(self) -> None:
+        if self.varied:
+            self.varied_reading()
+            return
         dev = self.rng.choice(DEVICES)
         backends = tuple(
             (n, int(self.backends[n][2][1 if dev.name == HOST else 0]) * GIB)
@@ -179,6 +203,26 @@ class _Bench:
         used = sum(b for _, b in backends) + self.rng.randrange(0, 2 * GIB)
         self.feed(MemoryMeasured(device=dev.name, used_bytes=used, backends=backends))
 
+    def varied_reading(self) -> None:
+        """A GPU's reading as a real meter gives it: each loaded backend's live use
+        below its profile and moving with its traffic, now and then one above it,
+        foreign use that comes and goes."""
+        rng = self.rng
+        dev = rng.choice(DEVICES[:2])
+        backends = []
+        for n, gpus in sorted(self.loaded.items()):
+            if dev.name not in gpus:
+                continue
+            live = int(self.profile_gpu[n] * rng.uniform(0.85, 1.0))
+            if rng.random() < VARIED_ABOVE_SHARE:
+                live = int(self.profile_gpu[n] * rng.uniform(1.0, 1.02))
+                self.profile_gpu[n] = max(self.profile_gpu[n], live)
+            backends.append((n, live))
+        if rng.random() < 0.2:
+            self.foreign[dev.name] = rng.choice((0, 0, GIB // 2, GIB))
+        used = sum(b for _, b in backends) + self.foreign[dev.name]
+        self.feed(MemoryMeasured(device=dev.name, used_bytes=used, backends=tuple(backends)))
+
     def step(self) -> None:
         """One event: whichever comes first of engine report, wakeup, or new traffic."""
         queued = self.s.queue_length()
@@ -186,7 +230,7 @@ class _Bench:
             self.arrive()
             return
         roll = self.rng.random()
-        if roll < 0.05:
+        if roll < (VARIED_READING_SHARE if self.varied else 0.05):
             self.reading()
             return
         wake = self.s.next_wakeup()
@@ -240,14 +284,17 @@ _HEADER = (
 
 def main(cases: str = "all") -> None:
     """Print per-event cost of ``Scheduler.handle`` at three queue lengths, then
-    for the model zoo at three numbers of backends (``cases``: ``all``, ``queue``
-    or ``zoo``)."""
-    if cases not in ("all", "queue", "zoo"):
-        raise SystemExit(f"unknown case {cases!r}: all, queue or zoo")
-    if cases != "zoo":
+    for the model zoo at three numbers of backends, then for 40 backends with the
+    varied mix at three queue lengths (``cases``: ``all``, ``queue``, ``zoo`` (the
+    zoo and the varied mix) or ``varied``)."""
+    if cases not in ("all", "queue", "zoo", "varied"):
+        raise SystemExit(f"unknown case {cases!r}: all, queue, zoo or varied")
+    if cases in ("all", "queue"):
         _queue_case()
-    if cases != "queue":
+    if cases in ("all", "zoo"):
         _zoo_case()
+    if cases in ("all", "zoo", "varied"):
+        _varied_case()
 
 
 def _queue_case() -> None:
@@ -275,6 +322,21 @@ def _zoo_case() -> None:
         bench = _Bench(ZOO_QUEUED, random.Random(SEED), zoo(count), ZOO_DEADLINE_SHARE)
         cpu, wall = bench.run()
         print(_row(count, cpu, wall))
+
+
+def _varied_case() -> None:
+    print(
+        f"model zoo, varied mix: {VARIED_BACKENDS} backends on two GPUs (one fits per GPU), "
+        f"readings of live use {VARIED_READING_SHARE:.0%} of events, "
+        f"{VARIED_CANCEL_SHARE:.0%} of clients give up"
+    )
+    print(f"{'N':>7} {'events':>7} {_HEADER}")
+    for n in SIZES:
+        bench = _Bench(
+            n, random.Random(SEED), zoo(VARIED_BACKENDS), ZOO_DEADLINE_SHARE, varied=True
+        )
+        cpu, wall = bench.run()
+        print(_row(n, cpu, wall))
 
 
 if __name__ == "__main__":
