@@ -182,6 +182,47 @@ BRUTE_FORCE = 7
 """Busy periods of up to this many requests are bounded by trying every order."""
 
 
+BLIND_ORDERS = ("first come", "last come", "random", "shortest first (knows lengths)")
+"""The orders :func:`order_waits` compares; the first three know no service time."""
+
+
+def order_waits(arrivals: Sequence[Arrival], slots: Mapping[str, int], order: str) -> float:
+    """The high class's p95 wait for the backends in ``slots`` (backend: slots),
+    each always loaded and never idle while a request waits, taking the next
+    request in ``order`` (one of :data:`BLIND_ORDERS`; random draws from a fixed
+    seed). :func:`clairvoyant_bound` minimizes each busy period's longest wait
+    over every order, which takes knowing each request's service time; a policy
+    that does not know them picks one order rule for all, and these are the
+    natural ones."""
+    rng = random.Random(0)
+    waits: list[float] = []
+    for backend, count in slots.items():
+        todo = sorted((a for a in arrivals if a.cls == "high" and a.backend == backend), key=_at)
+        free = [0.0] * count
+        queue: list[Arrival] = []
+        i = 0
+        while i < len(todo) or queue:
+            slot = min(range(count), key=lambda k: free[k])
+            now = free[slot]
+            if not queue and todo[i].at > now:
+                now = todo[i].at
+            while i < len(todo) and todo[i].at <= now:
+                queue.append(todo[i])
+                i += 1
+            if order == "first come":
+                a = queue[0]
+            elif order == "last come":
+                a = queue[-1]
+            elif order == "random":
+                a = rng.choice(queue)
+            else:
+                a = min(queue, key=lambda q: q.service_s)
+            queue.remove(a)
+            waits.append(now - a.at)
+            free[slot] = now + a.service_s
+    return percentile(waits, 0.95)
+
+
 def _at(a: Arrival) -> float:
     return a.at
 

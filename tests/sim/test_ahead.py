@@ -226,3 +226,23 @@ def test_no_order_beats_the_bound_on_the_radio_days() -> None:
     # baseline (143 and 164 s) whatever the policy.
     assert instances_bound(2024, 1) > 143 / 2
     assert instances_bound(1, 1) > 164 / 2
+
+
+def test_blind_orders_against_the_clairvoyant_bound() -> None:
+    from sim.targets_ahead import clairvoyant_bound, order_waits
+
+    # Three scripts on one slot: 100 s at 0, 10 s at 1, 90 s at 2. First come:
+    # waits 0, 99, 108; last come: 0, 98 (the 90 s one), 189; shortest first: as
+    # first come. The bound tries every order, even one that leaves the slot idle
+    # for a second to start the 10 s script first: 0, 9, 101.
+    scripts = [
+        Arrival(
+            at=t, request_id=f"s{t:.0f}", backend="news-llm", priority=90.0, service_s=s, cls="high"
+        )
+        for t, s in ((0.0, 100.0), (1.0, 10.0), (2.0, 90.0))
+    ]
+    slots = {"news-llm": 1}
+    assert order_waits(scripts, slots, "first come") == 108.0
+    assert order_waits(scripts, slots, "last come") == 189.0
+    assert order_waits(scripts, slots, "shortest first (knows lengths)") == 108.0
+    assert clairvoyant_bound(scripts, slots) == 101.0
