@@ -131,3 +131,12 @@ command = ["some-server", "--port", "{{port}}"]
     llm = specs["llm"].prior
     assert llm is not None and llm.trained_context == 8192
     assert specs["other"].prior is None
+
+
+def test_a_context_the_command_fixes_anchors_the_prior(gguf: Path) -> None:
+    """A backend with no range starts at its own -c: that is where it is judged."""
+    m = read_model_file(gguf)
+    fixed = prior(m, settings=server_settings(["-c", "2048"]))
+    assert fixed.profile.context == 2048
+    assert fixed.profile.host_bytes == estimate(m, 2048).host_bytes
+    assert server_settings(["-c", "{context}"]).context is None

@@ -163,6 +163,8 @@ class ServerSettings:
     mmap: False with ``--no-mmap`` (the weights are read into anonymous memory).
     repack: the CPU backend copies the weights into a buffer of its own
         (:func:`cpu_repacks`); counted for a host-only backend.
+    context: ``-c``/``--ctx-size`` where the command fixes it (a number, not
+        yard's ``{context}``): the prior's figures are given there.
     """
 
     cache_k: str = "f16"
@@ -171,6 +173,7 @@ class ServerSettings:
     flash_attn: bool | None = None
     mmap: bool = True
     repack: bool = False
+    context: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -273,6 +276,8 @@ _FLAGS = {
     "--ubatch-size": "ubatch",
     "-fa": "flash_attn",
     "--flash-attn": "flash_attn",
+    "-c": "context",
+    "--ctx-size": "context",
 }
 
 
@@ -302,7 +307,9 @@ def server_settings(argv: Sequence[str]) -> ServerSettings:
             raise ValueError(f"unknown KV-cache type {found[key]!r}; llama.cpp knows {known}")
     fa = found.get("flash_attn", "auto").lower()
     ubatch = found.get("ubatch", "")
+    context = found.get("context", "")
     return ServerSettings(
+        context=int(context) if context.isdigit() and int(context) > 0 else None,
         cache_k=found.get("cache_k", "f16"),
         cache_v=found.get("cache_v", "f16"),
         ubatch=int(ubatch) if ubatch.isdigit() and int(ubatch) > 0 else 512,
@@ -392,8 +399,9 @@ def prior(
     on_gpu: bool = False,
     unified: bool = False,
 ) -> Prior:
-    """The core's record of ``model``'s estimate: the figures at the trained
-    context (or 4,096 tokens) as a line in the context, the trained context,
+    """The core's record of ``model``'s estimate: the figures at the context
+    the command fixes, else the trained one (else 4,096 tokens), as a line in
+    the context, the trained context,
     and the sentence reasons quote. ``unified``: the GPU's memory is the
     host's (Apple silicon: its meter shows a backend's whole footprint on
     both), so a GPU backend's host figure is its GPU figure."""
@@ -403,7 +411,7 @@ def prior(
         host = at.gpu_bytes if unified and on_gpu else at.host_bytes
         figures = Profile(gpu_bytes=at.gpu_bytes, host_bytes=host, load_s=0.0)
         return Prior(profile=figures, trained_context=None, source="the model file's size")
-    anchor = model.trained_context or 4096
+    anchor = s.context or model.trained_context or 4096
     here = estimate(model, anchor, settings=s, on_gpu=on_gpu)
     per_token = model.kv_bytes_per_token(s.cache_k, s.cache_v) + _compute_per_token(model, s)
     shared = unified and on_gpu
