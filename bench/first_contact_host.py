@@ -90,9 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         port = _free_port()
         config = work / "yard.toml"
         config.write_text(
-            CONFIG.format(
-                port=port, data=work / "data", reserve=reserve, limit=LIMIT, model=model
-            )
+            CONFIG.format(port=port, data=work / "data", reserve=reserve, limit=LIMIT, model=model)
         )
         log_path = work / "yard.log"
         with log_path.open("wb") as log:

@@ -104,3 +104,31 @@ async def test_refusals_reach_the_official_client_after_one_try(tmp_path: Path) 
     assert wrong_tries == ["GET /v1/models"]
     assert no_bearer.status_code == 401
     assert "Bearer" in no_bearer.json()["error"]["message"]
+
+
+def _job_recipe(url: str) -> tuple[int, str, str]:
+    """The recipe of docs/clients.md: hand a chat request in as a job, then
+    fetch its answer as a ChatCompletion."""
+    from openai.types.chat import ChatCompletion
+
+    with openai.OpenAI(base_url=url + "/v1", api_key=KEY) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model="chat-tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"Prefer": "respond-async"},
+        )
+        job = raw.http_response.json()
+        completion = client.get(
+            f"/jobs/{job['id']}/result",
+            cast_to=ChatCompletion,
+            options={"params": {"wait": 60}},
+        )
+    return raw.status_code, job["object"], completion.object
+
+
+async def test_the_documented_job_recipe_works_with_the_official_client(tmp_path: Path) -> None:
+    body = backend_toml("llm", models=("chat-tiny",)) + APPS
+    with trio.fail_after(120):
+        async with running_yard(tmp_path, body) as runtime:
+            status, job, answer = await trio.to_thread.run_sync(_job_recipe, runtime.urls[0])
+    assert (status, job, answer) == (202, "job", "chat.completion")

@@ -21,6 +21,7 @@ from tests.http.conftest import (
 from tests.http.fakes import FakeEngine
 from tests.http.upstream import Scripted, serve_scripted
 from tests.http.virtual import VirtualGateway
+from yard.config import AppConfig
 from yard.engine import Rejected
 from yard.observe.metrics import REQUESTS
 
@@ -604,3 +605,45 @@ async def test_a_backend_cookie_named_like_yards_session_never_reaches_the_clien
         response = await gw.client.post("/v1/chat/completions", json=CHAT)
     assert response.status_code == 200
     assert response.headers.get_list("set-cookie") == ["theirs=1"]
+
+
+async def test_a_mistyped_openai_path_gets_yards_404_not_the_backends(
+    gateway_factory: GatewayFactory,
+) -> None:
+    gw = await gateway_factory()
+    async with gw.client:
+        typo = await gw.client.post("/v1/chat/completion", json=CHAT)
+        other = await gw.client.post("/v1/vendor/thing", json=CHAT)
+    assert typo.status_code == 404
+    error = typo.json()["error"]
+    assert error["code"] == "path_not_found"
+    assert "did you mean /v1/chat/completions?" in error["message"]
+    assert typo.headers["x-should-retry"] == "false"
+    # A path that is no near miss of OpenAI's still goes to the model's backend.
+    assert other.status_code == 200
+    assert len(gw.engine.admissions) == 1
+
+
+async def test_an_unknown_model_gets_a_did_you_mean_among_the_apps_own_models(
+    gateway_factory: GatewayFactory,
+) -> None:
+    scoped = {
+        "chat": AppConfig(
+            name="chat", key="key-chat", default_priority=60.0, max_priority=80.0, models=("tiny",)
+        )
+    }
+    gw = await gateway_factory(config=make_config(apps=scoped))
+    key = {"authorization": "Bearer key-chat"}
+    async with gw.client:
+        near = await gw.client.post(
+            "/v1/chat/completions", json={**CHAT, "model": "tinny"}, headers=key
+        )
+        hidden = await gw.client.post(
+            "/v1/chat/completions", json={**CHAT, "model": "whisper-2"}, headers=key
+        )
+    assert near.status_code == 404
+    assert "did you mean 'tiny'?" in near.json()["error"]["message"]
+    # whisper-1 is outside the app's models: never suggested.
+    assert hidden.json()["error"]["message"] == (
+        "the model 'whisper-2' does not exist in this yard; GET /v1/models lists them"
+    )

@@ -44,6 +44,7 @@ from yard.api.intake import (
     too_large,
     without_connection_options,
 )
+from yard.api.routes import mistyped_path, unknown_model
 from yard.config import Config
 from yard.engine import Engine
 from yard.h1.asgi import Receive, Scope
@@ -202,6 +203,9 @@ class RequestReader:
                         "GET /v1/models lists them",
                     )
         else:
+            mistyped = mistyped_path(path)
+            if mistyped is not None:
+                raise mistyped
             if len(body) <= INLINE_LIMIT:
                 model = model_of(method, content_type, body)
             else:
@@ -220,11 +224,7 @@ class RequestReader:
             # Outside the app's models: the same answer as a model that does
             # not exist, so that the app cannot tell them apart.
             if backend_config is None or not app.may_use(model):
-                raise ApiError(
-                    404,
-                    "model_not_found",
-                    f"the model {model!r} does not exist in this yard; GET /v1/models lists them",
-                )
+                raise unknown_model(config, app, model)
             upstream_path = raw_path.decode("latin-1")
 
         now = self.engine.now()
