@@ -27,7 +27,7 @@ import trio
 
 from yard.core.spec import HOST, Profile
 from yard.memory.readings import DeviceDetail
-from yard.ports import Launcher
+from yard.ports import Launcher, TellsWhatItTook, Took
 
 Phase = Literal["before", "loading", "warm-up", "settling", "done"]
 
@@ -53,6 +53,8 @@ class Measurement:
     notes: fallbacks taken, for people.
     context: the context size it was started with (None: no range).
     parallel: the slot count it was started with (None: no range).
+    took: what the server reported taking once ready (llama-server's
+        ``/props``: a slot's context, its slots; None: nothing reported).
     """
 
     backend: str
@@ -68,6 +70,7 @@ class Measurement:
     notes: tuple[str, ...] = ()
     context: int | None = None
     parallel: int | None = None
+    took: Took | None = None
 
     @property
     def peak_gpu_bytes(self) -> int:
@@ -142,6 +145,7 @@ async def measure_profile(
     whatever ``warmup`` raises; the process is stopped either way.
     """
     tracker = _Tracker(backend)
+    took: Took | None = None
     phase: Phase = "before"
     before = await meter.read_details({})
     if on_sample is not None:
@@ -165,6 +169,8 @@ async def measure_profile(
     async def load_and_warm_up() -> tuple[float, float | None]:
         nonlocal phase
         await process.wait_ready()
+        nonlocal took
+        took = process.took if isinstance(process, TellsWhatItTook) else None
         load_s = trio.current_time() - started
         warmup_s = None
         if warmup is not None:
@@ -204,4 +210,5 @@ async def measure_profile(
         notes=tuple(f"{device}: {note}" for device, note in sorted(tracker.notes.items())),
         context=context,
         parallel=parallel,
+        took=took,
     )

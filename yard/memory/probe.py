@@ -487,6 +487,9 @@ def _report(
         "pinned_without_profile": unmeasured_pinned,
         "meter": meter.mode_detail,
         "notes": list(m.notes),
+        # what llama-server took (/props), where it differs from the command
+        "server_context": m.took.context if m.took is not None else None,
+        "server_slots": m.took.slots if m.took is not None else None,
         "profile_key": key,
         "stored": stored,
     }
@@ -568,6 +571,12 @@ def _print_table(console: Console, report: Mapping[str, object]) -> None:
     if isinstance(notes, list):
         for note in notes:
             console.print(f"note: {note}", markup=False)
+    if report.get("server_context") is not None or report.get("server_slots") is not None:
+        console.print(
+            f"the server took context {report.get('server_context')} and "
+            f"{report.get('server_slots')} slot(s) (its /props)",
+            markup=False,
+        )
     console.print(str(report["meter"]), markup=False)
     stored = "stored" if report["stored"] else "not stored (--no-store)"
     console.print(f"profile {stored} (key {str(report['profile_key'])[:12]})")
