@@ -194,3 +194,12 @@ def test_a_profile_is_raised_only_for_a_meaningful_step() -> None:
     big.load("big", "r1")
     # 100 MiB above 10 GiB is 1 %: not a step
     assert of(ProfileRaised, big.memory("host", used_gib=20, at=1, big=10 + 100 / 1024)) == []
+
+
+def test_a_server_without_a_range_reports_its_context_without_a_flag() -> None:
+    h = Harness([BackendSpec(name="llm")], devices=(replace(host(16), per_process=True),))
+    h.arrive("r1", "llm", at=1)
+    out = h.feed(BackendReady(backend="llm", context=8192, slots=1), at=2)
+    assert of(Flag, out) == []
+    (view,) = h.s.snapshot(2).backends
+    assert view.context == 8192

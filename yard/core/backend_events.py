@@ -51,7 +51,7 @@ def ready(core: Core, ev: BackendReady, now: float, out: list[Decision]) -> None
     took = ""
     if ev.context is not None:
         b.served_context = ev.context
-        if ev.context != b.context:
+        if b.context is not None and ev.context != b.context:
             took = f"; the server took context {ev.context:,} (yard chose {b.context or 0:,})"
     if ev.slots is not None and ev.slots != b.slots:
         took += f"; the server has {ev.slots} slots (yard expected {b.slots})"
