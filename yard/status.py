@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -192,11 +193,40 @@ def _nodes(status: Json) -> Table | None:
     return table
 
 
-def _backends(status: Json) -> Table:
+PIPED_WIDTH = 200
+"""The width ``yard status`` writes when its output is not a terminal."""
+
+NARROW = 120
+"""Below this many columns the reasons go under a table, not in a column of
+it (a column a few characters wide put every word on a line of its own)."""
+
+
+def short_id(request_id: str) -> str:
+    """A request id as the queue shows it: its end (synchronous ids share a
+    per-run prefix, a batch's lines their batch's), whole if short."""
+    return request_id if len(request_id) <= 14 else "…" + request_id[-12:]
+
+
+def _with_reasons(table: Table, reasons: list[tuple[str, str]], narrow: bool) -> Table | Group:
+    """``table``, and when ``narrow`` its rows' reasons below it, one a line."""
+    if not narrow or not any(why for _, why in reasons):
+        return table
+    lines = Text()
+    for who, why in reasons:
+        if why:
+            lines.append(f"{who}: ", style="bold")
+            lines.append(why + "\n")
+    lines.rstrip()
+    return Group(table, lines)
+
+
+def _backends(status: Json, narrow: bool = False) -> Table | Group:
     table = Table(title="Backends", title_justify="left", expand=True)
     for column in ("backend", "state", "uptime", "slots", "queued", "served", "last load"):
         table.add_column(column, no_wrap=True)
-    table.add_column("why", overflow="fold")
+    if not narrow:
+        table.add_column("why", overflow="fold", min_width=30)
+    reasons: list[tuple[str, str]] = []
     for backend in status.get("backends", []):
         name = Text(backend["name"], style="bold")
         if backend.get("pinned"):
@@ -207,7 +237,7 @@ def _backends(status: Json) -> Table:
             shown.append(f" context {backend['context']}", style="dim")
         if backend.get("parallel"):
             shown.append(f" parallel {backend['parallel']}", style="dim")
-        table.add_row(
+        cells: list[Text | str] = [
             name,
             shown,
             format_duration(backend.get("uptime_s")),
@@ -215,12 +245,14 @@ def _backends(status: Json) -> Table:
             str(backend.get("queued", 0)),
             str(backend.get("served", 0)),
             format_duration(backend.get("last_load_s")),
-            backend.get("reason", ""),
-        )
-    return table
+        ]
+        reason = str(backend.get("reason", ""))
+        reasons.append((str(backend["name"]), reason))
+        table.add_row(*cells, *([] if narrow else [reason]))
+    return _with_reasons(table, reasons, narrow)
 
 
-def _queue(status: Json) -> Table | Text:
+def _queue(status: Json, narrow: bool = False) -> Table | Group | Text:
     queue = status.get("queue", {})
     items = queue.get("items", [])
     if not items:
@@ -228,22 +260,27 @@ def _queue(status: Json) -> Table | Text:
     table = Table(
         title=f"Queue ({queue.get('length', len(items))})", title_justify="left", expand=True
     )
-    for column in ("#", "request", "app", "backend", "prio", "eff.", "waited", "deadline", "why"):
-        table.add_column(column, overflow="fold")
+    for column in ("#", "request", "app", "backend", "prio", "eff.", "waited", "deadline"):
+        table.add_column(column, no_wrap=True)
+    if not narrow:
+        table.add_column("why", overflow="fold", min_width=30)
+    reasons: list[tuple[str, str]] = []
     for item in items:
         deadline = item.get("deadline_in_s")
-        table.add_row(
+        cells = [
             str(item.get("position")),
-            str(item.get("request_id", ""))[:12],
+            short_id(str(item.get("request_id", ""))),
             item.get("app") or "-",
             item.get("backend", ""),
             f"{item.get('priority', 0):.1f}",
             f"{item.get('effective_priority', 0):.1f}",
             format_duration(item.get("waited_s")),
             f"in {format_duration(deadline)}" if deadline is not None else "-",
-            item.get("reason", ""),
-        )
-    return table
+        ]
+        reason = str(item.get("reason", ""))
+        reasons.append((f"#{item.get('position')}", reason))
+        table.add_row(*cells, *([] if narrow else [reason]))
+    return _with_reasons(table, reasons, narrow)
 
 
 def _apps(status: Json) -> Table | None:
@@ -329,13 +366,14 @@ def _profiles(status: Json) -> Table | Text:
 
 def render(status: Json, console: Console, *, decisions: int = 15) -> None:
     """Print the status document as the terminal dashboard."""
+    narrow = console.width < NARROW
     console.print(_summary(status))
     nodes = _nodes(status)
     if nodes is not None:
         console.print(nodes)
     console.print(_devices(status))
-    console.print(_backends(status))
-    console.print(_queue(status))
+    console.print(_backends(status, narrow))
+    console.print(_queue(status, narrow))
     apps = _apps(status)
     if apps is not None:
         console.print(apps)
@@ -359,5 +397,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
-    render(status, Console())
+    render(status, _console())
     return 0
+
+
+def _console() -> Console:
+    """The terminal's console; piped, one wide enough that no table wraps its
+    reasons (``$COLUMNS`` if wider)."""
+    if sys.stdout.isatty():
+        return Console()
+    columns = os.environ.get("COLUMNS", "")
+    return Console(width=max(PIPED_WIDTH, int(columns) if columns.isdigit() else 0))

@@ -212,3 +212,22 @@ async def test_a_busy_engine_gets_at_most_four_renders_a_second(
         await stream.read_until(b"second load")
         # The previous render was at t0 + 0.05; the next waits for t0 + 0.05 + 0.25.
         assert trio.current_time() - t0 == pytest.approx(COALESCE_S + MIN_INTERVAL_S)
+
+
+async def test_a_single_yard_page_reads_without_guessing(
+    app: QuartTrio, engine: FakeEngine
+) -> None:
+    # Issue 24 case 7: ids told apart, no empty nodes box, a legend for the
+    # hatches, an icon (the browser asked for /favicon.ico and got a 404).
+    for n in (0xA1F, 0xB20):
+        engine.queue.append(queued_view(f"c768734d7003{n:012x}", "llm", app="radio"))
+    client = app.test_client()
+    html = await (
+        await client.get("/dashboard", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    ).get_data(as_text=True)
+    assert "…000000000a1f" in html and "…000000000b20" in html
+    assert 'title="c768734d7003000000000a1f"' in html
+    assert re.search(r'<section id="nodes" hidden>\s*</section>', html)
+    assert "foreign: used by processes yard does not own" in html
+    assert "kept free: the device's reserve" in html
+    assert '<link rel="icon" href="data:image/svg+xml,' in html

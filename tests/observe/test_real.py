@@ -56,11 +56,18 @@ def _browse(url: str, page_is_live: Callable[[], None], screenshot: Path) -> dic
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            failed: list[str] = []
+            page.on(
+                "response",
+                lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None,
+            )
+            seen["failed"] = failed
             page.goto(f"{url}/dashboard")
             page.fill("#key", ADMIN_KEY)
             page.click("button[type=submit]")
             page.wait_for_selector("#live[data-state=live]", timeout=15_000)
             page.evaluate("window.yardNotReloaded = true")
+            seen["nodes_visible"] = page.is_visible("#nodes")
             seen["llm_bar_before"] = page.locator(
                 '#memory .seg.backend[data-backend="llm"]'
             ).count()
@@ -143,6 +150,10 @@ async def test_dashboard_shows_a_request_queue_then_dispatch_live_in_a_browser(
     assert seen["pinned"] == "pinned"
     assert "listening on http://127.0.0.1:" in str(seen["log"])
     assert seen["not_reloaded"] is True
+    assert seen["nodes_visible"] is False  # one yard: no empty nodes box
+    # Nothing the page asked for failed (the browser's favicon request was a 404);
+    # the login page's 401 is the only refusal.
+    assert [f for f in seen["failed"] if not f.startswith("401 ")] == []  # type: ignore[attr-defined]
     assert screenshot.stat().st_size > 10_000
     printed = status.stdout.decode()
     assert "host-only mode" in printed or "gpu" in printed

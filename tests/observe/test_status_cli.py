@@ -78,3 +78,32 @@ def test_status_finds_yard_and_its_admin_key_in_the_configuration(
     assert resolve_target(explicit) == ("http://10.1.2.3:80", "given")
     bare = argparse.Namespace(url=None, key=None, config=None)
     assert resolve_target(bare) == ("http://127.0.0.1:8080", "from-env")
+
+
+async def test_at_80_columns_reasons_read_as_lines_and_queued_ids_differ(
+    engine: FakeEngine,
+) -> None:
+    # Two synchronous ids of one run share their first 12 characters.
+    for n in (0xA1F, 0xB20):
+        engine.queue.append(
+            queued_view(
+                f"c768734d7003{n:012x}",
+                "tts",
+                app="radio",
+                reason="waiting for a free slot on tts (1/1 busy); next after 3 of higher priority",
+            )
+        )
+    from yard.status import render
+
+    console = Console(record=True, width=80, color_system=None)
+    render(Observer(engine=engine, profile_margin=1.25).status(), console)
+    text = console.export_text()
+    assert "…000000000a1f" in text and "…000000000b20" in text
+    # The reason is a line under the table, not a word per line in a thin column.
+    assert "waiting for a free slot on tts (1/1 busy); next after 3 of higher" in text
+
+
+def test_piped_status_is_written_wide_enough_not_to_wrap() -> None:
+    from yard.status import PIPED_WIDTH, _console
+
+    assert _console().width >= PIPED_WIDTH  # pytest's stdout is no terminal

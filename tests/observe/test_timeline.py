@@ -29,7 +29,7 @@ from yard.core.events import (
 from yard.core.views import Snapshot, WindowView
 from yard.engine import Engine, LoggedDecision
 from yard.observe import Observer, install
-from yard.observe.timeline import AHEAD_MIN_S, JOIN_S, History, Span, build
+from yard.observe.timeline import AHEAD_MIN_S, JOIN_S, PAST_MIN_S, History, Span, build
 from yard.observe.timeline_svg import render_svg
 
 GiB = 2**30
@@ -179,14 +179,15 @@ async def a_busy_quarter_hour(engine: Engine) -> None:
     await trio.testing.wait_all_tasks_blocked()
 
 
-async def test_the_timeline_shows_the_last_hour_and_the_work_ahead_at_exact_times(
+async def test_the_timeline_zooms_to_recent_activity_and_shows_the_work_ahead_at_exact_times(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with running() as y:
         await a_busy_quarter_hour(y.engine)
         assert trio.current_time() == 24.0
         document = y.observer.timeline(wall_now=EPOCH + 24.0)
-    assert (document["start"], document["now"], document["end"]) == (24.0 - 3600, 24.0, 2424.0)
+    # 24 s of activity: the past shown is PAST_MIN_S, not the whole hour.
+    assert (document["start"], document["now"], document["end"]) == (24.0 - 120, 24.0, 2424.0)
     assert document["beyond"] == 0
     assert [d["name"] for d in document["devices"]] == ["gpu0", "host"]
     gpu0, host = document["devices"]
@@ -258,7 +259,7 @@ async def test_the_picture_has_a_row_per_device_bars_windows_and_a_now_line(
     now_line = now.find(f"{SVG}line")
     assert now_line is not None
     now_x = float(now_line.get("x1", "nan"))
-    assert float(loaded.get("x", "0")) + float(loaded.get("width", "0")) == now_x
+    assert float(loaded.get("x", "0")) + float(loaded.get("width", "0")) == pytest.approx(now_x)
     [held] = llm.findall(f"{SVG}g[@class='held']")
     assert held.get("data-count") == "1"
     assert _title(held) == "1 held request(s) for llm (web), not before 20:41:40Z"
@@ -274,12 +275,26 @@ async def test_the_picture_has_a_row_per_device_bars_windows_and_a_now_line(
         assert words in legend
 
 
-async def test_without_work_ahead_the_picture_looks_fifteen_minutes_ahead(
+async def test_the_past_shown_grows_with_the_activity_up_to_the_hour(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running() as y:
+        await a_busy_quarter_hour(y.engine)
+        await trio.sleep(1500 - trio.current_time())
+        at_25_min = y.observer.timeline(wall_now=EPOCH + 1500)
+        await trio.sleep(3000)
+        later = y.observer.timeline(wall_now=EPOCH + 4500)
+    assert at_25_min["now"] - at_25_min["start"] == 1500  # back to the first load, at 0
+    assert later["now"] - later["start"] == 3600  # never more than the history's hour
+
+
+async def test_without_work_ahead_the_picture_keeps_a_small_margin_after_now(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with running() as y:
         document = y.observer.timeline(wall_now=EPOCH)
-    assert document["end"] - document["now"] == AHEAD_MIN_S
+    assert document["now"] - document["start"] == PAST_MIN_S
+    assert document["end"] - document["now"] == PAST_MIN_S / 6 < AHEAD_MIN_S
     root = _parse(render_svg(document))
     assert [r.get("data-row") for r in root.findall(f"{SVG}g[@class='device']")] == [
         "gpu0",

@@ -351,7 +351,7 @@ def dispatched(
     waited_s: float,
 ) -> str:
     return (
-        f"{name} has a free slot ({busy}/{slots} busy); "
+        f"{name} had a free slot (now {busy}/{slots} busy); "
         f"{request_id} priority {priority:g}, effective {effective:.1f}, "
         f"waited {secs(waited_s)}"
     )

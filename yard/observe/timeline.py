@@ -56,7 +56,12 @@ JOIN_S = 5.0
 another is one bar, and the history does not fill up with slivers."""
 
 AHEAD_MIN_S = 900.0
-"""The timeline shows at least this far ahead."""
+"""The timeline shows at least this far ahead when work is announced or held."""
+
+PAST_MIN_S = 120.0
+"""The past the timeline shows at least: it zooms to the activity it has,
+from this much up to its whole history (an hour), so that the last minutes
+are not squeezed into a sliver of an hour."""
 
 AHEAD_MAX_S = 7200.0
 """... and at most this far: windows further ahead are only counted."""
@@ -330,12 +335,20 @@ def build(
     placements = placements or {}
     now = snapshot.now
     wall = time.time() if wall_now is None else wall_now
-    start = now - history.horizon_s
     spans = history.spans(now)
+    # Zoomed to the activity: back to the first span shown, in whole minutes
+    # (5-minute steps past ten minutes).
+    first = min((s.start for s in spans), default=now)
+    step = 60.0 if now - first <= 600.0 else 300.0
+    past = min(history.horizon_s, max(PAST_MIN_S, math.ceil((now - first) / step) * step))
+    start = now - past
     shown = [w for w in snapshot.windows if w.closes >= now or w.kind == "held"]
     inside = [w for w in shown if w.opens <= now + AHEAD_MAX_S]
     furthest = max((max(w.closes, w.opens) - now for w in inside), default=0.0)
-    ahead = min(AHEAD_MAX_S, max(AHEAD_MIN_S, math.ceil(furthest / 300.0) * 300.0))
+    if inside:
+        ahead = min(AHEAD_MAX_S, max(AHEAD_MIN_S, math.ceil(furthest / 300.0) * 300.0))
+    else:
+        ahead = past / 6  # nothing ahead: a margin after "now", not an empty quarter hour
     end = now + ahead
 
     rows: dict[str, dict[str, Json]] = {d.name: {} for d in snapshot.devices}

@@ -1,7 +1,8 @@
 """The dashboard's timeline as an SVG picture, drawn on the server (no script).
 
-One row per device, one lane per backend on it, time from an hour ago to the
-furthest window ahead (:func:`yard.observe.timeline.build` chooses the span),
+One row per device, one lane per backend on it, time from the first activity
+of the last hour (two minutes ago at least) to the furthest window ahead
+(:func:`yard.observe.timeline.build` chooses the span),
 a "now" line, a legend, and a ``<title>`` with exact times on every mark:
 the past as bars (loading hatched, loaded light, serving dark), announced
 windows as dashed boxes labelled "model ×count · app" (stacked so that labels
@@ -74,7 +75,7 @@ def _duration(seconds: float) -> str:
 
 
 def _tick_step(span_s: float) -> float:
-    for minutes in (5, 10, 15, 20, 30, 60):
+    for minutes in (1, 2, 5, 10, 15, 20, 30, 60):
         if span_s / (minutes * 60) <= 12:
             return minutes * 60.0
     return 7200.0

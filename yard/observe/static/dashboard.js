@@ -28,6 +28,7 @@
       var target = document.getElementById(section.id);
       if (target) {
         target.innerHTML = section.html;
+        target.hidden = !section.html.trim();  // the nodes box, without a cluster
       }
     });
   }
