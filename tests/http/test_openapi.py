@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -270,6 +271,7 @@ def fuzzed_yard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_schemathesis_finds_no_500_anywhere_in_the_document(fuzzed_yard: str) -> None:
     schema = schemathesis.openapi.from_dict(document())
     seen: dict[int, int] = {}
+    durable: dict[int, int] = {}  # the files, batches and announcements routes
     failures: list[str] = []
     operations = []
     for result in schema.get_all_operations():
@@ -291,6 +293,8 @@ def test_schemathesis_finds_no_500_anywhere_in_the_document(fuzzed_yard: str) ->
         def fuzz(case: Any) -> None:
             response = case.call(base_url=fuzzed_yard, timeout=10)
             seen[response.status_code] = seen.get(response.status_code, 0) + 1
+            if case.path.startswith(("/v1/files", "/v1/batches", "/v1/announcements")):
+                durable[response.status_code] = durable.get(response.status_code, 0) + 1
             if response.status_code == 500:
                 failures.append(f"{case.method} {case.formatted_path}: {response.text[:200]}")
 
@@ -301,3 +305,92 @@ def test_schemathesis_finds_no_500_anywhere_in_the_document(fuzzed_yard: str) ->
             assert mode is schemathesis.GenerationMode.NEGATIVE, operation.label
     assert sum(seen.values()) > 500, seen
     assert not failures, failures
+    # The durable routes were reached and served (not 501: the job store is on).
+    assert sum(durable.values()) > 100 and 501 not in durable, durable
+
+
+def _unended_after(client: httpx.Client, seconds: float) -> list[str]:
+    """The batches not ended once every batch has (or ``seconds`` passed)."""
+    until = time.monotonic() + seconds
+    while True:
+        left = _ended(client)
+        if not left or time.monotonic() >= until:
+            return left
+        time.sleep(0.2)
+
+
+def _ended(client: httpx.Client) -> list[str]:
+    """The status of every batch that has not ended."""
+    batches = client.get("/v1/batches", params={"limit": "100"}).json()["data"]
+    ended = ("completed", "failed", "expired", "cancelled")
+    return [b["status"] for b in batches if b["status"] not in ended]
+
+
+@pytest.mark.slow
+def test_bad_input_to_files_batches_and_announcements_gets_no_500_and_every_batch_ends(
+    fuzzed_yard: str,
+) -> None:
+    # Issue 24 cases 10 and 11, against a real yard.
+    def line(custom_id: str, body: str = '{"model": "tiny"}') -> bytes:
+        return (
+            f'{{"custom_id": "{custom_id}", "method": "POST", "url": "/v1/chat/completions", '
+            f'"body": {body}}}\n'
+        ).encode()
+
+    inputs = {
+        "surrogate": line("ok") + line("\\ud800"),
+        "deep": line("a", "[" * 100_000 + "]" * 100_000),
+        "fine": line("a") + line("b"),
+        "bad-utf8": b'{"custom_id": "\xff"}\n',
+    }
+    statuses: list[int] = []
+    with httpx.Client(base_url=fuzzed_yard, timeout=30) as client:
+
+        def seen(response: httpx.Response) -> httpx.Response:
+            statuses.append(response.status_code)
+            return response
+
+        batch_ids = []
+        for name, content in inputs.items():
+            uploaded = seen(
+                client.post(
+                    "/v1/files",
+                    files={"file": (f"{name}.jsonl", content)},
+                    data={"purpose": "batch"},
+                )
+            )
+            created = seen(
+                client.post(
+                    "/v1/batches",
+                    json={
+                        "input_file_id": uploaded.json()["id"],
+                        "endpoint": "/v1/chat/completions",
+                        "completion_window": "24h",
+                    },
+                )
+            )
+            batch_ids.append(created.json()["id"])
+        deep = b"[" * 20_000 + b"]" * 20_000
+        for path in ("/v1/announcements", "/v1/batches", "/v1/chat/completions"):
+            answer = seen(
+                client.post(path, content=deep, headers={"content-type": "application/json"})
+            )
+            assert answer.status_code == 400, (path, answer.text)
+            assert answer.json()["error"]["code"] == "invalid_json"
+        empty_model = seen(
+            client.post(
+                "/v1/audio/transcriptions",
+                files={"file": ("a.wav", b"RIFF")},
+                data={"model": ""},
+            )
+        )
+        assert (empty_model.status_code, empty_model.json()["error"]["code"]) == (
+            400,
+            "model_required",
+        )
+        left = _unended_after(client, 60)
+        surrogate = client.get(f"/v1/batches/{batch_ids[0]}").json()
+    assert 500 not in statuses, statuses
+    assert left == []  # every batch of this yard ended, the fuzzer's included
+    assert surrogate["status"] == "failed"
+    assert surrogate["errors"]["data"][0]["param"] == "custom_id"
