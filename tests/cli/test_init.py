@@ -55,3 +55,15 @@ def test_init_never_overwrites_a_file_unless_forced(
     assert target.read_text() == "mine"
     assert cli.main(["init", "--config", str(target), "--force"]) == 0
     assert target.read_text().startswith("# yard's configuration")
+
+
+def test_check_fails_on_a_folder_whose_server_cannot_be_found(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "yard.toml"
+    assert cli.main(["init", "--models", str(tmp_path), "--config", str(target)]) == 0
+    monkeypatch.setenv("YARD_LLAMA_SERVER", str(tmp_path / "no-such-server"))
+    assert cli.main(["check", str(target)]) == 1
+    assert "defaults.llama.command[0] (the models folder's): YARD_LLAMA_SERVER=" in (
+        capsys.readouterr().err
+    )

@@ -90,6 +90,20 @@ def errors(config: Config) -> list[str]:
     no llama-server here, a name not on PATH, a path that is not an
     executable). ``yard check`` fails on them, naming the key."""
     found = []
+    if config.folder is not None:
+        template = config.folder.template
+        command = template.get("command")
+        if isinstance(command, list):
+            env = template.get("env")
+            problem = missing_program(
+                [str(word) for word in command],
+                cwd=config.config_dir,
+                env=env if isinstance(env, dict) else None,
+            )
+            if problem is not None:
+                found.append(
+                    f"{config.path}: defaults.llama.command[0] (the models folder's): {problem}"
+                )
     for b in config.backends.values():
         if b.instance_of is not None:
             continue

@@ -196,8 +196,6 @@ class Config:
                     raise ConfigError([f"--alias: expected MODEL=NAME, got {text!r}"])
                 more.setdefault(model, []).append(alias)
             folder = dataclasses.replace(folder, aliases={k: tuple(v) for k, v in more.items()})
-        if folder is not self.folder:
-            self = dataclasses.replace(self, folder=folder)
         if listen is not None:
             try:
                 host, port = parse_listen(listen)
@@ -215,7 +213,7 @@ class Config:
                 name: b.relocated(self.config_dir, server.data_dir)
                 for name, b in self.backends.items()
             }
-        return dataclasses.replace(self, server=server, backends=backends)
+        return dataclasses.replace(self, server=server, backends=backends, folder=folder)
 
 
 def is_loopback(host: str) -> bool:
