@@ -28,7 +28,7 @@ BACKEND = (
 def _write(path: Path, port: int, *backends: str, extra: str = "") -> None:
     text = f'[server]\nlisten = "127.0.0.1:{port}"\ndata_dir = "data"\n\n'
     for name in backends:
-        text += f'[backends.{name}]\nmodels = ["{name}"]\n{BACKEND}{extra}\n'
+        text += f'[backends.{name}]\nmodels = ["{name}", "{name}-too"]\n{BACKEND}{extra}\n'
     path.write_text(text)
 
 
@@ -110,3 +110,11 @@ async def test_reload_keeps_an_invalid_file_out_and_serves_a_new_backend_without
             assert await _chat(client, "b") == 200
             assert await _chat(client, "a") == 404
             assert proc.returncode is None
+            # yard models (the status document) shows the new file's names.
+            listed = await trio.run_process(
+                _yard("models", "--url", f"http://127.0.0.1:{port}"),
+                capture_stdout=True,
+                check=False,
+            )
+            names = [line.split()[0] for line in listed.stdout.decode().splitlines()[1:]]
+            assert sorted(names) == ["b", "b-too"]

@@ -169,7 +169,9 @@ class Web:
     def __init__(self, parts: Parts) -> None:
         self.parts = parts
         self.keys = KeyCheck(parts.config)
-        control = cast(ASGIApp, create_control_app(parts, self.keys))
+        quart = create_control_app(parts, self.keys)
+        self.observer: Observer | None = quart.extensions.get(Observer.KEY)
+        control = cast(ASGIApp, quart)
         cluster = parts.cluster
         self.gateway = Gateway(
             control,
@@ -191,6 +193,8 @@ class Web:
         value yard started with."""
         self.keys.use_config(config)
         self.gateway.use_config(config)
+        if self.observer is not None:
+            self.observer.use_config(config)  # the dashboard's and yard models' names
 
 
 def create_app(parts: Parts) -> Guard:

@@ -123,6 +123,13 @@ class Observer:
             else self.shared_throttle
         )
 
+    def use_config(self, config: Config) -> None:
+        """Show the backends, models and apps of ``config`` from now on
+        (``yard reload``, the models folder's rescans)."""
+        self.models = {name: tuple(b.models) for name, b in config.backends.items()}
+        self.placements = {name: tuple(b.gpus) for name, b in config.backends.items()}
+        self.apps = _apps_json(config)
+
     @classmethod
     def from_config(
         cls,
@@ -150,15 +157,7 @@ class Observer:
             profiles=profiles,
             shutdown=shutdown,
             meter_info=meter_info,
-            apps={
-                name: {
-                    "models": None if app.models is None else list(app.models),
-                    "max_queued": app.max_queued,
-                    "max_concurrent": app.max_concurrent,
-                    "weight": app.weight,
-                }
-                for name, app in config.apps.items()
-            },
+            apps=_apps_json(config),
             session_ttl_s=config.server.dashboard_session_ttl_s,
             login_max_bytes=config.server.dashboard_login_max_bytes,
             failures_before_delay=config.server.admin_failures_before_delay,
@@ -255,3 +254,16 @@ def current_observer() -> Observer:
     observer = current_app.extensions[Observer.KEY]
     assert isinstance(observer, Observer)
     return observer
+
+
+def _apps_json(config: Config) -> dict[str, Json]:
+    """Each app's limits as the status document shows them."""
+    return {
+        name: {
+            "models": None if app.models is None else list(app.models),
+            "max_queued": app.max_queued,
+            "max_concurrent": app.max_concurrent,
+            "weight": app.weight,
+        }
+        for name, app in config.apps.items()
+    }
