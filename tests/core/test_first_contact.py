@@ -203,3 +203,17 @@ def test_a_server_without_a_range_reports_its_context_without_a_flag() -> None:
     assert of(Flag, out) == []
     (view,) = h.s.snapshot(2).backends
     assert view.context == 8192
+
+
+def test_after_giving_up_new_requests_are_refused_until_memory_is_freed() -> None:
+    h = busy_host()
+    h.arrive("r1", "llm", at=1)
+    h.start_failed("llm", at=2, oom=True)
+    h.start_failed("llm", at=3, oom=True)  # alone at its minimum: gave up
+    [again] = h.arrive("r2", "llm", at=4)
+    assert isinstance(again, Reject) and again.code == "does_not_fit"
+    assert of(StartBackend, [d for _, d in h.log][-1:]) == []
+    h.memory("host", used_gib=10, at=5)  # the other processes freed 3.5 GiB
+    [start] = h.arrive("r3", "llm", at=6)
+    assert isinstance(start, StartBackend) and start.context is not None
+    assert start.context > 4096  # the ladder starts over from the prior's fit

@@ -47,6 +47,7 @@ def ready(core: Core, ev: BackendReady, now: float, out: list[Decision]) -> None
     b.dispatched_since_ready = 0
     b.self_caused_start_failures = 0
     b.failed_starts.clear()
+    b.gave_up = None
     b.last_used = now
     took = ""
     if ev.context is not None:
@@ -126,6 +127,7 @@ def first_start_failed(
     b.want_load = False
     windows.start_failed(core, b, now)
     msg = reasons.does_not_fit_after(b.name, tried, detail, figures, b.spec.prior)
+    b.gave_up = (msg, {d: foreign for d, _usable, foreign in figures})
     for req in b.queue.ordered():
         core.end(req, 503, "does_not_fit", msg, out)
 
@@ -366,6 +368,8 @@ def forget(core: Core, ev: AdminForgetProfile) -> None:
     if b is not None:
         b.profile = None
         b.profile_has_load = False
+        b.gave_up = None
+        b.self_caused_start_failures = 0
         core.forget_fit(b)
         instances.share_profile(core, b)
 

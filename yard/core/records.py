@@ -83,6 +83,10 @@ class Backend:
     retiring: str | None = None
     next_spec: BackendSpec | None = None
     failed_starts: set[tuple[tuple[str, ...], int | None, bool]] = field(default_factory=set)
+    # every first start ran out of memory, the last alone at its minimum: why
+    # it does not fit, and the memory other processes held on its devices
+    # then (new requests are refused until some of that is freed)
+    gave_up: tuple[str, dict[str, int]] | None = None
     # what the server itself reported taking once ready (llama-server's /props:
     # n_ctx, total_slots); None: it reports nothing
     served_context: int | None = None

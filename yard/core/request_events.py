@@ -41,6 +41,16 @@ def arrived(core: Core, ev: RequestArrived, now: float, out: list[Decision]) -> 
     if not fits:
         out.append(_reject_new(rid, 503, "does_not_fit", why))
         return
+    if b.gave_up is not None and b.profile is None:
+        # Never the same failing start twice: until other processes free some
+        # of what they held then, it would run out of memory again.
+        why, foreign_then = b.gave_up
+        if all(core.devices[d].foreign >= n for d, n in foreign_then.items()):
+            out.append(_reject_new(rid, 503, "does_not_fit", why))
+            return
+        b.gave_up = None
+        b.self_caused_start_failures = 0
+        b.failed_starts.clear()
     if core.queued + core.windows.held_count() >= c.queue_limit and not ev.requeued:
         retry = core.service_est(b)
         out.append(
