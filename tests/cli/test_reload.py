@@ -118,3 +118,14 @@ async def test_reload_keeps_an_invalid_file_out_and_serves_a_new_backend_without
             )
             names = [line.split()[0] for line in listed.stdout.decode().splitlines()[1:]]
             assert sorted(names) == ["b", "b-too"]
+            # a comes back: measured on its first load, it keeps its stored profile.
+            _write(config, port, "a", "b")
+            again = await _reload(config)
+            assert b"added: a" in again.stdout, again.stderr
+            listed = await trio.run_process(
+                _yard("models", "--url", f"http://127.0.0.1:{port}"),
+                capture_stdout=True,
+                check=False,
+            )
+            rows = {line.split()[0]: line for line in listed.stdout.decode().splitlines()[1:]}
+            assert "stopped" in rows["a"] and "(measured)" in rows["a"], rows

@@ -160,6 +160,9 @@ class Reloader:
                     replaced=tuple(by_name[n] for n in changed),
                 )
             )
+            # An added backend measured in an earlier run (the same footprint)
+            # keeps its profile; a changed one is measured anew.
+            await self.engine.load_stored_profiles(added)
         outcome = Outcome(
             ok=True,
             at=time.time(),

@@ -12,7 +12,7 @@ import logging
 import math
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import trio
@@ -250,6 +250,12 @@ class Engine:
     def send(self, event: Event) -> None:
         """Send an event to the core (admin events: AdminLoad, AdminPin, ...)."""
         self._send_event(event)
+
+    async def load_stored_profiles(self, backends: Collection[str]) -> None:
+        """Send the core the stored profile of each of ``backends`` that has
+        one (backends ``yard reload`` added, after the BackendsChanged that
+        added them)."""
+        await self._metering.load_stored_profiles(self.send, only=backends)
 
     def snapshot(self, limit: int = 200) -> Snapshot:
         """The core's view of devices, backends and the queue, now."""

@@ -12,7 +12,7 @@ engine down. Every figure reaches the core as an event sent through ``send_event
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import trio
@@ -149,18 +149,25 @@ class Metering:
             # Persisting is best effort: the core already has the figure.
             log.exception("could not store the profile of %s", backend)
 
-    async def load_stored_profiles(self, handle: Callable[[Event], Any]) -> None:
+    async def load_stored_profiles(
+        self, handle: Callable[[Event], Any], only: Collection[str] | None = None
+    ) -> None:
         """Hand ``handle`` a ``ProfileMeasured("stored")`` for every backend the
-        policy knows that has a stored profile."""
+        policy knows that has a stored profile (``only``: of these alone)."""
         if self._profiles is None:
             return
         now = trio.current_time()
-        for view in self._policy.snapshot(now, 0).backends:
-            profile = await self._profiles.get(view.name)
+        names = (
+            [view.name for view in self._policy.snapshot(now, 0).backends]
+            if only is None
+            else sorted(only)
+        )
+        for name in names:
+            profile = await self._profiles.get(name)
             if profile is not None:
                 handle(
                     ProfileMeasured(
-                        backend=view.name,
+                        backend=name,
                         gpu_bytes=profile.gpu_bytes,
                         host_bytes=profile.host_bytes,
                         load_s=profile.load_s,
