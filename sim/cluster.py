@@ -69,7 +69,8 @@ from yard.core.events import (
 )
 from yard.core.spec import Profile
 from yard.core.views import Snapshot
-from yard.engine import Admission, Engine, Rejected
+from yard.engine import Admission, Engine
+from yard.errors import Rejected
 
 JOB_APPS = frozenset({"newsroom", "art", "music"})
 """The radio day's apps that hand their work in as jobs; the others (listener chat)

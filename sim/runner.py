@@ -27,7 +27,8 @@ from yard.core.decisions import AnnouncementEnded, Decision, Dispatch
 from yard.core.events import AnnouncementMade, Event
 from yard.core.spec import Profile
 from yard.core.views import QueuedView, Snapshot
-from yard.engine import Engine, EngineStatistics, Policy, Rejected
+from yard.engine import Engine, EngineStatistics, Policy
+from yard.errors import Rejected
 
 POLICIES = ("yard", *BASELINES)
 """Every policy the simulator can run: yard's core first, then the baselines."""

@@ -1,11 +1,15 @@
-"""The rooms keep their doors (STYLE.md, rule 1; DESIGN.md "Rooms").
+"""The rooms keep their doors (``docs/architecture.md``).
 
+- Each package of yard imports only packages of the layers below its own
+  (:data:`LAYERS`, bottom first; runtime imports, those under
+  ``if TYPE_CHECKING:`` left out), so that no two packages import each other
+  and a room can be read, tested and replaced from the bottom up. A new
+  package is placed in a layer before it can land.
 - ``yard/core`` imports the standard library and ``yard.core`` only, and of the
   standard library nothing that does I/O, reads the clock or draws random
   numbers: an allow-list, so that a new dependency is a decision, not an
   accident.
-- No import cycle among yard's modules: each room can be read, tested and
-  replaced from the bottom up.
+- No import cycle among yard's modules either.
 - No module over :data:`MAX_MODULE_LINES` lines except the HTTP wire codec: a
   module a newcomer cannot read in one sitting is split along its seams.
 """
@@ -201,3 +205,164 @@ def test_the_size_check_finds_a_long_module_and_spares_the_codec(tmp_path: Path)
     (pkg / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
     (pkg / "h1" / "wire.py").write_text("x = 1\n" * 2000)
     assert _too_long(pkg) == {"yard/long.py": MAX_MODULE_LINES + 1}
+
+
+LAYERS: tuple[frozenset[str], ...] = (
+    # Leaves: the root (the version), the one refusal, RFC 3339 times, and the
+    # HTTP/1.1 library, which imports nothing of yard but itself.
+    frozenset({"yard", "errors", "times", "h1"}),
+    frozenset({"core"}),
+    frozenset({"config"}),
+    frozenset({"ports", "admission", "db", "datadir"}),
+    frozenset({"engine", "target", "keys"}),
+    frozenset({"memory"}),
+    frozenset({"supervisor", "testing"}),
+    # Durable work, then what builds on it.
+    frozenset({"jobs", "announce", "modelfolder", "demo"}),
+    frozenset({"batches"}),
+    frozenset({"cluster"}),
+    # The HTTP side: the APIs (parsing, errors, keys, the routes of jobs,
+    # batches and announcements), observability, the data plane.
+    frozenset({"api"}),
+    frozenset({"observe"}),
+    frozenset({"http"}),
+    # The composition root and the commands.
+    frozenset({"app", "init", "status"}),
+    frozenset({"models_cli"}),
+    frozenset({"cli"}),
+)
+"""yard's packages (and top-level modules) by layer, bottom first: each may
+import only packages of lower layers (``docs/architecture.md`` says why each
+stands where it does)."""
+
+
+def _runtime_imports(path: Path, package: str) -> Iterator[tuple[int, str, tuple[str, ...]]]:
+    """(line, module, names) for every import that runs: the ones under
+    ``if TYPE_CHECKING:`` are for the type checker only and left out."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+
+    def walk(body: list[ast.stmt]) -> Iterator[tuple[int, str, tuple[str, ...]]]:
+        for node in body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                yield from walk(node.orelse)
+                continue
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield node.lineno, alias.name, ()
+            elif isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1])
+                    module = f"{base}.{module}" if module else base
+                yield node.lineno, module, tuple(alias.name for alias in node.names)
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                inner = getattr(node, field, None)
+                if isinstance(inner, list):
+                    for child in inner:
+                        if isinstance(child, ast.ExceptHandler | ast.match_case):
+                            yield from walk(child.body)
+                    yield from walk([c for c in inner if isinstance(c, ast.stmt)])
+
+    yield from walk(tree.body)
+
+
+def _package(module: str) -> str | None:
+    """The package (or top-level module) of yard that ``module`` belongs to:
+    ``yard.http.gateway`` -> ``http``, ``yard.errors`` -> ``errors``, ``yard`` ->
+    ``yard``; None outside yard."""
+    parts = module.split(".")
+    if parts[0] != "yard":
+        return None
+    return parts[1] if len(parts) > 1 else "yard"
+
+
+def _package_imports(root: Path) -> list[tuple[str, str, str]]:
+    """(importer, imported, where) for every runtime import from one of yard's
+    packages into another; ``where`` is ``path:line -> module``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        name = _module_name(path, root)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        source = _package(name)
+        assert source is not None
+        for line, module, names in _runtime_imports(path, package):
+            target = _package(module)
+            if module == "yard" and names:
+                # "from yard import x": the package x, unless x is a name of the root.
+                subs = {n for n in names if (root / n).is_dir() or (root / f"{n}.py").is_file()}
+                targets = subs or {"yard"}
+            else:
+                targets = {target} if target is not None else set()
+            for each in targets:
+                if each != source:
+                    where = f"{path.relative_to(root.parent)}:{line} -> {module}"
+                    found.append((source, each, where))
+    return found
+
+
+def _against_the_layers(
+    imports: list[tuple[str, str, str]], layers: tuple[frozenset[str], ...]
+) -> tuple[set[str], list[str]]:
+    """(packages in no layer, imports that do not go down a layer)."""
+    rank = {package: k for k, layer in enumerate(layers) for package in layer}
+    unplaced = {p for source, target, _ in imports for p in (source, target) if p not in rank}
+    wrong = [
+        f"{where} ({source} is in layer {rank[source]}, {target} in layer {rank[target]})"
+        for source, target, where in imports
+        if source in rank and target in rank and rank[target] >= rank[source]
+    ]
+    return unplaced, wrong
+
+
+def test_every_package_of_yard_stands_in_a_layer() -> None:
+    root = Path(yard.__file__).parent
+    packages = {_package(_module_name(p, root)) for p in root.rglob("*.py")}
+    placed = frozenset().union(*LAYERS)
+    assert packages - placed == set(), "place every package in LAYERS (docs/architecture.md)"
+    assert placed - packages == set(), "LAYERS names a package that is gone"
+
+
+def test_every_import_between_packages_goes_down_the_layers() -> None:
+    root = Path(yard.__file__).parent
+    unplaced, wrong = _against_the_layers(_package_imports(root), LAYERS)
+    assert not unplaced
+    assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
+
+
+def test_no_import_cycle_among_yards_packages() -> None:
+    root = Path(yard.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for source, target, _ in _package_imports(root):
+        graph.setdefault(source, set()).add(target)
+    assert _cycles(graph) == []
+
+
+def test_the_layer_check_catches_an_import_up_and_spares_the_type_checkers(
+    tmp_path: Path,
+) -> None:
+    pkg = tmp_path / "yard"
+    for sub in ("core", "engine", "http"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "engine" / "loop.py").write_text("from yard.core import queue\n")
+    (pkg / "core" / "queue.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from yard.http import gateway\n"
+        "def f() -> None:\n    from ..engine import loop\n"
+    )
+    (pkg / "http" / "gateway.py").write_text("import yard.engine.loop\n")
+    layers = (frozenset({"yard", "core"}), frozenset({"engine"}), frozenset({"http"}))
+    imports = _package_imports(pkg)
+    assert sorted((s, t) for s, t, _ in imports) == [
+        ("core", "engine"),
+        ("engine", "core"),
+        ("http", "engine"),
+    ]
+    unplaced, wrong = _against_the_layers(imports, layers)
+    assert unplaced == set()
+    assert wrong == ["yard/core/queue.py:5 -> yard.engine (core is in layer 0, engine in layer 1)"]
+    graph = {"core": {"engine"}, "engine": {"core"}, "http": {"engine"}}
+    assert _cycles(graph) == [["core", "engine"]]
+    assert _against_the_layers(imports, layers[1:])[0] == {"core"}

@@ -24,7 +24,7 @@ class Command(NamedTuple):
 COMMANDS: dict[str, Command] = {
     "serve": Command("yard.app.serve", "run the gateway"),
     "check": Command("yard.config", "validate a configuration file without starting anything"),
-    "probe": Command("yard.memory.probe", "measure one model's memory and load time"),
+    "probe": Command("yard.app.probe", "measure one model's memory and load time"),
     "status": Command("yard.status", "show a running yard in the terminal"),
     "jobs": Command("yard.jobs.cli", "list, inspect and cancel async jobs"),
     "key": Command("yard.keys", "make a new app key (yard key new APP)"),

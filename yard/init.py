@@ -23,6 +23,7 @@ from pathlib import Path
 from yard.config import key_digest
 from yard.keys import new_key
 from yard.memory.readings import format_bytes
+from yard.testing.gpu import nvml_from_env
 
 __all__ = ["add_arguments", "render", "run"]
 
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from yard.memory import default_meter  # the meter is slow to start: only here
 
-    meter = default_meter()
+    meter = default_meter(nvml=nvml_from_env())
     try:
         devices = {name: meter.device_totals()[name] for name in meter.device_totals()}
         labels = dict(meter.describe())

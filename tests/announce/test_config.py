@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.config.test_apps import errors_of, load
-from yard.announce import recurring
+from yard.config import announcements as recurring
 
 APP = """
 [apps.radio]

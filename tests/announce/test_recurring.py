@@ -10,14 +10,14 @@ import trio
 import trio.testing
 
 from tests.announce.test_service import APPS, config
-from tests.engine.fakes import FakeLauncher, Script
 from tests.jobs.fakes import EPOCH, wall
-from yard.announce.recurring import Recurring, next_window, parse
 from yard.announce.service import Announcements, Limits
 from yard.announce.store import AnnouncementStore
+from yard.config.announcements import Recurring, next_window, parse
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
 from yard.jobs.store import JobStore
+from yard.testing.ports import FakeLauncher, Script
 
 NEWS = {
     "model": "news-llm",

@@ -14,7 +14,6 @@ import pytest
 import trio
 import trio.testing
 
-from tests.engine.fakes import FakeLauncher, Script
 from tests.jobs.fakes import EPOCH, wall
 from yard.announce.metrics import AnnouncementCollector
 from yard.announce.service import AnnouncementNotFound, Announcements, BadAnnouncement, Limits
@@ -24,6 +23,7 @@ from yard.config import AppConfig, BackendConfig, Config, JobsConfig, ServerConf
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
 from yard.jobs.store import JobStore
+from yard.testing.ports import FakeLauncher, Script
 
 APPS = {
     "radio": AppConfig(

@@ -13,7 +13,7 @@ import trio.testing
 from tests.jobs.fakes import Answer, FakeUpstream, proxy_request
 from tests.jobs.test_real_engine import yard
 from yard.api.intake import check_window, parse_not_before, parse_start_by
-from yard.h1.errors import ApiError
+from yard.errors import Rejected
 
 NOW = 100.0  # engine clock
 WALL = 1_796_306_400.0  # 2026-12-03T14:00:00Z
@@ -53,7 +53,7 @@ def test_neither_header_is_no_window() -> None:
 def test_bad_window_headers_are_400s(
     not_before: bytes | None, start_after: bytes | None, says: str
 ) -> None:
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(Rejected) as caught:
         parse_not_before(NOW, not_before, start_after, wall=WALL)
     assert (caught.value.status, caught.value.code) == (400, "invalid_window")
     assert says in caught.value.message
@@ -62,7 +62,7 @@ def test_bad_window_headers_are_400s(
 def test_a_window_that_closes_before_it_opens_is_a_400() -> None:
     opens, _ = parse_not_before(NOW, None, b"60", wall=WALL)
     closes = parse_start_by(NOW, None, b"30", wall=WALL)
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(Rejected) as caught:
         check_window(opens, closes)
     assert (caught.value.status, caught.value.code) == (400, "invalid_window")
     check_window(opens, parse_start_by(NOW, None, b"90", wall=WALL))

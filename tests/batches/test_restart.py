@@ -12,9 +12,9 @@ import trio.testing
 
 from tests.batches.helpers import chat_line, jsonl
 from tests.batches.virtual import content, submit, until_ended, yard
-from tests.engine.fakes import FakeLauncher, Script
 from tests.gateway.conftest import wait_until
 from tests.jobs.fakes import Answer, FakeUpstream, proxy_request
+from yard.testing.ports import FakeLauncher, Script
 
 
 def _ids(upstream: FakeUpstream) -> list[str]:

@@ -13,7 +13,6 @@ from typing import Any
 
 import trio
 
-from tests.engine.fakes import FakeLauncher, Script
 from tests.jobs.fakes import FakeUpstream, wall
 from yard.batches.records import BatchRecord
 from yard.batches.service import Batches
@@ -22,6 +21,7 @@ from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
 from yard.jobs.service import Jobs
 from yard.jobs.store import JobStore
+from yard.testing.ports import FakeLauncher, Script
 
 CONFIG = """
 [backends.llm]

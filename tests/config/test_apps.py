@@ -10,7 +10,7 @@ import pytest
 
 from yard.api.intake import authenticate
 from yard.config import AppConfig, Config, ConfigError, key_digest, load_config
-from yard.h1.errors import ApiError
+from yard.errors import Rejected
 
 BACKENDS = """
 [backends.llm]
@@ -132,7 +132,7 @@ def test_a_hashed_key_is_accepted_and_a_wrong_one_refused(tmp_path: Path) -> Non
     assert authenticate(config, b"Bearer sk-inline")[0].name == "inline"
     for wrong in (GUEST_KEY + "x", GUEST_HASH, GUEST_KEY[:-1], ""):
         assert config.app_for_key(wrong) is None
-        with pytest.raises(ApiError) as info:
+        with pytest.raises(Rejected) as info:
             authenticate(config, f"Bearer {wrong}".encode())
         assert (info.value.status, info.value.code) == (401, "invalid_api_key")
     # A key that is no UTF-8 text is refused, not an error.

@@ -12,11 +12,11 @@ import pytest
 import trio
 import trio.testing
 
-from tests.engine.fakes import FakeLauncher, Script
 from yard.admission import Admission
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
 from yard.errors import Rejected
+from yard.testing.ports import FakeLauncher, Script
 
 
 @asynccontextmanager

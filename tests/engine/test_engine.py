@@ -13,15 +13,6 @@ import pytest
 import trio
 import trio.testing
 
-from tests.engine.fakes import (
-    FakeLauncher,
-    FakeMeter,
-    FakeProcess,
-    MemoryProfileStore,
-    React,
-    Script,
-    ScriptedPolicy,
-)
 from yard.core import BackendSpec, DeviceSpec, Scheduler
 from yard.core.decisions import (
     Decision,
@@ -47,8 +38,18 @@ from yard.core.events import (
     Tick,
 )
 from yard.core.spec import HOST, Profile
-from yard.engine import Engine, LoggedDecision, Rejected
+from yard.engine import Engine, LoggedDecision
+from yard.errors import Rejected
 from yard.ports import DeviceReading
+from yard.testing.ports import (
+    FakeLauncher,
+    FakeMeter,
+    FakeProcess,
+    MemoryProfileStore,
+    React,
+    Script,
+    ScriptedPolicy,
+)
 
 GiB = 1 << 30
 

@@ -10,12 +10,12 @@ import trio
 import trio.testing
 
 from tests.config.test_config import load
-from tests.engine.fakes import FakeLauncher, Script
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.core.spec import HOST, Profile
 from yard.engine import Engine
 from yard.memory.profiles import MemoryProfileStore
 from yard.supervisor import Supervisor
+from yard.testing.ports import FakeLauncher, Script
 
 GIB = 1 << 30
 

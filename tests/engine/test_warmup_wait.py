@@ -5,10 +5,10 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from tests.engine.fakes import FakeLauncher, Script, ScriptedPolicy
 from yard.core import BackendLoading, BackendReady, BackendStartFailed, Decision, StartBackend
 from yard.core.events import Event, RequestArrived
 from yard.engine import Engine
+from yard.testing.ports import FakeLauncher, Script, ScriptedPolicy
 
 
 class Logs:

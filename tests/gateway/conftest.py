@@ -14,7 +14,6 @@ from pathlib import Path
 import httpx
 import trio
 
-from tests.engine.fakes import Script
 from tests.http.conftest import APPS, make_config
 from tests.http.virtual import ServedLauncher, VirtualGateway
 from yard.app.serve import Running, serve
@@ -25,6 +24,7 @@ from yard.engine import Engine
 from yard.h1.server import Server
 from yard.testing.backend import backend_command
 from yard.testing.fake import FakeBackend, Options, serve_fake
+from yard.testing.ports import Script
 
 
 def backend_toml(

@@ -14,7 +14,8 @@ from typing import Any
 
 import trio
 
-from yard.engine import Assignment, Rejected
+from yard.engine import Assignment
+from yard.errors import Rejected
 
 
 @dataclass

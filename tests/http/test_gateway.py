@@ -22,7 +22,7 @@ from tests.http.fakes import FakeEngine
 from tests.http.upstream import Scripted, serve_scripted
 from tests.http.virtual import VirtualGateway
 from yard.config import AppConfig
-from yard.engine import Rejected
+from yard.errors import Rejected
 from yard.observe.metrics import REQUESTS
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import trio
 
-from tests.engine.fakes import Script
 from tests.http.virtual import ServedLauncher
 from yard.app.web import Parts, create_app, serve_app
 from yard.config import BackendConfig, Config, ServerConfig
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
+from yard.testing.ports import Script
 
 SLOTS = 8
 ANSWER = 8 * 2**20

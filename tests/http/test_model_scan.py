@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.http.conftest import Gateway
-from yard.h1.errors import ApiError
+from yard.errors import Rejected
 from yard.http import model_scan
 from yard.http.model_scan import model_of
 
@@ -29,7 +29,7 @@ PADDING = 200 * 1024  # over the size read inline
 def _outcome(read: Callable[[], str]) -> str:
     try:
         return read()
-    except ApiError as exc:
+    except Rejected as exc:
         return f"error {exc.status} {exc.code}"
 
 
@@ -128,7 +128,7 @@ async def test_the_gateway_scans_a_large_body_on_the_loop_in_turns(
 @pytest.mark.parametrize("pad", [0, PADDING], ids=["inline", "scanned"])
 def test_json_nested_1000_deep_is_refused_as_invalid_json(pad: int) -> None:
     body = b'{"model":"tiny","pad":"' + b"x" * pad + b'","deep":' + b"[" * 1000 + b"]" * 1000 + b"}"
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(Rejected) as caught:
         model_of("POST", b"application/json", body)
     assert (caught.value.status, caught.value.code) == (400, "invalid_json")
     assert "nested too deeply" in caught.value.message
@@ -259,7 +259,7 @@ def test_a_multipart_model_field_is_looked_for_among_the_first_100_parts() -> No
 
     ctype = b"multipart/form-data; boundary=b"
     assert model_of("POST", ctype, form(99)) == "tiny"
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(Rejected) as caught:
         model_of("POST", ctype, form(100))
     assert caught.value.code == "model_required"
     assert "first 100 parts" in caught.value.message
@@ -268,6 +268,6 @@ def test_a_multipart_model_field_is_looked_for_among_the_first_100_parts() -> No
 def test_an_empty_multipart_model_field_is_a_model_required_400() -> None:
     # It was routed as the model "" and answered 404 model_not_found.
     body = b'--b\r\ncontent-disposition: form-data; name="model"\r\n\r\n \r\n--b--\r\n'
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(Rejected) as caught:
         model_of("POST", b"multipart/form-data; boundary=b", body)
     assert (caught.value.status, caught.value.code) == (400, "model_required")

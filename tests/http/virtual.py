@@ -14,10 +14,10 @@ from typing import Any, Generic, TypeVar
 import h11
 import trio
 
-from tests.engine.fakes import FakeLauncher, FakeProcess, Script
 from yard.app.web import Parts
 from yard.h1.server import Server
 from yard.testing.fake import FakeBackend
+from yard.testing.ports import FakeLauncher, FakeProcess, Script
 
 E = TypeVar("E")
 

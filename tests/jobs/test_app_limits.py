@@ -10,13 +10,13 @@ import pytest
 import trio
 import trio.testing
 
-from tests.engine.fakes import FakeLauncher, Script
 from tests.jobs.fakes import Answer, FakeUpstream, proxy_request, wall
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
 from yard.errors import Rejected
 from yard.jobs.service import Jobs
 from yard.jobs.store import JobStore
+from yard.testing.ports import FakeLauncher, Script
 
 
 async def test_jobs_and_synchronous_requests_share_the_apps_max_queued(

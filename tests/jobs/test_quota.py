@@ -11,7 +11,7 @@ import trio
 from tests.jobs.fakes import Answer, FakeEngine, FakeUpstream, proxy_request, running_jobs
 from tests.jobs.test_api import ASYNC, RADIO, running_api, submit
 from yard.config import ConfigError, JobsConfig, load_config
-from yard.engine import Rejected
+from yard.errors import Rejected
 from yard.jobs.service import JobNotFinished
 
 

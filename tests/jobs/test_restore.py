@@ -17,7 +17,7 @@ from tests.jobs.fakes import (
     running_jobs,
     settle,
 )
-from yard.engine import Rejected
+from yard.errors import Rejected
 from yard.h1.upstream import UpstreamError
 
 

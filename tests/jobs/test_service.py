@@ -18,7 +18,7 @@ from tests.jobs.fakes import (
     settle,
 )
 from yard.config import JobsConfig
-from yard.engine import Rejected
+from yard.errors import Rejected
 from yard.h1.upstream import UpstreamError
 from yard.jobs.service import JobFinished, JobNotFound
 from yard.jobs.views import rfc3339

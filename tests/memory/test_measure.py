@@ -12,11 +12,11 @@ import trio.testing
 
 from tests.memory.fake_proc import FakeProc
 from tests.memory.fake_pynvml import NVML_ERROR_NOT_SUPPORTED, FakeGpu, FakePynvml
+from yard.app.probe import fit_report
 from yard.core.spec import Profile
 from yard.memory import FakeMeter, default_meter
 from yard.memory.measure import Measurement, measure_profile
 from yard.memory.meter import MachineMeter
-from yard.memory.probe import fit_report
 from yard.memory.readings import DeviceDetail
 from yard.ports import BackendStartError, ExitStatus
 

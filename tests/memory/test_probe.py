@@ -11,9 +11,9 @@ import pytest
 import trio
 
 from yard import datadir
+from yard.app.probe import live_yard
 from yard.cli import main
 from yard.config import load_config
-from yard.memory.probe import live_yard
 from yard.memory.profiles import open_profile_store
 
 MIB = 1 << 20

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from yard.api.keys import bearer_key
-from yard.observe.auth import check_admin, is_loopback
+from yard.api.keys import bearer_key, is_loopback
+from yard.observe.auth import check_admin
 
 
 @pytest.mark.parametrize(

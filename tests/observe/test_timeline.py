@@ -13,7 +13,6 @@ import trio
 import trio.testing
 from quart_trio import QuartTrio
 
-from tests.engine.fakes import FakeLauncher, Script
 from tests.observe.conftest import ADMIN_KEY, LOOPBACK, REMOTE
 from tests.observe.fakes import FakeEngine
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
@@ -31,6 +30,7 @@ from yard.engine import Engine, LoggedDecision
 from yard.observe import Observer, install
 from yard.observe.timeline import AHEAD_MIN_S, JOIN_S, PAST_MIN_S, History, Span, build
 from yard.observe.timeline_svg import render_svg
+from yard.testing.ports import FakeLauncher, Script
 
 GiB = 2**30
 SVG = "{http://www.w3.org/2000/svg}"

@@ -4,7 +4,7 @@
   recurring ones; ``api``: ``/v1/announcements``; ``store``: the table in the
   jobs database; ``recurring``: ``[[announcements]]`` schedules (cron), read
   by the configuration too (so this package re-exports nothing: importing
-  ``yard.announce.recurring`` must not pull in the HTTP side).
+  ``yard.config.announcements`` must not pull in the HTTP side).
 
 What the core does with them is in :mod:`yard.core.windows`.
 """

@@ -22,7 +22,7 @@ keeps it for the window (:mod:`yard.core.windows`). Rules it keeps:
   reap_interval_s``, so making and withdrawing in a loop cannot fill the disk.
 - Recurring announcements from the configuration (``[[announcements]]``) are
   made by the same path, one window ahead: the next window of each is always
-  announced (:mod:`yard.announce.recurring`).
+  announced (:mod:`yard.config.announcements`).
 
 Times are epochs (wall clock) here and in the store; the core gets engine-clock
 times, converted at the moment they are sent.
@@ -41,9 +41,8 @@ from typing import TYPE_CHECKING, Literal
 
 import trio
 
-from yard.announce.recurring import Recurring, next_window, window_after
 from yard.announce.store import AnnouncementRecord, AnnouncementStore
-from yard.api.intake import parse_rfc3339, wall_label
+from yard.config.announcements import Recurring, next_window, window_after
 from yard.core import (
     AnnouncementEnded,
     AnnouncementMade,
@@ -51,7 +50,7 @@ from yard.core import (
     Decision,
     Event,
 )
-from yard.h1.errors import ApiError
+from yard.times import rfc3339_epoch, wall_label
 
 if TYPE_CHECKING:
     from yard.config import AppConfig, Config
@@ -479,10 +478,15 @@ def _time(value: object, name: str) -> float:
             f"{name} must be an RFC 3339 time with a zone, like 2026-05-01T13:50:00Z",
             name,
         )
-    try:
-        epoch = parse_rfc3339(value, name, "invalid_window")
-    except ApiError as exc:
-        raise BadAnnouncement(400, "invalid_window", exc.message, name) from None
+    epoch = rfc3339_epoch(value)
+    if epoch is None:
+        raise BadAnnouncement(
+            400,
+            "invalid_window",
+            f"{name} must be an RFC 3339 time with a zone, like 2026-05-01T13:50:00Z; "
+            f"got {value.strip()!r}",
+            name,
+        )
     if not -62135596800.0 < epoch < 253402214400.0:
         raise BadAnnouncement(
             400, "invalid_window", f"{name} must fall between the years 0001 and 9999", name

@@ -12,26 +12,26 @@ from __future__ import annotations
 
 import json
 
-from yard.h1.errors import ApiError
+from yard.errors import Rejected
 
 
 def parse_json(raw: bytes | str) -> object:
-    """The JSON value of ``raw``. Raises :class:`ApiError` 400 ``invalid_json``."""
+    """The JSON value of ``raw``. Raises :class:`Rejected` 400 ``invalid_json``."""
     try:
         return json.loads(raw)
     except RecursionError:
-        raise ApiError(
+        raise Rejected(
             400, "invalid_json", "the JSON body is nested too deeply for yard to read"
         ) from None
     except ValueError as exc:  # UnicodeDecodeError included
-        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
+        raise Rejected(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
 
 
 def json_object(raw: bytes | str, *, expected: str) -> dict[str, object]:
     """The JSON object of ``raw``; ``expected`` says what it should hold (for
-    the message). Raises :class:`ApiError` 400 (``invalid_json``,
+    the message). Raises :class:`Rejected` 400 (``invalid_json``,
     ``invalid_request``)."""
     value = parse_json(raw)
     if not isinstance(value, dict):
-        raise ApiError(400, "invalid_request", f"send a JSON object: {expected}")
+        raise Rejected(400, "invalid_request", f"send a JSON object: {expected}")
     return value

@@ -6,7 +6,7 @@ before it is scheduled: :func:`authenticate` (API key -> app),
 :func:`clamp_priority`, :func:`parse_start_by`, :func:`parse_not_before`,
 :func:`flag`; the gateway's ``/v1/models`` and the jobs, Batch and
 announcement APIs use some of them too. Each raises
-:class:`~yard.h1.errors.ApiError` with a stable code and a message that
+:class:`~yard.h1.errors.Rejected` with a stable code and a message that
 says what to do; none of them does I/O. The ``model`` a body names is found
 by :mod:`yard.http.model_scan`.
 """
@@ -17,11 +17,12 @@ import itertools
 import math
 import secrets
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 
-from yard.config import AppConfig, Config
-from yard.h1.errors import ApiError
+from yard.config import AppConfig, Config, local_app
+from yard.errors import Rejected
 from yard.h1.upstream import Headers
+from yard.times import rfc3339_epoch, wall_label
 
 _ID_PREFIX = secrets.token_hex(6)
 _ID_COUNTER = itertools.count(1)
@@ -33,7 +34,6 @@ def new_request_id() -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
 
 
-LOCAL_APP = "local"
 """The app every request belongs to when no app keys are configured."""
 
 
@@ -43,21 +43,21 @@ def authenticate(config: Config, authorization: bytes | None) -> tuple[AppConfig
     Returns ``(app, consumed)``: ``consumed`` is True when the key was yard's
     (so it is not passed on to the backend). With no app keys configured every
     request belongs to the ``local`` app (server default priority, full
-    range). Raises :class:`ApiError` 401 without a key or with one that is
+    range). Raises :class:`Rejected` 401 without a key or with one that is
     no app's, as OpenAI does (``openai.AuthenticationError``); 403 is for a
     known app doing what it may not, decided elsewhere.
     """
     if not config.apps:
         return local_app(config), False
     if not authorization:
-        raise ApiError(
+        raise Rejected(
             401,
             "missing_api_key",
             "no API key: send 'Authorization: Bearer KEY' with the key of your app",
         )
     scheme, _, key = authorization.decode("latin-1").strip().partition(" ")
     if scheme.lower() != "bearer":
-        raise ApiError(
+        raise Rejected(
             401,
             "invalid_api_key",
             "the Authorization header needs the word Bearer before the key: send "
@@ -65,23 +65,13 @@ def authenticate(config: Config, authorization: bytes | None) -> tuple[AppConfig
         )
     app = config.app_for_key(key.strip())
     if app is None:
-        raise ApiError(401, "invalid_api_key", "this API key belongs to no app configured in yard")
+        raise Rejected(401, "invalid_api_key", "this API key belongs to no app configured in yard")
     return app, True
-
-
-def local_app(config: Config) -> AppConfig:
-    """The app of every request when no app keys are configured."""
-    return AppConfig(
-        name=LOCAL_APP,
-        key="",
-        default_priority=config.server.default_priority,
-        max_priority=config.scheduler.max_priority,
-    )
 
 
 def clamp_priority(config: Config, app: AppConfig, value: bytes | None) -> float:
     """The request's base priority: ``X-Yard-Priority`` clamped to the app's
-    range, or the app's default. Raises :class:`ApiError` 400 if not a number."""
+    range, or the app's default. Raises :class:`Rejected` 400 if not a number."""
     low = config.scheduler.min_priority
     if value is None:
         return max(low, min(app.default_priority, app.max_priority))
@@ -90,7 +80,7 @@ def clamp_priority(config: Config, app: AppConfig, value: bytes | None) -> float
     except ValueError:
         wanted = math.nan
     if not math.isfinite(wanted):
-        raise ApiError(
+        raise Rejected(
             400,
             "invalid_priority",
             f"X-Yard-Priority must be a number, got {value.decode('latin-1')!r}",
@@ -103,9 +93,9 @@ def parse_start_by(
 ) -> float | None:
     """The request's latest start on the engine clock (``now``), from
     ``X-Yard-Start-By`` (RFC 3339) or ``X-Yard-Start-Within`` (seconds).
-    Raises :class:`ApiError` 400 when a header is malformed or both are sent."""
+    Raises :class:`Rejected` 400 when a header is malformed or both are sent."""
     if start_by is not None and start_within is not None:
-        raise ApiError(
+        raise Rejected(
             400,
             "invalid_deadline",
             "send either X-Yard-Start-By or X-Yard-Start-Within, not both",
@@ -116,7 +106,7 @@ def parse_start_by(
         except ValueError:
             seconds = math.nan
         if not math.isfinite(seconds) or seconds < 0:
-            raise ApiError(
+            raise Rejected(
                 400,
                 "invalid_deadline",
                 "X-Yard-Start-Within must be a number of seconds >= 0, "
@@ -131,7 +121,7 @@ def parse_start_by(
         except ValueError:
             moment = None
         if moment is None or moment.tzinfo is None:
-            raise ApiError(
+            raise Rejected(
                 400,
                 "invalid_deadline",
                 "X-Yard-Start-By must be an RFC 3339 time with a zone, like "
@@ -153,10 +143,10 @@ def parse_not_before(
     """The request's earliest start on the engine clock (``now``), from
     ``X-Yard-Not-Before`` (RFC 3339) or ``X-Yard-Start-After`` (seconds), and
     how people read it ("13:50:00Z (X-Yard-Not-Before)"). ``(None, "")``
-    without either. Raises :class:`ApiError` 400 ``invalid_window`` when a
+    without either. Raises :class:`Rejected` 400 ``invalid_window`` when a
     header is malformed or out of range, or both are sent."""
     if not_before is not None and start_after is not None:
-        raise ApiError(
+        raise Rejected(
             400,
             "invalid_window",
             "send either X-Yard-Not-Before or X-Yard-Start-After, not both",
@@ -168,7 +158,7 @@ def parse_not_before(
         except ValueError:
             seconds = math.nan
         if not math.isfinite(seconds) or seconds < 0:
-            raise ApiError(
+            raise Rejected(
                 400,
                 "invalid_window",
                 "X-Yard-Start-After must be a number of seconds >= 0, "
@@ -186,7 +176,7 @@ def parse_not_before(
 def check_window(not_before: float | None, start_by: float | None) -> None:
     """Refuse a window that closes before it opens (400 ``invalid_window``)."""
     if not_before is not None and start_by is not None and not_before > start_by:
-        raise ApiError(
+        raise Rejected(
             400,
             "invalid_window",
             "the window closes before it opens: X-Yard-Not-Before / X-Yard-Start-After "
@@ -197,32 +187,20 @@ def check_window(not_before: float | None, start_by: float | None) -> None:
 def parse_rfc3339(text: str, what: str, code: str) -> float:
     """Epoch seconds of an RFC 3339 time with a zone; 400 ``code`` naming ``what``
     otherwise."""
-    text = text.strip()
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        raise ApiError(
+    epoch = rfc3339_epoch(text)
+    if epoch is None:
+        raise Rejected(
             400,
             code,
-            f"{what} must be an RFC 3339 time with a zone, like 2026-05-01T13:50:00Z; got {text!r}",
+            f"{what} must be an RFC 3339 time with a zone, like 2026-05-01T13:50:00Z; "
+            f"got {text.strip()!r}",
         )
-    return moment.timestamp()
-
-
-def wall_label(epoch: float, current: float) -> str:
-    """A wall-clock time as people read it in reasons: ``13:50:00Z`` today (UTC),
-    the whole RFC 3339 time on another day."""
-    moment = datetime.fromtimestamp(epoch, UTC)
-    if moment.date() == datetime.fromtimestamp(current, UTC).date():
-        return moment.strftime("%H:%M:%SZ")
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return epoch
 
 
 def _check_window_range(epoch: float, header: str) -> None:
     if not -62135596800.0 < epoch < 253402214400.0:  # 0001-01-01 to 9999-12-31 UTC
-        raise ApiError(
+        raise Rejected(
             400,
             "invalid_window",
             f"X-Yard-{header} is out of range: the time must fall between the years "
@@ -234,7 +212,7 @@ def _check_deadline_range(epoch: float, header: str) -> None:
     """Refuse a deadline that no RFC 3339 UTC time can name (past year 9999 or
     before year 1): it could never be shown back in a job's JSON."""
     if not -62135596800.0 < epoch < 253402214400.0:  # 0001-01-01 to 9999-12-31 UTC
-        raise ApiError(
+        raise Rejected(
             400,
             "invalid_deadline",
             f"X-Yard-{header} is out of range: the deadline must fall between the years "
@@ -250,7 +228,7 @@ def without_connection_options(headers: Headers, connection: bytes) -> Headers:
 
 def flag(value: bytes | None, header: str) -> bool:
     """A true/false header (``true``/``1``/``yes``, ``false``/``0``/``no``);
-    False when absent. Raises :class:`ApiError` 400 for anything else."""
+    False when absent. Raises :class:`Rejected` 400 for anything else."""
     if value is None:
         return False
     text = value.strip().lower()
@@ -258,12 +236,12 @@ def flag(value: bytes | None, header: str) -> bool:
         return True
     if text in (b"false", b"0", b"no"):
         return False
-    raise ApiError(400, "invalid_header", f"{header} must be true or false")
+    raise Rejected(400, "invalid_header", f"{header} must be true or false")
 
 
-def too_large(limit: int) -> ApiError:
+def too_large(limit: int) -> Rejected:
     """The 413 for a body over ``server.max_body_bytes``."""
-    return ApiError(
+    return Rejected(
         413,
         "body_too_large",
         f"the request body is larger than this yard accepts ({limit} bytes, server.max_body_bytes)",

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import trio
 
-from yard.api.intake import authenticate, local_app
-from yard.config import AppConfig, Config
+from yard.api.intake import authenticate
+from yard.config import AppConfig, Config, local_app
 from yard.errors import Rejected
 
 __all__ = ["KeyCheck", "LoginThrottle", "bearer_key", "client_key", "key_matches"]
@@ -108,6 +108,20 @@ class LoginThrottle:
     def succeeded(self, remote_addr: str | None) -> None:
         """A right key: forget this client's failures."""
         self._clients.pop(client_key(remote_addr), None)
+
+
+def is_loopback(remote_addr: str | None) -> bool:
+    """Whether the client address is on this machine (127.0.0.0/8, ::1)."""
+    if not remote_addr:
+        return False
+    try:
+        address = ipaddress.ip_address(remote_addr.split("%", 1)[0])
+    except ValueError:
+        return False
+    # A dual-stack socket reports IPv4 clients as ::ffff:a.b.c.d.
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
 
 
 def key_matches(given: str, admin_key: str) -> bool:

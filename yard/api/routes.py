@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 
 from yard.config import AppConfig, Config
-from yard.h1.errors import ApiError
+from yard.errors import Rejected
 
 OPENAI_PATHS = frozenset(
     {
@@ -40,21 +40,21 @@ OPENAI_PATHS = frozenset(
 """The OpenAI paths yard routes by model, and the rerank paths of llama.cpp."""
 
 
-def unknown_model(config: Config, app: AppConfig, model: str) -> ApiError:
+def unknown_model(config: Config, app: AppConfig, model: str) -> Rejected:
     """The 404 ``model_not_found`` for ``model``, with the closest name the
     app may use when one is close."""
     shown = repr(model) if len(model) <= 200 else repr(model[:200]) + "..."
     usable = sorted({name for name, _ in config.models() if app.may_use(name)})
     close = difflib.get_close_matches(model[:200], usable, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    return ApiError(
+    return Rejected(
         404,
         "model_not_found",
         f"the model {shown} does not exist in this yard; {hint}GET /v1/models lists them",
     )
 
 
-def mistyped_path(path: str) -> ApiError | None:
+def mistyped_path(path: str) -> Rejected | None:
     """A 404 ``path_not_found`` if ``path`` is a near miss of an OpenAI path
     (and not one itself), else None."""
     if path in OPENAI_PATHS or len(path) > 64:
@@ -62,7 +62,7 @@ def mistyped_path(path: str) -> ApiError | None:
     close = difflib.get_close_matches(path, OPENAI_PATHS, n=1, cutoff=0.9)
     if not close:
         return None
-    return ApiError(
+    return Rejected(
         404,
         "path_not_found",
         f"yard serves no {path}: did you mean {close[0]}? (the OpenAI paths are "

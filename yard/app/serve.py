@@ -1,6 +1,6 @@
 """``yard serve``: run the gateway.
 
-The nursery tree (DESIGN.md "The shape"), each part started with
+The nursery tree (``docs/architecture.md``, "The composition root"), each part started with
 ``nursery.start`` and ready only once it really is:
 
 1. the supervisor: reaps backends a killed yard left behind, then launches;
@@ -73,6 +73,7 @@ from yard.observe import MeterInfo
 from yard.observe.activity import LoggingLauncher, log_decisions, logged_kinds
 from yard.ports import MachineMeter
 from yard.supervisor import Supervisor
+from yard.testing.gpu import nvml_from_env
 
 log = logging.getLogger("yard.serve")
 
@@ -249,7 +250,8 @@ async def _serve(
     task_status: trio.TaskStatus[Running],
 ) -> None:
     config.server.data_dir.mkdir(parents=True, exist_ok=True)
-    meter: MachineMeter = default_meter()
+    # Tests name a shared fake card in $YARD_TESTING_FAKE_GPU (none otherwise).
+    meter: MachineMeter = default_meter(nvml=nvml_from_env())
     base = config
     # [models]: every GGUF file of the folder, on the GPUs found here.
     config, skipped = await trio.to_thread.run_sync(

@@ -21,11 +21,12 @@ import trio
 from quart import Quart, Response
 from quart_trio import QuartTrio
 
-from yard.announce import api as announce_api
 from yard.announce.metrics import AnnouncementCollector
+from yard.api import announcements as announce_api
+from yard.api import batches as batch_api
+from yard.api import jobs as jobs_api
 from yard.api.keys import KeyCheck
 from yard.app import openapi
-from yard.batches import api as batch_api
 from yard.config import Config, ServerConfig
 from yard.engine import Engine
 from yard.h1 import server
@@ -35,7 +36,6 @@ from yard.h1.upstream import UpstreamPool
 from yard.http.gateway import Gateway
 from yard.http.guard import Guard, guard
 from yard.http.ports import JobService
-from yard.jobs import api as jobs_api
 from yard.jobs.service import Jobs
 from yard.observe import MeterInfo, Observer, install, observe_request
 

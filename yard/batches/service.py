@@ -35,12 +35,11 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from yard.api.intake import local_app
 from yard.batches.driver import BatchDriver, cancel_if_queued
 from yard.batches.records import ENDPOINTS, BatchRecord, FileRecord
 from yard.batches.store import BatchStore, FileLimit
 from yard.batches.validate import BadRequest, check_metadata
-from yard.config import AppConfig, Config
+from yard.config import AppConfig, Config, local_app
 from yard.db import DatabaseError, passing
 from yard.jobs.service import Jobs
 

@@ -13,7 +13,7 @@
   model share them; the columns of :data:`yard.memory.profiles.PROFILE_MIGRATIONS`
   (version 5 added the slot count and per-slot slopes).
 - ``files``, ``file_contents``, ``batches``, ``batch_lines``: the Batch API
-  (:mod:`yard.cluster.batches`), the columns of :data:`yard.batches.schema.MIGRATIONS`
+  (:mod:`yard.cluster.batches`), the columns of :data:`yard.jobs.batch_tables.MIGRATIONS`
   plus ``batches.driver``: the node that drives the batch's bookkeeping.
 
 A migration once released is never edited: a change is a new version.

@@ -27,7 +27,7 @@ placeholders), ``server``, ``apps``, ``jobs``, ``backends`` (devices too),
 (``yard check``, :func:`exposure`).
 """
 
-from yard.config.apps import APP_KEYS, AppConfig, key_digest
+from yard.config.apps import APP_KEYS, LOCAL_APP, AppConfig, key_digest
 from yard.config.backends import (
     BACKEND_KEYS,
     DEFAULT_STARTUP_TIMEOUT_S,
@@ -47,6 +47,7 @@ from yard.config.loader import (
     default_config,
     is_loopback,
     load_config,
+    local_app,
 )
 from yard.config.reading import (
     LOG_LEVELS,
@@ -64,6 +65,7 @@ __all__ = [
     "DEFAULT_STARTUP_TIMEOUT_S",
     "DEVICE_KEYS",
     "JOBS_KEYS",
+    "LOCAL_APP",
     "LOG_LEVELS",
     "PATH_PLACEHOLDERS",
     "PLACEHOLDERS",
@@ -86,6 +88,7 @@ __all__ = [
     "is_loopback",
     "key_digest",
     "load_config",
+    "local_app",
     "parse_listen",
     "parse_size",
     "run",

@@ -18,6 +18,9 @@ from yard.config.reading import _NAME, _positive, _Reader, _str_list
 from yard.config.server import ServerConfig
 from yard.core.spec import SchedulerConfig
 
+LOCAL_APP = "local"
+"""The app of every request when no app keys are configured."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AppConfig:

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from yard.announce import recurring
-from yard.announce.recurring import Recurring
-from yard.config.apps import AppConfig, _apps, _check_app_models, key_digest
+from yard.config import announcements as recurring
+from yard.config.announcements import Recurring
+from yard.config.apps import LOCAL_APP, AppConfig, _apps, _check_app_models, key_digest
 from yard.config.backends import BackendConfig, DeviceConfig, _backends, _devices
 from yard.config.cluster import ClusterConfig, _cluster
 from yard.config.folder import FolderConfig, model_files, model_name, read_folder
@@ -342,7 +342,7 @@ def _announcements(
     apps: Mapping[str, AppConfig],
     backends: Mapping[str, BackendConfig],
 ) -> tuple[Recurring, ...]:
-    """``[[announcements]]``: recurring announcements (yard.announce.recurring)."""
+    """``[[announcements]]``: recurring announcements (yard.config.announcements)."""
     models = [m for b in backends.values() for m in b.models]
     try:
         return recurring.parse(raw, apps=list(apps), models=models)
@@ -368,3 +368,13 @@ def _scheduler(r: _Reader, data: dict[str, Any]) -> SchedulerConfig:
     except ValueError as exc:
         r.error("scheduler", str(exc))
         return SchedulerConfig()
+
+
+def local_app(config: Config) -> AppConfig:
+    """The app of every request when no app keys are configured."""
+    return AppConfig(
+        name=LOCAL_APP,
+        key="",
+        default_priority=config.server.default_priority,
+        max_priority=config.scheduler.max_priority,
+    )

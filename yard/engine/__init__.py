@@ -45,7 +45,6 @@ about requests), ``backends`` (starting, running and stopping backend processes)
 from yard.admission import Admission, Assignment
 from yard.engine.loop import Engine
 from yard.engine.records import EngineStatistics, LoggedDecision, Policy
-from yard.errors import Rejected
 
 __all__ = [
     "Admission",
@@ -54,5 +53,4 @@ __all__ = [
     "EngineStatistics",
     "LoggedDecision",
     "Policy",
-    "Rejected",
 ]

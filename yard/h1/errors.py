@@ -1,4 +1,4 @@
-"""yard's own errors, in the shape OpenAI clients already understand.
+"""yard's own error answers, in the shape OpenAI clients already understand.
 
 Every error yard itself produces (not a backend's) is JSON::
 
@@ -16,6 +16,10 @@ whose command fails would be started three times, a deadline that cannot be
 met asked three times. So an error where waiting helps (a full queue, too
 many connections, yard stopping) carries ``Retry-After``, and every other
 error ``x-should-retry: false``.
+
+The server answers its own refusals (a malformed request, too many
+connections) in this shape; the APIs answer a :class:`yard.errors.Rejected`
+in it (:mod:`yard.api.errors`).
 """
 
 from __future__ import annotations
@@ -23,9 +27,7 @@ from __future__ import annotations
 import json
 import math
 
-from yard.errors import Rejected
-
-__all__ = ["ApiError", "Rejected", "error_body", "error_headers", "error_type", "retry_headers"]
+__all__ = ["error_body", "error_headers", "error_type", "retry_headers"]
 
 _TYPES = {
     400: "invalid_request_error",
@@ -39,12 +41,6 @@ _TYPES = {
     429: "rate_limit_error",
     501: "not_implemented_error",
 }
-
-
-ApiError = Rejected
-"""The error an answer is made of: :class:`yard.errors.Rejected` (one type for
-the engine, the HTTP layer and the job service), by the name this layer's
-code raises it under."""
 
 
 def error_type(status: int) -> str:

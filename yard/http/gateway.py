@@ -43,9 +43,10 @@ from yard.admission import Assignment, ResponseCut, UpstreamLost, run_turn
 from yard.api.intake import authenticate, new_request_id, without_connection_options
 from yard.config import Config
 from yard.core.spec import instance_name
-from yard.engine import Engine, Rejected
+from yard.engine import Engine
+from yard.errors import Rejected
 from yard.h1.asgi import ASGIApp, Receive, Scope, Send
-from yard.h1.errors import ApiError, error_body, error_headers
+from yard.h1.errors import error_body, error_headers
 from yard.h1.upstream import HOP_BY_HOP, Headers, ProxyRequest, UpstreamError, UpstreamPool
 from yard.http.ports import JobService, RequestHook, Router
 from yard.http.reader import ClientGone, Forward, RequestReader
@@ -148,7 +149,7 @@ class Gateway:
         request_id = new_request_id()
         try:
             request, is_async, rerun_safe, arrived_at = await self._read(scope, receive, request_id)
-        except ApiError as exc:
+        except Rejected as exc:
             return await _send_error(send, exc.status, exc.code, exc.message, request_id, None)
         except ClientGone:
             return None
@@ -318,10 +319,6 @@ class Gateway:
             return await _send_error(
                 send, exc.status, exc.code, exc.message, request.request_id, None, exc.retry_after_s
             )
-        except ApiError as exc:
-            return await _send_error(
-                send, exc.status, exc.code, exc.message, request.request_id, None, exc.retry_after_s
-            )
         body = json.dumps(job).encode()
         headers = [
             (b"content-type", _JSON_CT),
@@ -367,7 +364,7 @@ class Gateway:
         try:
             authorization = next((v for n, v in scope["headers"] if n == b"authorization"), None)
             app, _ = authenticate(config, authorization)
-        except ApiError as exc:
+        except Rejected as exc:
             return await _send_error(send, exc.status, exc.code, exc.message, request_id, None)
         states = {b.name: b for b in self.engine.snapshot(limit=0).backends}
         created = int(self.started_at)

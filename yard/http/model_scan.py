@@ -20,7 +20,7 @@ thread, so what it costs is bounded:
 
 The answer is the one parsing the whole body would give (``json.loads``,
 ``parse_qs``, the multipart field); where there is none, the functions raise
-:class:`~yard.h1.errors.ApiError` with a stable code. None of them does I/O.
+:class:`~yard.h1.errors.Rejected` with a stable code. None of them does I/O.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import TypeVar
 from urllib.parse import unquote
 
 from yard.api.body import parse_json
-from yard.h1.errors import ApiError
+from yard.errors import Rejected
 
 _DISPOSITION_NAME = re.compile(rb'(?:^|;)\s*name="([^"]*)"', re.IGNORECASE)
 
@@ -148,12 +148,12 @@ def _string_end(body: bytes, pos: int) -> Steps[int]:
     raise _invalid_json("a string is not terminated")
 
 
-def _invalid_json(why: str) -> ApiError:
-    return ApiError(400, "invalid_json", f"the body is not valid JSON: {why}")
+def _invalid_json(why: str) -> Rejected:
+    return Rejected(400, "invalid_json", f"the body is not valid JSON: {why}")
 
 
-def _no_model() -> ApiError:
-    return ApiError(400, "model_required", "the JSON body has no 'model' string")
+def _no_model() -> Rejected:
+    return Rejected(400, "model_required", "the JSON body has no 'model' string")
 
 
 def _json_model(body: bytes) -> str:
@@ -218,7 +218,7 @@ def _json_model_steps(body: bytes) -> Steps[str]:
         raise _no_model()
     start, stop = value
     if stop - start > _MAX_MODEL:
-        raise ApiError(
+        raise Rejected(
             404, "model_not_found", f"no model in this yard has a name of {stop - start} bytes"
         )
     try:
@@ -254,8 +254,8 @@ def _model_in(
             value = None  # a number, a literal or a container: not a string
 
 
-def _too_deep() -> ApiError:
-    return ApiError(
+def _too_deep() -> Rejected:
+    return Rejected(
         400,
         "invalid_json",
         f"the JSON body is nested too deeply for yard to read (over {_MAX_DEPTH} levels)",
@@ -280,7 +280,7 @@ def _form_model(body: bytes) -> Steps[str | None]:
             value_end = end
         if value_end > value_start:
             if value_end - value_start > _MAX_MODEL:
-                raise ApiError(
+                raise Rejected(
                     404,
                     "model_not_found",
                     f"no model in this yard has a name of {value_end - value_start} bytes",
@@ -330,7 +330,7 @@ def _multipart_field_steps(body: bytes, content_type: bytes, name: bytes) -> Ste
 
 def model_of(method: str, content_type: bytes | None, body: bytes) -> str:
     """The ``model`` a ``/v1`` request names (JSON body, multipart or
-    url-encoded form field). Raises :class:`ApiError` 400 when there is none.
+    url-encoded form field). Raises :class:`Rejected` 400 when there is none.
 
     Its cost grows with the body: for a body over :data:`INLINE_LIMIT`, run
     :func:`model_steps` a step at a time instead.
@@ -345,14 +345,14 @@ def model_steps(method: str, content_type: bytes | None, body: bytes) -> Steps[s
     if ctype.startswith(b"multipart/form-data"):
         raw = yield from _multipart_field_steps(body, content_type or b"", b"model")
         if raw is None:
-            raise ApiError(
+            raise Rejected(
                 400,
                 "model_required",
                 f"the form has no 'model' field (among its first {_MAX_PARTS} parts)",
             )
         named = raw.decode("utf-8", "replace").strip()
         if not named:
-            raise ApiError(400, "model_required", "the form's 'model' field is empty")
+            raise Rejected(400, "model_required", "the form's 'model' field is empty")
         return named
     if ctype.startswith(b"application/x-www-form-urlencoded"):
         first = yield from _skip_ws(body, 0)
@@ -360,10 +360,10 @@ def model_steps(method: str, content_type: bytes | None, body: bytes) -> Steps[s
         if body[first : first + 1] != b"{":
             model = yield from _form_model(body)
             if not model:
-                raise ApiError(400, "model_required", "the form has no 'model' field")
+                raise Rejected(400, "model_required", "the form has no 'model' field")
             return model
     if not body:
-        raise ApiError(
+        raise Rejected(
             400,
             "model_required",
             f"{method} without a body: yard routes /v1 requests by their 'model' field",

@@ -38,17 +38,16 @@ from yard.api.intake import (
     check_window,
     clamp_priority,
     flag,
-    local_app,
     parse_not_before,
     parse_start_by,
     too_large,
     without_connection_options,
 )
 from yard.api.routes import mistyped_path, unknown_model
-from yard.config import Config
+from yard.config import Config, local_app
 from yard.engine import Engine
+from yard.errors import Rejected
 from yard.h1.asgi import Receive, Scope
-from yard.h1.errors import ApiError
 from yard.h1.upstream import HOP_BY_HOP, Headers, ProxyRequest
 from yard.http.model_scan import INLINE_LIMIT, Steps, model_of, model_steps
 from yard.http.ports import Router
@@ -106,7 +105,7 @@ class RequestReader:
         """Read and check one request: (request, respond-async?, rerun-safe?,
         original arrival on the engine clock for a trusted forwarded one).
 
-        Raises :class:`~yard.h1.errors.ApiError` for a request yard refuses
+        Raises :class:`~yard.h1.errors.Rejected` for a request yard refuses
         (the caller answers it), :class:`ClientGone` when the client left
         while its body was read, and :class:`Forward` when another node of
         the cluster serves it (with the body, already read).
@@ -185,7 +184,7 @@ class RequestReader:
             if backend_config is None or not app.may_reach(backend_config):
                 reachable = (b for b in config.backends.values() if app.may_reach(b))
                 known = ", ".join(sorted(b.name for b in reachable)) or "none"
-                raise ApiError(
+                raise Rejected(
                     404, "backend_not_found", f"no backend named {name!r} (configured: {known})"
                 )
             upstream_path = "/" + rest.decode("latin-1")
@@ -196,7 +195,7 @@ class RequestReader:
                 # A bodiless read (GET /props, /health) names none and runs none.
                 model = await self._scoped_model(method, content_type, body)
                 if not app.may_use(model):
-                    raise ApiError(
+                    raise Rejected(
                         404,
                         "model_not_found",
                         f"the model {model!r} does not exist in this yard; "
@@ -270,7 +269,7 @@ class RequestReader:
     async def _scoped_model(self, method: str, content_type: bytes | None, body: bytes) -> str:
         """The model a ``/backends/NAME/...`` request of a scoped app names.
 
-        Raises :class:`ApiError` 400 ``model_required`` when it names none:
+        Raises :class:`Rejected` 400 ``model_required`` when it names none:
         without one the backend would choose, perhaps a model the app may
         not use.
         """
@@ -278,10 +277,10 @@ class RequestReader:
             if len(body) <= INLINE_LIMIT:
                 return model_of(method, content_type, body)
             return await _in_turns(model_steps(method, content_type, body))
-        except ApiError as error:
+        except Rejected as error:
             if error.code != "model_required":
                 raise
-            raise ApiError(
+            raise Rejected(
                 400,
                 "model_required",
                 "this backend also serves models your app may not use: name one of "

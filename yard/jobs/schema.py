@@ -7,8 +7,8 @@ name (:mod:`yard.db`).
 - ``job_requests``, ``job_results``: a job's request and result bytes, in
   their own tables so that listing and reading jobs never touches the blobs;
   both go when the job ends or expires.
-- The Batch API's tables (:data:`yard.batches.schema.MIGRATIONS`) and the
-  announcements (:data:`yard.announce.schema.MIGRATIONS`) live in this file
+- The Batch API's tables (:data:`yard.jobs.batch_tables.MIGRATIONS`) and the
+  announcements (:data:`yard.jobs.announce_tables.MIGRATIONS`) live in this file
   too, migrated in the same order: a batch line becomes a job in the same
   transaction, and announcements are kept with the jobs they announce.
 
@@ -18,9 +18,9 @@ cluster's shared queue (:mod:`yard.cluster.schema`) has the same columns.
 
 from __future__ import annotations
 
-from yard.announce.schema import MIGRATIONS as ANNOUNCE_MIGRATIONS
-from yard.batches.schema import MIGRATIONS as BATCH_MIGRATIONS
 from yard.db import Migration
+from yard.jobs.announce_tables import MIGRATIONS as ANNOUNCE_MIGRATIONS
+from yard.jobs.batch_tables import MIGRATIONS as BATCH_MIGRATIONS
 
 __all__ = ["ENDED_CHANNEL", "JOBS_CHANNEL", "MIGRATIONS"]
 

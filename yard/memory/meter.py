@@ -20,7 +20,6 @@ over figures a test sets.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -39,8 +38,6 @@ from yard.memory.nvml import NvmlMeter, NvmlUnavailable, open_nvml
 from yard.memory.pids import PidSpace
 from yard.memory.readings import BackendUsage, DeviceDetail
 from yard.ports import DeviceReading
-from yard.testing.gpu import ENV_VAR as FAKE_GPU_VAR
-from yard.testing.gpu import FakeNvml, SharedGpu
 
 log = logging.getLogger(__name__)
 
@@ -194,9 +191,9 @@ def default_meter(
     that a backend is shown only the GPUs it was placed on: a GPU yard does
     not meter is hidden from all.
 
-    Test seams: ``nvml`` replaces the ``pynvml`` module (and
-    ``$YARD_TESTING_FAKE_GPU``, a :class:`yard.testing.gpu.SharedGpu` file,
-    makes it one over that fake card), ``amdsmi`` the
+    Test seams: ``nvml`` replaces the ``pynvml`` module (``yard serve`` passes
+    :func:`yard.testing.gpu.nvml_from_env`: a fake card named by
+    ``$YARD_TESTING_FAKE_GPU``), ``amdsmi`` the
     ``amdsmi`` one (default: imported where installed; ``False``: not used),
     ``proc`` and ``sys_root`` the procfs and sysfs roots, ``apple`` the macOS
     source, and ``platform`` ``sys.platform`` (``"darwin"`` selects the Apple
@@ -212,10 +209,6 @@ def default_meter(
         record_layout(mac.layout())
         return mac
     host = HostMeter(proc=proc)
-    fake_gpu = os.environ.get(FAKE_GPU_VAR)
-    if nvml is None and fake_gpu:
-        # Tests only: a shared fake card (yard.testing.gpu) instead of NVIDIA's.
-        nvml = FakeNvml(SharedGpu(Path(fake_gpu)))
     meters: list[GpuMeter] = []
     nvidia: list[GpuPlace] = []
     why_not: list[str] = []

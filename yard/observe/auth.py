@@ -25,12 +25,11 @@ Rules:
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import math
 import secrets
 from dataclasses import dataclass
 
-from yard.api.keys import bearer_key, key_matches
+from yard.api.keys import bearer_key, is_loopback, key_matches
 
 COOKIE = "yard_admin"
 """The dashboard's login cookie."""
@@ -113,20 +112,6 @@ def too_many_failures(wait_s: float) -> Refusal:
         f"{max(1, math.ceil(wait_s))} s",
         retry_after_s=wait_s,
     )
-
-
-def is_loopback(remote_addr: str | None) -> bool:
-    """Whether the client address is on this machine (127.0.0.0/8, ::1)."""
-    if not remote_addr:
-        return False
-    try:
-        address = ipaddress.ip_address(remote_addr.split("%", 1)[0])
-    except ValueError:
-        return False
-    # A dual-stack socket reports IPv4 clients as ::ffff:a.b.c.d.
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped.is_loopback
-    return address.is_loopback
 
 
 def check_admin(

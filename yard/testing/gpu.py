@@ -211,3 +211,11 @@ class FakeNvml:
 
     def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: SharedGpu) -> list[_Process]:
         return []
+
+
+def nvml_from_env() -> FakeNvml | None:
+    """The fake card ``$YARD_TESTING_FAKE_GPU`` names, as a ``pynvml``-shaped
+    module for :func:`yard.memory.default_meter` (tests only: ``yard serve``
+    reads it so that real processes share one busy card); None when unset."""
+    path = os.environ.get(ENV_VAR)
+    return FakeNvml(SharedGpu(Path(path))) if path else None

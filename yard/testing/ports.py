@@ -1,5 +1,7 @@
-"""Fakes for the engine's tests: a scripted policy, a launcher whose processes follow a
-script on virtual time, a meter that reads them, and an in-memory profile store."""
+"""Fakes of the ports (:mod:`yard.ports`), for the engine and everything above
+it: a scripted policy, a launcher whose processes follow a script on virtual
+time, a meter that reads them, and an in-memory profile store. The real ones
+are :mod:`yard.supervisor` and :mod:`yard.memory`."""
 
 from __future__ import annotations
 

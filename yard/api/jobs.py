@@ -27,12 +27,12 @@ import trio
 from quart import Blueprint, Quart, Response, current_app, request
 from werkzeug.datastructures import Headers
 
-from yard.api.keys import KeyCheck
-from yard.h1.errors import ApiError, error_body, error_headers
+from yard.api.errors import answer
+from yard.api.keys import KeyCheck, is_loopback
+from yard.errors import Rejected
 from yard.h1.upstream import HOP_BY_HOP
 from yard.jobs.service import JobFinished, JobNotFinished, JobNotFound, Jobs
 from yard.jobs.store import STATUSES, JobRecord, Status
-from yard.observe.auth import is_loopback
 
 blueprint = Blueprint("jobs", __name__)
 """Mounted by :func:`register` with ``url_prefix="/v1/jobs"``."""
@@ -78,7 +78,7 @@ def _caller() -> tuple[Jobs, str | None]:
         app = served.keys.caller(header, request.remote_addr)
     jobs = served.jobs
     if jobs is None:
-        raise ApiError(
+        raise Rejected(
             501, "jobs_unavailable", "this yard runs without the job service; no jobs exist"
         )
     return jobs, None if app is None else app.name
@@ -93,7 +93,7 @@ def _wait_arg(jobs: Jobs) -> float:
     except ValueError:
         wait = math.nan
     if not math.isfinite(wait) or wait < 0:
-        raise ApiError(
+        raise Rejected(
             400, "invalid_wait", f"wait must be a number of seconds >= 0, got {_short(text)}"
         )
     return min(wait, jobs.config.max_wait_s)
@@ -116,29 +116,21 @@ async def _job_after_wait(jobs: Jobs, job_id: str, app: str | None) -> JobRecord
     return job
 
 
-@blueprint.errorhandler(ApiError)
-async def _api_error(error: ApiError) -> Response:
-    body = error_body(error.status, error.code, error.message)
-    headers = [
-        (n.decode("latin-1"), v.decode("latin-1"))
-        for n, v in error_headers(body, error.retry_after_s)
-        if n != b"content-length"
-    ]
-    return Response(body, status=error.status, headers=Headers(headers))
+blueprint.register_error_handler(Rejected, answer)
 
 
 @blueprint.errorhandler(JobNotFound)
 async def _not_found(error: JobNotFound) -> Response:
-    return await _api_error(
-        ApiError(404, "job_not_found", f"no job {_short(error.args[0])} for this API key")
+    return await answer(
+        Rejected(404, "job_not_found", f"no job {_short(error.args[0])} for this API key")
     )
 
 
 @blueprint.errorhandler(JobNotFinished)
 async def _not_finished(error: JobNotFinished) -> Response:
     job = error.job
-    return await _api_error(
-        ApiError(
+    return await answer(
+        Rejected(
             409,
             "job_not_finished",
             f"job {job.id} is {job.status}; it has no result to delete yet "
@@ -149,7 +141,7 @@ async def _not_finished(error: JobNotFinished) -> Response:
 
 @blueprint.errorhandler(JobFinished)
 async def _finished(error: JobFinished) -> Response:
-    return await _api_error(ApiError(409, "job_finished", str(error)))
+    return await answer(Rejected(409, "job_finished", str(error)))
 
 
 @blueprint.get("", strict_slashes=False)
@@ -162,7 +154,7 @@ async def list_jobs() -> dict[str, object]:
             if not word:
                 continue
             if word not in STATUSES:
-                raise ApiError(
+                raise Rejected(
                     400,
                     "invalid_status",
                     f"status {_short(word)} is not one of {', '.join(STATUSES)}",
@@ -172,14 +164,14 @@ async def list_jobs() -> dict[str, object]:
     # ASCII digits only, and few: int() refuses 4,300 digits and str.isdigit
     # accepts a superscript two.
     if not _LIMIT.fullmatch(limit_text) or not 1 <= int(limit_text) <= _MAX_LIMIT:
-        raise ApiError(400, "invalid_limit", f"limit must be a whole number from 1 to {_MAX_LIMIT}")
+        raise Rejected(400, "invalid_limit", f"limit must be a whole number from 1 to {_MAX_LIMIT}")
     after = request.args.get("after") or None
     try:
         page, has_more = await jobs.list_jobs(
             app=app, statuses=statuses, limit=int(limit_text), after=after
         )
     except JobNotFound:
-        raise ApiError(
+        raise Rejected(
             400, "invalid_cursor", f"after={_short(after or '')} names no job of yours"
         ) from None
     data = [jobs.describe(job) for job in page]
@@ -215,7 +207,7 @@ async def job_result(job_id: str) -> Response:
     jobs, app = _caller()
     job = await _job_after_wait(jobs, job_id, app)
     if not job.finished:
-        raise ApiError(
+        raise Rejected(
             409,
             "job_not_finished",
             f"job {job.id} is {job.status}; GET /v1/jobs/{job.id}/result?wait=60 waits for it",
@@ -223,14 +215,14 @@ async def job_result(job_id: str) -> Response:
     if job.status == "expired":
         shown = jobs.describe(job)
         message = f"job {job.id} {shown['status']}; {shown['result_gone']}"
-        raise ApiError(410, "job_expired", message)
+        raise Rejected(410, "job_expired", message)
     _, result = await jobs.result(job_id, app=app)
     if result is None:
         error = job.error
         if error is None or job.status == "cancelled":
-            raise ApiError(409, "cancelled", f"job {job.id} was cancelled; it has no result")
+            raise Rejected(409, "cancelled", f"job {job.id} was cancelled; it has no result")
         status = error.status if error.status is not None and error.status >= 400 else 500
-        raise ApiError(status, error.code, error.message)
+        raise Rejected(status, error.code, error.message)
     headers = [
         (n.decode("latin-1"), v.decode("latin-1"))
         for n, v in result.headers

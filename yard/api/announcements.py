@@ -20,13 +20,14 @@ import json
 from dataclasses import dataclass
 
 from quart import Blueprint, Quart, Response, current_app, request
-from werkzeug.datastructures import Headers
 
 from yard.announce.service import AnnouncementNotFound, Announcements, BadAnnouncement
 from yard.api.body import json_object
+from yard.api.errors import answer
 from yard.api.keys import KeyCheck
 from yard.config import AppConfig
-from yard.h1.errors import ApiError, error_body, error_headers
+from yard.errors import Rejected
+from yard.h1.errors import error_body
 
 blueprint = Blueprint("announcements", __name__)
 """Mounted by :func:`register` with ``url_prefix="/v1/announcements"``."""
@@ -56,7 +57,7 @@ def _caller() -> tuple[Announcements, AppConfig | None]:
     app = served.keys.caller(request.headers.get("authorization"), request.remote_addr)
     service = served.announcements
     if service is None:
-        raise ApiError(
+        raise Rejected(
             501,
             "announcements_unavailable",
             "this yard runs without the announcement service (it needs the job store)",
@@ -68,15 +69,7 @@ def _json(payload: object, status: int = 200) -> Response:
     return Response(json.dumps(payload), status=status, content_type="application/json")
 
 
-@blueprint.errorhandler(ApiError)
-async def _api_error(error: ApiError) -> Response:
-    body = error_body(error.status, error.code, error.message)
-    headers = [
-        (n.decode("latin-1"), v.decode("latin-1"))
-        for n, v in error_headers(body, error.retry_after_s)
-        if n != b"content-length"
-    ]
-    return Response(body, status=error.status, headers=Headers(headers))
+blueprint.register_error_handler(Rejected, answer)
 
 
 @blueprint.errorhandler(BadAnnouncement)
@@ -90,8 +83,8 @@ async def _bad(error: BadAnnouncement) -> Response:
 async def _not_found(error: AnnouncementNotFound) -> Response:
     text = repr(error.args[0])
     text = text if len(text) <= 80 else text[:77] + "..."
-    return await _api_error(
-        ApiError(404, "announcement_not_found", f"no announcement {text} for this API key")
+    return await answer(
+        Rejected(404, "announcement_not_found", f"no announcement {text} for this API key")
     )
 
 
@@ -99,7 +92,7 @@ async def _not_found(error: AnnouncementNotFound) -> Response:
 async def create() -> Response:
     service, app = _caller()
     if app is None:
-        raise ApiError(
+        raise Rejected(
             400,
             "invalid_request",
             "announcements are made by an app: use the app's API key, not the admin key",

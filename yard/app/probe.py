@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,6 +39,7 @@ from yard.memory.profiles import open_profile_store
 from yard.memory.readings import DeviceDetail, format_bytes
 from yard.memory.warmup import FillProgress, fill_llama_context
 from yard.ports import BackendStartError
+from yard.testing.gpu import nvml_from_env
 
 
 class ContextFillFailed(Exception):
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         # One yard per data directory (yard.datadir): a probe starts the
         # backend and writes its profile, as yard serve would.
         with datadir.hold(config.server.data_dir, command="yard probe"):
-            meter = default_meter()
+            meter = default_meter(nvml=nvml_from_env())
             try:
                 return trio.run(_probe, config, backend, args, meter, err)
             finally:
@@ -580,9 +580,3 @@ def _print_table(console: Console, report: Mapping[str, object]) -> None:
     console.print(str(report["meter"]), markup=False)
     stored = "stored" if report["stored"] else "not stored (--no-store)"
     console.print(f"profile {stored} (key {str(report['profile_key'])[:12]})")
-
-
-if __name__ == "__main__":
-    from yard.cli import main
-
-    sys.exit(main(["probe", *sys.argv[1:]]))
