@@ -1,9 +1,10 @@
 """The edges of yard: small interfaces through which the outside world enters.
 
 The engine talks to processes, meters and stores only through these
-protocols. Each has a real implementation (``yard.supervisor``,
-``yard.memory``, ``yard.store``) and a fake beside it (``sim``, tests), and
-both are tested against the same expectations.
+protocols. Each has a real implementation (:mod:`yard.supervisor`,
+:mod:`yard.memory`, the profile store of :mod:`yard.memory.profiles`) and a
+fake beside it (:mod:`yard.testing.ports`, and ``sim``'s simulated machine),
+and both are tested against the same expectations (``docs/architecture.md``).
 """
 
 from __future__ import annotations

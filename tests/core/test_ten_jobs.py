@@ -1,4 +1,4 @@
-"""Ten jobs, three models, one deadline: exactly one order comes out (DESIGN.md).
+"""Ten jobs, three models, one deadline: exactly one order comes out.
 
 gpu0 has 20 GiB and any two of the three models fit on it (llm 11 GiB, img
 7.7 GiB, tts 3.3 GiB with the margin), never all three. Derived by hand:

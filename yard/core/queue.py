@@ -1,6 +1,6 @@
 """Waiting requests of one backend, in the order they are dispatched.
 
-Ordering rules (DESIGN.md "Priority with aging", "Start-by deadlines"):
+Ordering rules (``docs/how-yard-decides.md``: "Who goes first", "Deadlines"):
 
 - A request's *effective priority* is ``base + aging_rate * (now - aging_from)``,
   ``aging_from`` being its arrival (:func:`aging_start`: for *patient* work, a

@@ -1,8 +1,9 @@
 """What a model needs before it was ever measured: a prior read from its file.
 
 A backend yard has never measured is placed by this estimate until its first
-load measures it (DESIGN.md, "Memory fit"). For a GGUF file (llama.cpp's
-format) it is worked out from the header alone, nothing is loaded:
+load measures it (``docs/how-yard-decides.md``, "What is loaded: memory
+fit"). For a GGUF file (llama.cpp's format) it is worked out from the header
+alone, nothing is loaded:
 
 - **weights**: the bytes of every tensor. On a GPU (all layers offloaded,
   llama-server's ``-ngl 99``) llama.cpp keeps the token embedding in host
