@@ -13,7 +13,8 @@ What it answers is chosen by the request:
 - ``GET /health``: 200 ``{"status": "ok"}``; 503 ``Loading model`` while
   loading (as llama-server does); 500 forever with ``fail_health``.
 - ``GET /props``: llama-server's context and slots with ``gpu_file``
-  (:meth:`FakeBackend.props`), else 404 as other servers.
+  (:meth:`FakeBackend.props`), else 404 from the model server
+  (``answer="openai"``) as from other servers; the echo echoes it.
 - ``/status/NNN``: status NNN with a small JSON body.
 - ``/cut-before``: closes the connection without answering.
 - ``/cut-after``: the head and one chunk, then closes.
@@ -361,8 +362,9 @@ class FakeBackend:
                 await self.send_json(stream, conn, 503, _error("Loading model", code=503))
             else:
                 await self.send_json(stream, conn, 200, {"status": "ok"})
-        elif path == "/props":
-            # llama-server's page; other servers have none (yard asks every one)
+        elif path == "/props" and (self.options.gpu_file is not None or self.answer == "openai"):
+            # llama-server's page; other model servers have none (yard asks
+            # every one once ready); the echo answers it as any other path
             if self.options.gpu_file is not None:
                 await self.send_json(stream, conn, 200, self.props())
             else:
