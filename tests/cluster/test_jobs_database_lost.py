@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -22,6 +23,7 @@ import trio.testing
 from tests.jobs.fakes import EPOCH, Answer, FakeEngine, FakeUpstream, proxy_request, wall
 from yard.cluster.jobs import SharedQueue
 from yard.cluster.pg import DatabaseLost
+from yard.errors import Rejected
 from yard.jobs.records import JobError, JobRecord, Status, StoredRequest, StoredResult
 from yard.jobs.service import Jobs
 from yard.jobs.store import JobStore
@@ -80,6 +82,10 @@ class LosingStore(JobStore):
     async def get(self, job_id: str) -> JobRecord | None:
         self._check()
         return await super().get(job_id)
+
+    async def insert(self, **job: Any) -> JobRecord:
+        self._check()
+        return await super().insert(**job)
 
     async def expire(self, *, finished_before: float) -> list[str]:
         self._check()
@@ -208,3 +214,42 @@ async def test_a_job_cancelled_as_it_is_dispatched_does_not_run(
     assert released.ids == []
     assert job is not None and job.status == "cancelled" and job.started_at is None
     assert engine.admissions[job_id].cancelled
+
+
+async def test_a_job_handed_in_while_the_database_is_lost_is_refused_with_503_and_retry_after(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Before: DatabaseLost went up through the gateway as 500 internal_error.
+    async with node_jobs(tmp_path / "jobs.sqlite", FakeEngine(), FakeUpstream()) as (
+        jobs,
+        store,
+        _,
+    ):
+        store.lost = True
+        with pytest.raises(Rejected) as refused:
+            await jobs.submit(proxy_request(), rerun_safe=False)
+        store.lost = False
+        assert await store.counts() == dict.fromkeys(await store.counts(), 0)
+    assert (refused.value.status, refused.value.code) == (503, "database_unavailable")
+    assert refused.value.retry_after_s == 2.0
+    assert "nothing was stored" in refused.value.message
+
+
+async def test_a_job_read_while_the_database_is_lost_answers_what_this_node_knows(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    engine = FakeEngine()
+    upstream = FakeUpstream(Answer(delay=10.0))
+    async with node_jobs(tmp_path / "jobs.sqlite", engine, upstream) as (jobs, store, _):
+        job_id = await _claimed(jobs, store)
+        engine.dispatch(job_id)
+        await trio.sleep(1.0)
+        store.lost = True
+        held = await jobs.get(job_id, app=None)
+        # A job this node does not hold: refused as JSON, with when to retry.
+        with pytest.raises(Rejected) as refused:
+            await jobs.get("job_elsewhere", app=None)
+        store.lost = False
+    assert held.id == job_id and held.status == "running"
+    assert "the database cannot be reached now" in held.notes[-1]
+    assert (refused.value.status, refused.value.code) == (503, "database_unavailable")

@@ -362,6 +362,35 @@ async def test_a_node_reaped_while_alive_that_claims_a_job_back_runs_it_once(
     assert not await node.mark_running("j", at=202.0, queued_s=2.0)
 
 
+async def test_a_late_end_from_a_reaped_node_ends_neither_its_old_run_nor_the_rerun(
+    stores: Stores,
+) -> None:
+    a, b = await stores("a"), await stores("b")
+    await add(a, "safe", rerun_safe=True)
+    await add(a, "once")
+    assert await claim_all(a, "a", ("tts",)) == ["safe", "once"]
+    for job_id in ("safe", "once"):
+        assert await a.mark_running(job_id, at=101.0, queued_s=1.0)
+    # a is declared dead while alive: "once" is interrupted, "safe" goes back
+    # once, and b runs it now.
+    summary = await b.reap("a", now=200.0)
+    assert summary.rerun == ("safe",)
+    assert summary.interrupted == ("once",)
+    assert await claim_all(b, "b", ("tts",)) == ["safe"]
+    assert await b.mark_running("safe", at=201.0, queued_s=1.0)
+    # a's runners end both, very late: neither end is taken.
+    assert not await a.end_run("safe", "succeeded", at=202.0, result=RESULT)
+    assert not await a.end_run("once", "succeeded", at=202.0, result=RESULT)
+    safe, once = await b.get("safe"), await b.get("once")
+    assert safe is not None and (safe.status, safe.started_at) == ("running", 201.0)
+    assert once is not None and once.error is not None and once.error.code == "interrupted"
+    # b's end, and a cancel from any node, are.
+    assert await b.end_run("safe", "succeeded", at=203.0, result=RESULT)
+    await add(b, "other")
+    cancelled = JobError(code="cancelled", message="bye", status=499)
+    assert await a.finish("other", "cancelled", at=204.0, error=cancelled)
+
+
 async def test_finish_races_cancel_and_exactly_one_wins(stores: Stores) -> None:
     one, two = await stores("n1"), await stores("n2")
     cancelled = JobError(code="cancelled", message="cancelled by the client", status=499)

@@ -28,6 +28,7 @@ from yard.api import jobs as jobs_api
 from yard.api.keys import KeyCheck
 from yard.app import openapi
 from yard.config import Config, ServerConfig
+from yard.db import DatabaseError, passing
 from yard.engine import Engine
 from yard.h1 import server
 from yard.h1.asgi import ASGIApp
@@ -120,6 +121,15 @@ def create_control_app(parts: Parts, keys: KeyCheck | None = None) -> Quart:
     async def not_allowed(error: Exception) -> tuple[bytes, int, dict[str, str]]:
         body = error_body(405, "method_not_allowed", "this method is not allowed here")
         return body, 405, {"content-type": "application/json"}
+
+    @app.errorhandler(DatabaseError)
+    async def database_error(error: DatabaseError) -> tuple[bytes, int, dict[str, str]]:
+        # A cluster's database lost or busy: JSON that says when to try
+        # again, never a 500 page (issue 26).
+        if not passing(error):
+            raise error
+        body = error_body(503, "database_unavailable", f"{error}; try again shortly")
+        return body, 503, {"content-type": "application/json", "retry-after": "2"}
 
     @app.after_request
     async def no_blind_retries(response: Response) -> Response:

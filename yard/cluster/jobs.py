@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from yard.cluster.pg import PgDatabase
 from yard.cluster.reaping import ReapSummary, reap_node
 from yard.db import Tx
-from yard.jobs.records import JobRecord
+from yard.jobs.records import JobError, JobRecord, Status, StoredResult
 from yard.jobs.rows import COLUMNS, job_record
 from yard.jobs.schema import JOBS_CHANNEL
 from yard.jobs.service import Jobs
@@ -126,6 +126,23 @@ class ClusterJobStore(JobStore):
         back after a self-caused OOM. False if it is not running on this node
         (ended, or reaped and running on another node)."""
         return await self._requeue(job_id, " AND claimed_by = ?", self.node)
+
+    async def end_run(
+        self,
+        job_id: str,
+        status: Status,
+        *,
+        at: float,
+        error: JobError | None = None,
+        result: StoredResult | None = None,
+    ) -> bool:
+        """End a job this node ran, only while this node holds it: a very late
+        end from a node declared dead (its jobs reaped: interrupted, or given
+        back and perhaps running elsewhere now) ends nothing. A cancel, from
+        any node, is :meth:`finish`."""
+        return await self._finish(
+            job_id, status, at, error, result, " AND claimed_by = ?", self.node
+        )
 
     async def unfinished(self) -> list[JobRecord]:
         """The queued and running jobs this node holds, in arrival order: what

@@ -85,7 +85,7 @@ class KeptWrites:
             won = await self._when_back(
                 job_id,
                 "record its end",
-                lambda: store.finish(job_id, status, at=at, error=error, result=result),
+                lambda: store.end_run(job_id, status, at=at, error=error, result=result),
                 exc,
             )
             if won is not None:
@@ -100,7 +100,7 @@ class KeptWrites:
             )
 
             async def fail() -> bool:
-                return await store.finish(job_id, "failed", at=at, error=plain)
+                return await store.end_run(job_id, "failed", at=at, error=plain)
 
             try:
                 won = await fail()

@@ -12,7 +12,16 @@ from __future__ import annotations
 from yard.errors import Rejected
 from yard.jobs.records import QuotaExceeded
 
-__all__ = ["deadline_out_of_range", "not_running", "over_quota", "too_large"]
+__all__ = [
+    "database_unavailable",
+    "deadline_out_of_range",
+    "not_running",
+    "over_quota",
+    "too_large",
+]
+
+RETRY_AFTER_S = 2.0
+"""When to try again while the database is lost or busy."""
 
 
 def too_large(size: int, limit: int) -> Rejected:
@@ -33,6 +42,18 @@ def not_running() -> Rejected:
         code="jobs_unavailable",
         message="the job service is not running (yard is starting or stopping); try again shortly",
         retry_after_s=1.0,
+    )
+
+
+def database_unavailable(exc: Exception) -> Rejected:
+    """503 ``database_unavailable``: the database (a cluster's PostgreSQL)
+    is lost or busy now (``exc``): nothing was stored."""
+    return Rejected(
+        status=503,
+        code="database_unavailable",
+        message=f"yard cannot reach its job database now ({exc}); nothing was stored: "
+        "hand the job in again shortly",
+        retry_after_s=RETRY_AFTER_S,
     )
 
 

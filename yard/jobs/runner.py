@@ -49,10 +49,11 @@ log = logging.getLogger("yard.jobs")
 @dataclass(slots=True)
 class Running:
     """A job whose runner is live: its admission, the scope its upstream
-    request runs in, and whether it was cancelled."""
+    request runs in, whether it was cancelled, and the job as enqueued."""
 
     admission: AdmissionLike
     scope: trio.CancelScope
+    job: JobRecord
     cancelled: bool = False
 
     def cancel(self) -> None:
@@ -256,7 +257,7 @@ class Runner:
         won: bool | None = None
         with trio.CancelScope(shield=True):
             try:
-                won = await self.store.finish(job_id, status, at=at, error=error, result=result)
+                won = await self.store.end_run(job_id, status, at=at, error=error, result=result)
             except DatabaseError as exc:
                 lost = exc  # kept, or (refused) ended plainly
         ended: Status | None = status if won else None

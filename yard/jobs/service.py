@@ -35,6 +35,7 @@ shared queue, its one requeue spent); a job given back unrun.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -49,7 +50,7 @@ import trio
 from yard.admission import AdmissionLike
 from yard.config import JobsConfig
 from yard.core.views import QueuedView
-from yard.db import DatabaseError
+from yard.db import DatabaseError, passing
 from yard.errors import Rejected
 from yard.h1.upstream import ProxyRequest, UpstreamPool
 from yard.jobs import refusals
@@ -317,6 +318,10 @@ class Jobs:
             job = await self._insert(
                 job_id, request, start_by, rerun_safe, now_wall, quota, not_before
             )
+        except DatabaseError as exc:
+            if not passing(exc):
+                raise
+            raise refusals.database_unavailable(exc) from None
         except QuotaExceeded as exc:
             raise refusals.over_quota(
                 request.app, exc, now_wall=now_wall, result_ttl_s=self.config.result_ttl_s
@@ -399,7 +404,7 @@ class Jobs:
             requeued=job.requeued,
             **window,
         )
-        running = Running(admission=admission, scope=trio.CancelScope())
+        running = Running(admission=admission, scope=trio.CancelScope(), job=job)
         self._running[job.id] = running
         nursery.start_soon(self._run_job, job, running)
 
@@ -409,10 +414,24 @@ class Jobs:
         """The job, if it exists and belongs to ``app`` (None: any app)."""
         if not job_id.isascii():  # yard's ids are; SQLite refuses lone surrogates
             raise JobNotFound(job_id)
-        job = await self.store.get(job_id)
+        try:
+            job = await self.store.get(job_id)
+        except DatabaseError as exc:
+            job = self._held(job_id, exc)
         if job is None or (app is not None and job.app != app):
             raise JobNotFound(job_id)
         return job
+
+    def _held(self, job_id: str, exc: DatabaseError) -> JobRecord:
+        """What this yard knows of a job it holds while the database does not
+        answer (``exc``, lost or busy); else :class:`~yard.errors.Rejected`
+        503 (a JSON answer with ``Retry-After``)."""
+        running = self._running.get(job_id)
+        if running is None or not passing(exc):
+            raise refusals.database_unavailable(exc) from None
+        status: Status = "queued" if running.admission.state == "queued" else "running"
+        note = f"the database cannot be reached now ({exc}): this is what this yard knows"
+        return dataclasses.replace(running.job, status=status, notes=(*running.job.notes, note))
 
     async def wait_ended(self, job_id: str, *, app: str | None) -> JobRecord:
         """Return the job once it has ended (at once if it has). The caller

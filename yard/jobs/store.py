@@ -245,6 +245,20 @@ class JobStore:
         durably. False if it had already ended: the first end wins."""
         return await self._finish(job_id, status, at, error, result, "")
 
+    async def end_run(
+        self,
+        job_id: str,
+        status: Status,
+        *,
+        at: float,
+        error: JobError | None = None,
+        result: StoredResult | None = None,
+    ) -> bool:
+        """End a job whose run this yard made (its runner's end, kept for the
+        database or not), as :meth:`finish`; a cluster's store also requires
+        that this node still holds it."""
+        return await self.finish(job_id, status, at=at, error=error, result=result)
+
     async def _finish(
         self,
         job_id: str,
