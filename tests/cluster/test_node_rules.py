@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
@@ -30,6 +31,7 @@ from yard.core.decisions import Decision
 from yard.core.events import Event
 from yard.core.spec import SchedulerConfig
 from yard.core.views import BackendView, DeviceView, Snapshot
+from yard.db import DatabaseLost
 from yard.jobs.records import JobRecord
 
 HEARTBEAT_S = 1.0
@@ -84,6 +86,7 @@ class FakeStore:
 
     claims: list[tuple[str, ...]] = field(default_factory=list)
     reaped: list[str] = field(default_factory=list)
+    reaped_at: list[float] = field(default_factory=list)
     gone: set[str] = field(default_factory=set)  # the registry's
 
     async def claim(
@@ -95,6 +98,7 @@ class FakeStore:
 
     async def reap(self, node: str, *, now: float) -> ReapSummary:
         self.reaped.append(node)
+        self.reaped_at.append(trio.current_time())
         return ReapSummary()
 
     async def reap_gone(
@@ -108,14 +112,31 @@ class FakeStore:
 
 @dataclass
 class FakeRegistry:
+    """The registry; while :attr:`lost`, every call fails as a stopped
+    PostgreSQL does (the calls a node makes at a heartbeat)."""
+
     others: list[NodeState] = field(default_factory=list)
     gone: set[str] = field(default_factory=set)
     published: list[NodeState] = field(default_factory=list)
+    lost: bool = False
+
+    def _check(self) -> None:
+        if self.lost:
+            raise DatabaseLost("cannot reach PostgreSQL (the test stopped it)")
+
+    def beat(self, name: str, at: float) -> None:
+        """Another node publishes a heartbeat at ``at`` (if it can)."""
+        if not self.lost:
+            self.others = [
+                replace(n, heartbeat_at=at) if n.name == name else n for n in self.others
+            ]
 
     async def publish(self, state: NodeState) -> None:
+        self._check()
         self.published.append(state)
 
     async def nodes(self) -> list[NodeState]:
+        self._check()
         mine = self.published[-1:]
         return [
             *mine,
@@ -123,6 +144,7 @@ class FakeRegistry:
         ]
 
     async def stale(self, now: float, after_s: float) -> list[str]:
+        self._check()
         return [
             n.name
             for n in self.others
@@ -295,3 +317,60 @@ async def test_a_dead_node_another_node_marked_gone_first_is_not_reaped_twice(
         h.registry.gone.add("c")  # another node won mark_gone
         await trio.sleep(DEAD_AFTER_S + 2 * HEARTBEAT_S)
         assert h.store.reaped == []
+
+
+async def _beating(registry: FakeRegistry, name: str, *, phase: float, until: float) -> None:
+    """Node ``name`` publishes every heartbeat, ``phase`` s after this node."""
+    await trio.sleep(phase)
+    while trio.current_time() < until:
+        registry.beat(name, trio.current_time())
+        await trio.sleep(HEARTBEAT_S)
+
+
+async def test_a_peer_silent_through_a_database_outage_is_not_reaped_after_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The database is away from 5.2 s to 17.7 s (12.5 s, four times
+    # dead_after_s); c's heartbeats land half a heartbeat after this node's, so
+    # this node's lands first after the outage (18 s; c's: 18.5 s). Before the
+    # watch rule it found c's last heartbeat (4.5 s) older than dead_after_s
+    # and reaped c, alive.
+    async with running_node(others=[_other("c")]) as h, trio.open_nursery() as nursery:
+        nursery.start_soon(partial(_beating, h.registry, "c", phase=0.5, until=60.0))
+        await trio.sleep(5.2)
+        h.registry.lost = True
+        await trio.sleep(12.5)
+        h.registry.lost = False
+        await trio.sleep(20.0)
+        assert h.store.reaped == []
+        assert h.node.database_ok
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_that_died_in_an_outage_is_reaped_dead_after_s_after_the_watch_resumes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running_node(others=[_other("c")]) as h, trio.open_nursery() as nursery:
+        nursery.start_soon(partial(_beating, h.registry, "c", phase=0.5, until=5.0))
+        await trio.sleep(5.2)
+        h.registry.lost = True
+        await trio.sleep(12.0)
+        h.registry.lost = False  # at 17.2; this node's next heartbeat: 18 s
+        await trio.sleep(10.0)
+        nursery.cancel_scope.cancel()
+    # Watching again from 18 s: judged at the first heartbeat 3 s after that.
+    assert h.store.reaped == ["c"]
+    assert h.store.reaped_at == [21.0]
+
+
+async def test_while_cut_off_a_node_routes_to_its_peers_as_last_seen(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running_node(others=[_other("c")]) as h, trio.open_nursery() as nursery:
+        nursery.start_soon(partial(_beating, h.registry, "c", phase=0.5, until=5.0))
+        await trio.sleep(5.2)
+        h.registry.lost = True
+        await trio.sleep(12.0)  # c's last heartbeat is 11.7 s old
+        (c,) = [p for p in h.node.forwarder.peers if p.name == "c"]
+        assert c.up  # not judged by the clock while this node cannot see
+        nursery.cancel_scope.cancel()

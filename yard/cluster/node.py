@@ -13,6 +13,11 @@ runs :class:`Node`:
   (its queued jobs go back to the shared queue at their old place, its running
   ones end ``interrupted``, or go back once when rerun-safe); then refresh the
   view the forwarder routes synchronous requests by.
+- **Only a node that was watching judges.** A peer's silence counts only over
+  time this node reached the database at every heartbeat (a gap of two starts
+  the watch anew): a node cut off or stalled cannot tell a dead peer from one
+  cut off with it. After an outage nobody is reaped until ``dead_after_s``
+  after the watch resumed; while cut off, peers stay as last seen.
 - **Claims**: woken by ``NOTIFY yard_jobs`` (a job became claimable on some
   node), by this node's own dispatches and finishes (room appeared), and by
   every heartbeat. It asks :func:`yard.cluster.policy.hungry` which backends
@@ -52,7 +57,14 @@ from yard.cluster.forward import Forwarder
 from yard.cluster.jobs import ClusterJobStore, SharedQueue
 from yard.cluster.listen import Listener
 from yard.cluster.pg import PgDatabase, PgLimits
-from yard.cluster.policy import Peer, by_first_instance, hungry, local_backends
+from yard.cluster.policy import (
+    Peer,
+    by_first_instance,
+    counts_by_first_instance,
+    hungry,
+    local_backends,
+    roomiest,
+)
 from yard.cluster.registry import NodeState, Registry
 from yard.cluster.schema import ENDED_CHANNEL, JOBS_CHANNEL, MIGRATIONS, NODES_CHANNEL
 from yard.config import Config
@@ -161,6 +173,9 @@ class Node:
         self._wake = trio.Event()
         self._database_ok = True
         self._lost_since: float | None = None
+        # Since when it reached the database at every heartbeat (None: cut off).
+        self._watching_since: float | None = None
+        self._published_at: float | None = None
         self._claims = 0
         self._reaped = 0
         self._nodes: tuple[NodeState, ...] = ()
@@ -267,13 +282,14 @@ class Node:
         now = self._wall()
         try:
             await self.registry.publish(self._describe(snapshot, now))
+            self._watched(now)
             for name in await self.registry.stale(now, self.cluster.dead_after_s):
-                if name == self.name:
+                if name == self.name or not self._may_judge(now):
                     continue
-                stale_before = now - self.cluster.dead_after_s
                 # Declared gone and reaped at once: no node sees it gone while
                 # it still holds jobs (they would claim newer ones first).
-                summary = await self.store.reap_gone(name, now=now, heartbeat_before=stale_before)
+                before = now - self.cluster.dead_after_s
+                summary = await self.store.reap_gone(name, now=now, heartbeat_before=before)
                 if summary is not None:
                     self._reaped += 1
                     log.warning(
@@ -288,6 +304,16 @@ class Node:
         except DatabaseError as exc:
             self._database(False, exc)
         self._update_routes(snapshot, now)
+
+    def _watched(self, now: float) -> None:
+        last, self._published_at = self._published_at, now
+        if self._watching_since is None or now - (last or 0.0) > 2 * self.cluster.heartbeat_s:
+            self._watching_since = now
+
+    def _may_judge(self, now: float) -> bool:
+        """Watched for ``dead_after_s`` without a break (the module's theory)."""
+        since = self._watching_since
+        return since is not None and now - since >= self.cluster.dead_after_s
 
     def _describe(self, snapshot: Snapshot, now: float) -> NodeState:
         # Loading counts as loaded: other nodes leave its jobs to this one.
@@ -313,13 +339,17 @@ class Node:
         for n in self._nodes:
             if n.name == self.name:
                 continue
-            up = n.state == "up" and now - n.heartbeat_at <= self.cluster.dead_after_s
+            # Silence counts from when this node watches (never while cut off).
+            since = self._watching_since
+            up = n.state == "up" and (
+                since is None or now - max(n.heartbeat_at, since) <= self.cluster.dead_after_s
+            )
             serves = frozenset(n.serves)
             backend_of = {m: self._backend_of(m, n) for m in serves}
             # A model is ready there when any instance of its backend is.
             loaded = {first_instance(b) for b in n.loaded}
             ready = frozenset(m for m, b in backend_of.items() if b in loaded)
-            queues = _by_first_instance(n.queues)
+            queues = counts_by_first_instance(n.queues)
             waiting = {m: queues.get(b, 0) for m, b in backend_of.items() if b}
             peers.append(
                 Peer(
@@ -328,19 +358,20 @@ class Node:
                     serves=serves,
                     ready=ready,
                     waiting=waiting,
-                    free_mib=_roomiest(n.free_mib),
+                    free_mib=roomiest(n.free_mib),
+                    backend_of={m: b for m, b in backend_of.items() if b},
                 )
             )
             urls[n.name] = n.url
         here_ready = {first_instance(b.name) for b in snapshot.backends if b.state == "ready"}
-        queued = _by_first_instance({b.name: b.queued for b in snapshot.backends})
+        queued = counts_by_first_instance({b.name: b.queued for b in snapshot.backends})
         peers.append(
             Peer(
                 name=self.name,
                 serves=frozenset(self._models),
                 ready=frozenset(m for m, b in self._models.items() if b in here_ready),
                 waiting={m: queued.get(b, 0) for m, b in self._models.items()},
-                free_mib=_roomiest({d.name: d.free_bytes / MIB for d in snapshot.devices}),
+                free_mib=roomiest({d.name: d.free_bytes / MIB for d in snapshot.devices}),
             )
         )
         urls[self.name] = self.url
@@ -366,6 +397,8 @@ class Node:
         return backends.pop() if len(backends) == 1 else None
 
     def _database(self, ok: bool, exc: BaseException | None = None) -> None:
+        if not ok:
+            self._watching_since = None
         if ok and not self._database_ok:
             lost = self._wall() - (self._lost_since or self._wall())
             log.warning(
@@ -492,7 +525,7 @@ class Node:
                 continue
             # By first instance, as the claim sees backends (by_first_instance).
             loaded |= {first_instance(b) for b in n.loaded}
-            if _roomiest(n.free_mib) > 0:
+            if roomiest(n.free_mib) > 0:
                 room |= {first_instance(b) for b in set(n.backends) - set(n.loaded)}
         return frozenset(loaded), frozenset(room)
 
@@ -502,23 +535,8 @@ class Node:
             self._wake.set()
 
 
-def _by_first_instance(counts: Mapping[str, int]) -> dict[str, int]:
-    """Per-backend counts summed over each backend's instances."""
-    out: dict[str, int] = {}
-    for name, count in counts.items():
-        first = first_instance(name)
-        out[first] = out.get(first, 0) + count
-    return out
-
-
 _WAKERS = (Dispatch, RequestFinished, BackendReady, BackendExited, BackendStopped)
 """What makes room here, or changes what is loaded: the claim loop looks again."""
-
-
-def _roomiest(free: Mapping[str, float]) -> float:
-    gpus = [v for k, v in free.items() if k != "host"]
-    values = gpus or list(free.values())
-    return max(values) if values else 0.0
 
 
 async def open_database(cluster: ClusterConfig) -> PgDatabase:

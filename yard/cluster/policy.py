@@ -357,6 +357,7 @@ class Peer:
     loading: those of ``serves`` whose backend is loading there.
     waiting: requests waiting there, per model (absent: 0).
     free_mib: free memory on its roomiest GPU (or host, for host-only nodes), MiB.
+    backend_of: the backend serving each model there, where it can be told.
     """
 
     name: str
@@ -366,6 +367,7 @@ class Peer:
     loading: frozenset[str] = frozenset()
     waiting: Mapping[str, int] = field(default_factory=dict, hash=False)
     free_mib: float = 0.0
+    backend_of: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -441,3 +443,19 @@ def route(
         f"{best.name} can load {model} soonest",
     )[tier]
     return Route(node=best.name, forward=best.name != here, reason=why)
+
+
+def counts_by_first_instance(counts: Mapping[str, int]) -> dict[str, int]:
+    """Per-backend counts summed over each backend's instances."""
+    out: dict[str, int] = {}
+    for name, count in counts.items():
+        first = first_instance(name)
+        out[first] = out.get(first, 0) + count
+    return out
+
+
+def roomiest(free: Mapping[str, float]) -> float:
+    """The free memory of a node's roomiest GPU (its host's, if it has none)."""
+    gpus = [v for k, v in free.items() if k != "host"]
+    values = gpus or list(free.values())
+    return max(values) if values else 0.0
