@@ -24,6 +24,7 @@ from yard.cluster.forward import (
     PRIORITY,
     SIGNATURE,
     Forwarder,
+    Target,
     forward_headers,
     sign,
     trusted_arrival,
@@ -33,6 +34,8 @@ from yard.cluster.policy import Peer
 from yard.config import AppConfig, BackendConfig, Config, ServerConfig
 from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
+from yard.errors import Rejected
+from yard.h1.upstream import ProxyRequest
 from yard.observe.metrics import REQUESTS
 from yard.testing.fake import FakeBackend, serve_fake
 
@@ -140,7 +143,7 @@ def test_routing_sends_a_model_to_the_node_that_serves_it_and_jobs_stay() -> Non
         {"a": "http://a:1", "b": "http://b:1"},
     )
     target = forwarder.route("big", served_here=False, is_async=False)
-    assert target is not None and (target.node, target.url) == ("b", "http://b:1")
+    assert isinstance(target, Target) and (target.node, target.url) == ("b", "http://b:1")
     # Loaded there, not here: a synchronous request goes there ...
     assert forwarder.route("small", served_here=True, is_async=False) is not None
     # ... a job for a model served here goes to the shared queue from here,
@@ -175,16 +178,23 @@ class Pair:
     b_engine: FakeEngine
     a_forwarder: Forwarder
     b_url: str
+    a_jobs: _Jobs
 
 
 async def _gateway(
-    nursery: trio.Nursery, config: Config, engine: FakeEngine, forwarder: Forwarder
+    nursery: trio.Nursery,
+    config: Config,
+    engine: FakeEngine,
+    forwarder: Forwarder,
+    jobs: _Jobs | None = None,
 ) -> tuple[str, Parts]:
     health = {"status": "ok", "node": forwarder.node, "database": "ok", "nodes": []}
     node = cast(
         Node, SimpleNamespace(forwarder=forwarder, name=forwarder.node, health=lambda: health)
     )
-    parts = Parts(config=config, engine=cast(Engine, engine), started_at=time.time(), cluster=node)
+    parts = Parts(
+        config=config, engine=cast(Engine, engine), started_at=time.time(), cluster=node, jobs=jobs
+    )
     forwarder._pool = parts.pool
     binds = await nursery.start(serve_app, create_app(parts), "127.0.0.1", 0)
     return str(binds[0]), parts
@@ -200,7 +210,8 @@ async def pair() -> AsyncIterator[Pair]:
         b_engine = FakeEngine(base_urls={"small": backend.base_url, "big": backend.base_url})
         a_fw = Forwarder(node="a", secret=SECRET, pool=cast(Any, None))
         b_fw = Forwarder(node="b", secret=SECRET, pool=cast(Any, None))
-        a_url, a_rt = await _gateway(nursery, _config({"small": small}), a_engine, a_fw)
+        a_jobs = _Jobs()
+        a_url, a_rt = await _gateway(nursery, _config({"small": small}), a_engine, a_fw, a_jobs)
         b_url, b_rt = await _gateway(nursery, _config({"small": small, "big": big}), b_engine, b_fw)
         peers = [
             Peer(name="a", serves=frozenset({"small"})),
@@ -214,7 +225,7 @@ async def pair() -> AsyncIterator[Pair]:
             httpx.AsyncClient(base_url=a_url, headers=headers, timeout=10) as a,
             httpx.AsyncClient(base_url=b_url, headers=headers, timeout=10) as b,
         ):
-            yield Pair(a, b, a_engine, b_engine, a_fw, b_url)
+            yield Pair(a, b, a_engine, b_engine, a_fw, b_url, a_jobs)
         nursery.cancel_scope.cancel()
     a_rt.pool.close_idle()
     b_rt.pool.close_idle()
@@ -258,13 +269,17 @@ async def test_a_model_ready_elsewhere_and_not_here_is_forwarded(pair: Pair) -> 
     assert [a.submitted["backend"] for a in pair.b_engine.admissions] == ["small"]
 
 
+def _from_node(node: str) -> dict[str, str]:
+    """The cluster headers a request forwarded by ``node`` carries."""
+    sent = forward_headers([], node=node, arrived_at=time.time(), priority=50.0, secret=SECRET)
+    return {name.decode(): value.decode() for name, value in sent}
+
+
 async def test_a_forwarded_request_is_never_forwarded_again(pair: Pair) -> None:
     # Node a's registry says b should serve "small"; a forwarded request is served here anyway.
     with trio.fail_after(10):
         response = await pair.a.post(
-            "/v1/chat/completions",
-            json={**CHAT, "model": "small"},
-            headers={"x-yard-forwarded-by": "b"},
+            "/v1/chat/completions", json={**CHAT, "model": "small"}, headers=_from_node("b")
         )
     assert response.status_code == 200
     assert "x-yard-node" not in response.headers
@@ -272,12 +287,93 @@ async def test_a_forwarded_request_is_never_forwarded_again(pair: Pair) -> None:
     assert [a.submitted["backend"] for a in pair.a_engine.admissions] == ["small"]
     # And a model this node lacks is refused here, not sent on.
     with trio.fail_after(10):
-        response = await pair.a.post(
-            "/v1/chat/completions", json=CHAT, headers={"x-yard-forwarded-by": "b"}
-        )
+        response = await pair.a.post("/v1/chat/completions", json=CHAT, headers=_from_node("b"))
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "model_not_found"
     assert pair.b_engine.admissions == []
+
+
+async def test_a_clients_own_forwarded_by_header_does_not_turn_forwarding_off(
+    pair: Pair,
+) -> None:
+    # Before: the bare header made node a serve or refuse it itself (404 here).
+    with trio.fail_after(10):
+        bare = await pair.a.post(
+            "/v1/chat/completions", json=CHAT, headers={"x-yard-forwarded-by": "b"}
+        )
+        old = repr(time.time())
+        forged = await pair.a.post(
+            "/v1/chat/completions",
+            json=CHAT,
+            headers={
+                "x-yard-forwarded-by": "b",
+                "x-yard-arrived-at": old,
+                "x-yard-cluster-signature": sign("guess", "b", old),
+            },
+        )
+    assert (bare.status_code, forged.status_code) == (200, 200), bare.text
+    assert bare.headers["x-yard-node"] == forged.headers["x-yard-node"] == "b"
+    assert [a.submitted["backend"] for a in pair.b_engine.admissions] == ["big", "big"]
+
+
+def test_a_model_served_only_by_a_node_that_is_away_is_away_not_unknown() -> None:
+    forwarder = Forwarder(node="a", secret=None, pool=cast(Any, None), retry_after_s=4.0)
+    forwarder.update(
+        [
+            Peer(name="a", serves=frozenset({"small"})),
+            Peer(name="b", up=False, serves=frozenset({"big"}), backend_of={"big": "big-llm"}),
+        ],
+        {"a": "http://a:1", "b": "http://b:1"},
+    )
+    with pytest.raises(Rejected) as away:
+        forwarder.route("big", served_here=False, is_async=False)
+    assert (away.value.status, away.value.code, away.value.retry_after_s) == (
+        503,
+        "model_away",
+        4.0,
+    )
+    assert "node b" in away.value.message
+    # A job for it goes into the shared queue of its backend.
+    assert forwarder.route("big", served_here=False, is_async=True) is None
+    assert forwarder.queue_for("big") == "big-llm"
+    assert forwarder.route("nobody", served_here=False, is_async=False) is None
+    assert forwarder.queue_for("nobody") is None
+
+
+async def test_a_request_for_a_model_whose_node_is_away_is_503_or_a_stored_job(
+    pair: Pair,
+) -> None:
+    # Before: 502 node_unreachable while b's heartbeat was fresh, then 404
+    # model_not_found, for requests and jobs alike.
+    peers = [
+        Peer(name="a", serves=frozenset({"small"})),
+        Peer(name="b", up=False, serves=frozenset({"big"}), backend_of={"big": "big"}),
+    ]
+    pair.a_forwarder.update(peers, {"b": pair.b_url})
+    with trio.fail_after(10):
+        sync = await pair.a.post("/v1/chat/completions", json=CHAT)
+        job = await pair.a.post(
+            "/v1/chat/completions", json=CHAT, headers={"prefer": "respond-async"}
+        )
+    assert sync.status_code == 503
+    assert sync.json()["error"]["code"] == "model_away"
+    assert "node b" in sync.json()["error"]["message"]
+    assert int(sync.headers["retry-after"]) >= 1
+    assert job.status_code == 202, job.text
+    ((request, _),) = pair.a_jobs.submitted
+    assert (request.backend, request.model) == ("big", "big")
+    assert pair.b_engine.admissions == []
+
+
+class _Jobs:
+    """The job service of node a: what it was handed."""
+
+    def __init__(self) -> None:
+        self.submitted: list[tuple[ProxyRequest, bool]] = []
+
+    async def submit(self, request: ProxyRequest, *, rerun_safe: bool) -> dict[str, object]:
+        self.submitted.append((request, rerun_safe))
+        return {"id": "job-1", "status": "queued"}
 
 
 async def test_an_unsigned_arrival_header_is_ignored(pair: Pair) -> None:

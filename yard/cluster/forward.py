@@ -12,8 +12,16 @@ Rules it keeps:
 
 - **Never forwarded twice.** A forwarded request carries
   ``X-Yard-Forwarded-By: NODE``; a node that gets one serves it itself (or
-  refuses it as any request), whatever its registry says. The header alone
-  can only make a node serve a request locally, so it needs no proof.
+  refuses it as any request), whatever its registry says. With ``[cluster]
+  secret`` the header counts only with a valid ``X-Yard-Cluster-Signature``
+  (:meth:`Forwarder.vouched`): a client's own header is ignored, and cannot
+  turn forwarding off for its request. Without a secret nothing can be
+  proven, and the header counts: set a secret on any cluster clients reach.
+- **A model served only by nodes that are away** (no fresh heartbeat, or
+  gone) is not unknown: a synchronous request for it is refused with 503
+  ``model_away`` and ``Retry-After`` (:meth:`Forwarder.route`); a job for it
+  goes into the shared queue for its backend (:meth:`Forwarder.queue_for`),
+  and the node claims it when it is back.
 - **One age everywhere.** The request carries its priority as the first node
   settled it (``X-Yard-Priority``, already clamped to the app's range; the
   serving node clamps again, with the same ``[apps]``) and its arrival on the
@@ -43,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from yard.cluster.policy import Peer, route
+from yard.errors import Rejected
 from yard.h1.errors import error_body, error_headers
 from yard.h1.upstream import HOP_BY_HOP, Headers, UpstreamError, UpstreamPool
 
@@ -160,9 +169,12 @@ class Forwarder:
     of the cluster current with :meth:`update`.
     """
 
-    def __init__(self, *, node: str, secret: str | None, pool: UpstreamPool) -> None:
+    def __init__(
+        self, *, node: str, secret: str | None, pool: UpstreamPool, retry_after_s: float = 5.0
+    ) -> None:
         self.node = node
         self.secret = secret
+        self.retry_after_s = retry_after_s
         self._pool = pool
         self._view = _View()
         self.forwarded = 0
@@ -180,6 +192,8 @@ class Forwarder:
     def route(self, model: str, *, served_here: bool, is_async: bool) -> Target | None:
         """Another node to send this request for ``model`` to, or None (serve
         it here, or refuse it here as any request for an unknown model).
+        Raises :class:`~yard.errors.Rejected` 503 ``model_away`` for a
+        synchronous request for a model only nodes that are away serve.
 
         served_here: this node serves the model. is_async: the request asks to
         become a job; a job for a model served here goes into the shared queue
@@ -191,11 +205,58 @@ class Forwarder:
         view = self._view
         choice = route(model, view.peers, self.node)
         if not choice.forward:
+            away = None if served_here or is_async else self._away(model)
+            if away is not None:
+                names, _ = away
+                raise Rejected(
+                    503,
+                    "model_away",
+                    f"{model} is served only by node {names}, which is away now (no recent "
+                    "heartbeat, or it left the cluster): try again shortly, or hand it in "
+                    "as a job ('Prefer: respond-async'), which waits until the node is back",
+                    retry_after_s=self.retry_after_s,
+                )
             return None
         url = view.urls.get(choice.node)
         if url is None:
             return None
         return Target(node=choice.node, url=url, reason=choice.reason)
+
+    def queue_for(self, model: str) -> str | None:
+        """The backend whose shared queue takes a job for ``model`` that no
+        node serves now because those that do are away; None if none does (or
+        their backends cannot be told)."""
+        away = self._away(model)
+        return None if away is None else away[1]
+
+    def _away(self, model: str) -> tuple[str, str | None] | None:
+        """The nodes, away, that serve ``model`` (names), and its backend."""
+        away = sorted(p.name for p in self._view.peers if not p.up and model in p.serves)
+        if not away:
+            return None
+        backends = {
+            p.backend_of[model]
+            for p in self._view.peers
+            if p.name in away and model in p.backend_of
+        }
+        return ", ".join(away), backends.pop() if len(backends) == 1 else None
+
+    def vouched(
+        self, forwarded_by: bytes | None, arrived_at: bytes | None, signature: bytes | None
+    ) -> bool:
+        """Whether a request's ``X-Yard-Forwarded-By`` counts (see the module
+        rules): present, and with a secret, signed."""
+        if forwarded_by is None:
+            return False
+        if self.secret is None:
+            return True
+        if arrived_at is None or signature is None:
+            return False
+        try:
+            expected = sign(self.secret, forwarded_by.decode("ascii"), arrived_at.decode("ascii"))
+        except UnicodeDecodeError:
+            return False
+        return hmac.compare_digest(expected.encode(), signature.strip().lower())
 
     def arrival(
         self,

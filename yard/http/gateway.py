@@ -150,7 +150,9 @@ class Gateway:
         try:
             request, is_async, rerun_safe, arrived_at = await self._read(scope, receive, request_id)
         except Rejected as exc:
-            return await _send_error(send, exc.status, exc.code, exc.message, request_id, None)
+            return await _send_error(
+                send, exc.status, exc.code, exc.message, request_id, None, exc.retry_after_s
+            )
         except ClientGone:
             return None
         except Forward as forward:

@@ -59,7 +59,21 @@ class Router(Protocol[T]):
 
     def route(self, model: str, *, served_here: bool, is_async: bool) -> T | None:
         """Another node to send this request for ``model`` to, or None to
-        serve it here (or refuse it here as any request)."""
+        serve it here (or refuse it here as any request). May raise
+        :class:`yard.errors.Rejected` (the nodes that serve it are away)."""
+        ...
+
+    def queue_for(self, model: str) -> str | None:
+        """The backend whose shared queue takes a job for ``model``, a model
+        no node here serves now because the nodes that do are away; None:
+        the model is unknown."""
+        ...
+
+    def vouched(
+        self, forwarded_by: bytes | None, arrived_at: bytes | None, signature: bytes | None
+    ) -> bool:
+        """Whether a request's ``X-Yard-Forwarded-By`` is another node's
+        (and not a client's own): it then is served or refused here."""
         ...
 
     def arrival(

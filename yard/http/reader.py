@@ -116,6 +116,7 @@ class RequestReader:
         priority = start_by = start_within = allow_late = prefer = connection = None
         not_before = start_after = None
         forwarded_by = arrived_header = signature = None
+        away_backend: str | None = None
         for name, value in scope["headers"]:
             if name.startswith(b"x-yard-"):
                 if name == b"x-yard-forwarded-by":
@@ -151,6 +152,10 @@ class RequestReader:
             if name not in _DROPPED:
                 forwarded.append((name, value))
 
+        if self._router is not None and not self._router.vouched(
+            forwarded_by, arrived_header, signature
+        ):
+            forwarded_by = None  # a client's own (yard.cluster.forward's rule)
         if self._local_app is not None:
             app, consumed = self._local_app, False
         else:
@@ -213,18 +218,22 @@ class RequestReader:
                 model = await _in_turns(model_steps(method, content_type, body))
             backend_config = config.backend_for_model(model)
             if self._router is not None and forwarded_by is None and app.may_use(model):
+                wants_job = prefer is not None and b"respond-async" in prefer.lower()
                 target = self._router.route(
-                    model,
-                    served_here=backend_config is not None,
-                    is_async=prefer is not None and b"respond-async" in prefer.lower(),
+                    model, served_here=backend_config is not None, is_async=wants_job
                 )
                 if target is not None:
                     raise Forward(target, body, clamp_priority(config, app, priority), model)
+                if backend_config is None and wants_job:
+                    # Served only by nodes that are away: into the shared queue.
+                    away_backend = self._router.queue_for(model)
             # Outside the app's models: the same answer as a model that does
             # not exist, so that the app cannot tell them apart.
-            if backend_config is None or not app.may_use(model):
+            if (backend_config is None and away_backend is None) or not app.may_use(model):
                 raise unknown_model(config, app, model)
             upstream_path = raw_path.decode("latin-1")
+        backend = backend_config.name if backend_config is not None else away_backend
+        assert backend is not None
 
         now = self.engine.now()
         deadline = parse_start_by(now, start_by, start_within)
@@ -236,7 +245,7 @@ class RequestReader:
             query=scope.get("query_string", b""),
             headers=forwarded,
             body=body,
-            backend=backend_config.name,
+            backend=backend,
             app=app.name,
             priority=clamp_priority(config, app, priority),
             start_by=deadline,
