@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.core.harness import Harness, gpu, host
+from tests.core.harness import Harness, gpu, host, of
 from yard.core import (
     AdminLoad,
     AdminPin,
@@ -124,3 +124,20 @@ def test_next_wakeup_is_none_when_nothing_is_pending() -> None:
     [start] = h.arrive("r1", "chat", start_by=100.0)
     assert isinstance(start, StartBackend)
     assert h.s.next_wakeup() is not None
+
+
+def test_an_operators_load_while_another_loads_on_the_device_is_kept_until_it_can() -> None:
+    # Before: flagged "not loading now" and dropped, though the load was 202.
+    h = Harness(
+        [
+            BackendSpec(name="chat", gpus=("gpu0",)),
+            BackendSpec(name="tts", gpus=("gpu0",)),
+        ],
+        profiles={"chat": (4, 1, 10), "tts": (4, 1, 10)},
+    )
+    assert of(StartBackend, h.arrive("r1", "chat", at=0))
+    [flag] = h.feed(AdminLoad(backend="tts"), at=1)
+    assert isinstance(flag, Flag) and "it loads once it can" in flag.reason
+    assert h.state("tts") == "stopped"
+    [start] = of(StartBackend, h.ready("chat", at=10))
+    assert start.backend == "tts"

@@ -330,7 +330,16 @@ def admin_load(core: Core, ev: AdminLoad, now: float, out: list[Decision]) -> No
     plan = core.best_plan(b, None, {}, set(), set(), now)
     if plan is None or plan.status != Outcome.START:
         why = plan.reason if plan is not None else reasons.no_place(b.name)
-        out.append(Flag(backend=b.name, reason=f"admin load: not loading {b.name} now: {why}"))
+        kept = ""
+        if plan is not None and plan.status == Outcome.WAIT:
+            # Another load on its devices, or memory being freed: the
+            # operator's load is kept, and made once it can be.
+            b.want_load = True
+            core.room_version += 1
+            kept = "; it loads once it can (POST .../unload withdraws it)"
+        out.append(
+            Flag(backend=b.name, reason=f"admin load: not loading {b.name} now: {why}{kept}")
+        )
         return
     core.start(plan, now, out)
 
