@@ -105,6 +105,9 @@ class Plan:
     hold_until: float | None = None
     """Where the load is for an urgent window ahead whose load is not yet due:
     when it is (until then its idle victims are held, not stopped)."""
+    made_room: tuple[list[Backend], dict[str, int]] | None = None
+    """An evicting plan's victims as chosen and each device's free memory then:
+    what :func:`evict_again` works it out again from."""
     retell: Callable[[str], str] | None = None
     """For a blocked plan, or one that waits for another load: its reason told
     of another backend by name (one with the same options that, after the same
@@ -519,7 +522,25 @@ def plan_on(
         return Plan(b, gpus, Outcome.WAIT, text, need=need, slack=slack)
     reads.evicts = True
     reads.victims.update(o.name for o in chosen)
-    return _evict(b, head, gpus, need, chosen, slack, free_now, devices, config, now, reads)
+    plan = _evict(b, head, gpus, need, chosen, slack, free_now, devices, config, now, reads)
+    plan.made_room = (chosen, free_now)
+    return plan
+
+
+def evict_again(
+    plan: Plan, head: Req | None, devices: Mapping[str, Device], config: SchedulerConfig, now: float
+) -> Plan:
+    """The evicting ``plan`` worked out again for ``head`` at ``now`` from the
+    victims it chose and the memory it saw (:func:`plan_on`'s last step): what
+    planning afresh gives when nothing it read changed but the clock and the
+    head's overtakes (its reasons tell them; the choice of option does not read
+    them while the head may still be overtaken)."""
+    assert plan.made_room is not None
+    chosen, free_now = plan.made_room
+    b, gpus, need = plan.backend, plan.gpus, plan.need
+    again = _evict(b, head, gpus, need, chosen, plan.slack, free_now, devices, config, now, Reads())
+    again.made_room = plan.made_room
+    return again
 
 
 def load_due(b: Backend, head: Req | None, config: SchedulerConfig) -> float | None:

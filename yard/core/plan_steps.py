@@ -222,12 +222,13 @@ def evicting_stale(
     """Whether the evicting ``st`` must be planned again: the clock has run out
     its batching, its head or its latest start changed
     (:func:`~yard.core.estimates.swap_latest_start`), or
-    a touched victim changed in what its plan read of it (:func:`victim_sig`)."""
+    a touched victim changed in what its plan read of it (:func:`victim_sig`).
+    Its head's overtakes alone are not asked here (:func:`overtaken`)."""
     swap = st.backend
     if now >= st.reads.until - CLOCK_MARGIN_S:
         return True
     if swap.name in touched and (
-        head_changed(swap, st) or estimates.swap_latest_start(swap, config) != st.latest_start
+        head_moved(swap, st) or estimates.swap_latest_start(swap, config) != st.latest_start
     ):
         return True
     if st.victims is None:
@@ -248,6 +249,23 @@ def head_changed(b: Backend, step: Step) -> bool:
     if head is not step.head:
         return True
     return head is not None and (head.urgent != step.urgent or head.overtakes != step.overtakes)
+
+
+def head_moved(b: Backend, step: Step) -> bool:
+    """:func:`head_changed` but for the head's overtakes: its state, its head or
+    the head's urgency changed."""
+    if b.state is not step.state:
+        return True
+    head = b.head()
+    return head is not step.head or (head is not None and head.urgent != step.urgent)
+
+
+def overtaken(b: Backend, step: Step) -> bool:
+    """Whether of ``b``'s own step only its head's overtakes changed (a request
+    for a victim of its swap went first): an evicting plan is then worked out
+    again from the victims it chose (:meth:`yard.core.planning.Planner._evict_again`)."""
+    head = b.head()
+    return head is not None and not head_moved(b, step) and head.overtakes != step.overtakes
 
 
 def waits_for_load(b: Backend) -> bool:

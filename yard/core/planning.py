@@ -79,7 +79,9 @@ from yard.core.plan_steps import (
     evicting_stale,
     frontier_after,
     head_changed,
+    head_moved,
     only_key,
+    overtaken,
     ranks_no_higher,
     read_sig,
     reads_same,
@@ -151,6 +153,8 @@ class Planner:
         # per backend: what plans may read of it (:func:`read_sig`) when the
         # steps were last known to agree with it
         self._seen: dict[str, Sig] = {}
+        # this round's steps of which only the head's overtakes changed (:func:`overtaken`)
+        self._overtaken: set[int] = set()
 
     def round(self, now: float, out: list[Decision]) -> None:
         """Plan the loads and carry out what the plans say."""
@@ -174,6 +178,7 @@ class Planner:
                 touched,
             )
         self._told.clear()
+        self._overtaken.clear()
         if full:
             self._seen.clear()
             # profiles may have changed: number the options afresh
@@ -190,7 +195,8 @@ class Planner:
         fresh: list[int] = []
         frontier = EMPTY
         room: Room | None = None
-        last_dirty = max(dirty, default=-1)
+        overtaken_ = self._overtaken
+        last_dirty = max(max(dirty, default=-1), max(overtaken_, default=-1))
         seen = core.transitions
         for i, b in enumerate(cands):
             if core.transitions != seen and not full:
@@ -200,9 +206,17 @@ class Planner:
                 dirty |= self._dirty(touched, now, settled=False)
                 for device in core.touched_devices:
                     dirty.update(self._weighers.get(device, ()))
-                last_dirty = max(dirty, default=-1)
+                last_dirty = max(max(dirty, default=-1), max(overtaken_, default=-1))
             k = index.get(b.name)
             prev = old[k] if k is not None and k not in dirty else None
+            if k is not None and prev is not None and k in overtaken_:
+                again = self._evict_again(prev, b, frontier, room, now, out)
+                if again is not None:
+                    steps.append(again)
+                    fresh.append(i)
+                    frontier = again.after or frontier
+                    continue
+                prev = None
             if k is not None and prev is not None:
                 same = frontier is prev.before or frontier.same(prev.before)
                 if (
@@ -394,8 +408,12 @@ class Planner:
                             ):
                                 dirty.add(k)
             own = self._index.get(name)
-            if own is not None and head_changed(steps[own].backend, steps[own]):
-                dirty.add(own)
+            if own is not None:
+                st = steps[own]
+                if head_moved(st.backend, st):
+                    dirty.add(own)
+                elif overtaken(st.backend, st):
+                    self._overtaken.add(own)
         return dirty
 
     def _reread(
@@ -559,6 +577,87 @@ class Planner:
         self._carry_out(plan, head, out)
         step.after = frontier_after(plan, frontier)
         return step, core.survey() if plan.stop else room
+
+    def _evict_again(
+        self,
+        prev: Step,
+        b: Backend,
+        frontier: Frontier,
+        room: Room | None,
+        now: float,
+        out: list[Decision],
+    ) -> Step | None:
+        """``b``'s evicting plan worked out again where only its head's
+        overtakes changed since (:func:`overtaken`) and it reads the same of
+        ``frontier``, from the victims it chose (:func:`placement.evict_again`):
+        which option it takes and whom it evicts read the overtakes only through
+        whether the head may still be overtaken, so while that holds only its
+        sentences change. None where planning afresh is needed: it stopped a
+        victim, the head may be overtaken no more, another plan of this round
+        would be told to it, or the plan worked out again evicts otherwise."""
+        plan = prev.plan
+        core = self._core
+        config = core.config
+        head = b.head()
+        if (
+            plan is None
+            or plan.status != Outcome.EVICT
+            or plan.stop
+            or plan.made_room is None
+            or head is None
+            or head is not prev.head
+            or head.urgent != prev.urgent
+            or b.state is not prev.state
+            or head.overtakes >= config.batch_bound
+            or prev.overtakes >= config.batch_bound
+        ):
+            return None
+        if not (frontier is prev.before or frontier.same(prev.before)) and not reads_same(
+            prev, frontier
+        ):
+            return None
+        if room is not None and self._told:
+            known = self._devices.get(b.name)
+            if known is None or known[0] is not core.options(b):
+                return None
+            alone = None if b.profile is not None else failures.step(b)
+            if (frontier, room, known[3], alone, family_of(b, head)) in self._told:
+                return None
+        again = placement.evict_again(plan, head, core.devices, config, now)
+        if (
+            again.key() != plan.key()
+            or again.stop
+            or again.hold_until != plan.hold_until
+            or again.drain != plan.drain
+            or again.pending != plan.pending
+        ):
+            return None
+        step = Step(
+            b,
+            b.state,
+            head,
+            head.urgent,
+            head.overtakes,
+            again,
+            prev.reads,
+            prev.names,
+            prev.claims,
+            prev.books,
+            frontier,
+            None,
+            prev.head_key,
+            prev.why,
+            prev.ordered,
+        )
+        step.latest_start = estimates.swap_latest_start(b, config)
+        step.victims = {
+            name: victim_sig(core.backends[name], b, head, now, config)
+            for name in prev.reads.victims
+        }
+        b.wait_reason = again.reason
+        self._carry_out(again, head, out)
+        step.after = frontier_after(again, frontier)
+        return step
 
     def _replay(self, step: Step, out: list[Decision]) -> None:
         """Carry out a reused evicting plan again (it changes nothing: its
