@@ -77,3 +77,30 @@ def test_an_arrival_for_the_draining_victim_does_not_plan_the_swap_again(
     h.arrive("r3", "chat", priority=10, at=4)
     assert plans == []
     assert h.state("chat") == "draining"
+
+
+def test_an_overtake_of_a_swap_tells_its_plan_again_without_planning_it_afresh(
+    plans: list[str],
+) -> None:
+    # chat (one slot, busy) is big's victim; requests for chat wait, and while
+    # big's head may still be overtaken (batch_bound 3) chat serves them first.
+    h = Harness(
+        [
+            BackendSpec(name="chat", gpus=("gpu0",), slots=1),
+            BackendSpec(name="big", gpus=("gpu0",)),
+        ],
+        devices=(gpu(gib=24), host()),
+        config=SchedulerConfig(batch_bound=3),
+        profiles={"chat": (14, 1, 5.0), "big": (14, 1, 20.0)},
+    )
+    h.load("chat", "r0", at=0)
+    h.arrive("r1", "chat", at=1)
+    h.arrive("r2", "chat", at=1)
+    h.arrive("b1", "big", priority=90, at=2)
+    before = h.s.explain("b1", h.now)
+    assert before is not None and "3 more" in before.reason
+    plans.clear()
+    h.finish("r0", at=3)  # r1 goes ahead of the swap: b1 overtaken once
+    assert plans == []  # worked out again from its victims, not planned afresh
+    after = h.s.explain("b1", h.now)
+    assert after is not None and "2 more" in after.reason
