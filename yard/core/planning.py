@@ -24,7 +24,10 @@ only:
 - an evicting plan whose head or latest start (its start-bys) changed, one of whose
   victims changed in what decides how it makes room (:func:`victim_sig`:
   whether it serves first, is busy, its reload and service times), or whose
-  batching the clock has run out;
+  batching the clock has run out; where only its head's overtakes changed (a
+  request for a victim went first) and the head may still be overtaken, the plan
+  is worked out again from the victims it chose (:meth:`Planner._evict_again`):
+  the overtakes change only its sentences;
 - after a plan carried out in this round (a start, a stop, a drain), the plans
   after it that read what that changed (the same tests, on what it touched);
 - a backend planned after a frontier that answers what its plan asked of it
