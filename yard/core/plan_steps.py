@@ -220,12 +220,17 @@ def evicting_stale(
     st: Step, touched: set[str], backends: dict[str, Backend], now: float, config: SchedulerConfig
 ) -> bool:
     """Whether the evicting ``st`` must be planned again: the clock has run out
-    its batching, its head or its latest start changed
+    its batching, it holds idle victims until its load is due (its reason
+    counts down), its head or its latest start changed
     (:func:`~yard.core.estimates.swap_latest_start`), or
     a touched victim changed in what its plan read of it (:func:`victim_sig`).
     Its head's overtakes alone are not asked here (:func:`overtaken`)."""
     swap = st.backend
     if now >= st.reads.until - CLOCK_MARGIN_S:
+        return True
+    if st.plan is not None and st.plan.hold_until is not None:
+        # Its reason counts down to the load ("stopped when the load is due,
+        # in 7.9 s"): a reused plan would tell an old countdown.
         return True
     if swap.name in touched and (
         head_moved(swap, st) or estimates.swap_latest_start(swap, config) != st.latest_start
