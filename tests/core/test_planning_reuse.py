@@ -15,7 +15,7 @@ import pytest
 
 from tests.core.harness import Harness, gpu, host
 from yard.core import BackendSpec, SchedulerConfig, StopBackend, placement
-from yard.core.placement import Plan
+from yard.core.plans import Plan
 from yard.core.records import Backend
 
 

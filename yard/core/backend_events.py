@@ -24,7 +24,7 @@ from yard.core.events import (
     ProfileMeasured,
 )
 from yard.core.lifecycle import LOADED, OCCUPYING, BackendState, Move, can_move
-from yard.core.placement import Outcome
+from yard.core.plans import Outcome
 from yard.core.records import Backend
 from yard.core.spec import HOST, Profile
 from yard.core.state import Core

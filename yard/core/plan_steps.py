@@ -2,7 +2,7 @@
 
 :mod:`yard.core.planning` keeps one :class:`Step` per backend waiting for a
 load: the plan it got, after which :class:`Frontier` (what the plans before it
-booked, claimed and took) and what it read (:class:`~yard.core.placement.Reads`).
+booked, claimed and took) and what it read (:class:`~yard.core.plans.Reads`).
 The functions here answer the questions a round asks before it reuses a step
 instead of planning it afresh: does another frontier answer what the plan asked
 the same way (:func:`reads_same`), did a backend it read change in what it read
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from yard.core import estimates
 from yard.core.instances import awaits_profile
 from yard.core.lifecycle import LOADED, BackendState
-from yard.core.placement import Outcome, Plan, Reads
+from yard.core.plans import Outcome, Plan, Reads
 from yard.core.queue import Req, order_key
 from yard.core.records import Backend
 from yard.core.spec import HOST, SchedulerConfig

@@ -42,7 +42,7 @@ Shortcuts keep the cost of a round low with many backends:
   refusal inputs, its eviction key: :func:`read_sig`) changed since the steps
   last agreed with it; when only its best waiting request changed, only by the
   plans whose head ranks between the old and the new one (the others' refusal
-  cannot change: :meth:`Planner._between`), and its place in eviction orders
+  cannot change: :func:`~yard.core.rereads.between`), and its place in eviction orders
   only by the plans whose orders held it. Plans that took it, or that it
   outranks, get the same refusal: it is worked out once for each kind.
 - Within a round, a plan that stopped at its first checks (claims, another
@@ -63,15 +63,13 @@ against a scheduler made with ``replan_everything=True``.
 
 from __future__ import annotations
 
-import itertools
 import math
-from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 
 from yard.core import estimates, failures, placement, reasons
+from yard.core.carry import carry_out, reprieve
 from yard.core.decisions import Decision
-from yard.core.lifecycle import BackendState, Move
-from yard.core.placement import Outcome, Plan, Reads, Room
+from yard.core.lifecycle import BackendState
 from yard.core.plan_steps import (
     EMPTY,
     Frontier,
@@ -93,11 +91,13 @@ from yard.core.plan_steps import (
     victim_sig,
     waits_for_load,
 )
+from yard.core.plans import Outcome, Plan, Reads, Room
 from yard.core.queue import Req, order_key
 from yard.core.records import Backend
+from yard.core.rereads import between, index_reads, reread
 from yard.core.spec import HOST
 from yard.core.state import Core
-from yard.core.victims import family_of, outranks, refusal_by_key
+from yard.core.victims import family_of
 
 _OptionsSig = tuple[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], ...]
 
@@ -113,15 +113,6 @@ _NOTHING: frozenset[str] = frozenset()
 
 _LOWEST: Key = (-math.inf, -math.inf, "")
 """Below every :func:`~yard.core.queue.order_key`."""
-
-
-def _note(index: dict[str, set[int]], key: str, steps: list[int]) -> None:
-    """Add ``steps`` to ``index[key]``."""
-    known = index.get(key)
-    if known is None:
-        index[key] = set(steps)
-    else:
-        known.update(steps)
 
 
 class Planner:
@@ -256,7 +247,7 @@ class Planner:
             if st.head is not None and st.plan is not None and st.plan.status == Outcome.EVICT:
                 for v in st.plan.pending:
                     victim_of[v.name] = st.head
-        self._reprieve(frontier.taken, victim_of)
+        reprieve(self._core, frontier.taken, victim_of)
         # What this round carried out is in core.touched and touched_devices:
         # the next round revisits the plans that read it (the plans before a
         # carry-out read its backends as they were, so no signature vouches).
@@ -277,28 +268,7 @@ class Planner:
             self._order = list(order)
             self._index = {b.name: k for k, b in enumerate(order)}
             self._rank_list = [self._ranks[b.name] for b in order]
-            # Plans told again share their reads (and what was drawn from them):
-            # index each reads once, with all the steps that share it.
-            shared: dict[Reads, tuple[Step, list[int]]] = {}
-            for k, st in enumerate(steps):
-                group = shared.get(st.reads)
-                if group is None:
-                    shared[st.reads] = (st, [k])
-                else:
-                    group[1].append(k)
-            readers: dict[str, set[int]] = {}
-            orderers: dict[str, set[int]] = {}
-            weighers: dict[str, set[int]] = {}
-            self._evicting = set()
-            for st, ks in shared.values():
-                for name in st.names:
-                    _note(readers, name, ks)
-                for name in st.ordered:
-                    _note(orderers, name, ks)
-                for device in st.reads.devices:
-                    _note(weighers, device, ks)
-                if st.reads.evicts:
-                    self._evicting.update(ks)
+            readers, orderers, weighers, self._evicting = index_reads(steps)
             self._readers, self._orderers, self._weighers = readers, orderers, weighers
             self._effects = [k for k, st in enumerate(steps) if st.after is not None]
             return
@@ -391,10 +361,12 @@ class Planner:
                 if refused:
                     check: Iterable[int] = readers
                     if old is not None and only_key(old, sig):
-                        check = self._between(readers, old[2], sig[2])
-                    self._reread(o, sig[2], check, dirty, refused=True)
+                        check = between(self._rank_list, readers, old[2], sig[2])
+                    reread(self._steps, o, sig[2], check, dirty, refused=True)
                 if ordered:
-                    self._reread(o, sig[2], self._orderers.get(name, ()), dirty, refused=False)
+                    reread(
+                        self._steps, o, sig[2], self._orderers.get(name, ()), dirty, refused=False
+                    )
             else:
                 seen.pop(name, None)  # no step vouches for what it read
                 if readers:
@@ -402,8 +374,10 @@ class Planner:
                     o_head = o.head()
                     key = None if o_head is None else order_key(o_head, boost)
                     if len(readers) > _FEW_READERS:
-                        self._reread(o, key, readers, dirty, refused=True)
-                        self._reread(o, key, self._orderers.get(name, ()), dirty, refused=False)
+                        reread(self._steps, o, key, readers, dirty, refused=True)
+                        reread(
+                            self._steps, o, key, self._orderers.get(name, ()), dirty, refused=False
+                        )
                     else:  # a few: each asked everything at once
                         for k in readers:
                             if k not in dirty and not still_reads(
@@ -418,58 +392,6 @@ class Planner:
                 elif overtaken(st.backend, st):
                     self._overtaken.add(own)
         return dirty
-
-    def _reread(
-        self, o: Backend, key: Key | None, steps: Iterable[int], dirty: set[int], *, refused: bool
-    ) -> None:
-        """Add to ``dirty`` the ``steps`` whose plan would read ``o`` (whose best
-        waiting request has order key ``key``) otherwise now: its refusal (if
-        ``refused``), else its place in their eviction orders."""
-        o_head = o.head()
-        name = o.name
-        if not refused:
-            for k in steps:
-                if k not in dirty and not still_reads(self._steps[k], o, o_head, key, False, True):
-                    dirty.add(k)
-            return
-        # The answer differs between plans only by whether they took o, whether
-        # o outranks their head and is their sibling (refusal_by_key): asked once each.
-        answers: dict[tuple[bool, bool, bool], str | None] = {}
-        for k in steps:
-            st = self._steps[k]
-            if k in dirty or name not in st.why:
-                continue
-            taken = st.before.taken
-            family = family_of(st.backend, st.head)
-            sibling = family is not None and o.family == family
-            which = (name in taken, outranks(key, st.head_key), sibling)
-            if which in answers:
-                why = answers[which]
-            else:
-                why = answers[which] = refusal_by_key(o, o_head, key, st.head_key, taken, family)
-            if why != st.why[name]:
-                dirty.add(k)
-
-    def _between(self, readers: set[int], old: Key | None, new: Key | None) -> list[int]:
-        """The ``readers`` whose refusal of a backend may change when the order
-        key of its best waiting request goes from ``old`` to ``new`` (nothing
-        else of it changed): a plan refuses it as outranking exactly when the
-        plan's head ranks after it (:func:`~yard.core.victims.refusal_by_key`),
-        so only the plans whose head ranks between the two can answer
-        otherwise. Those ranked first by a wish to load (not by their head) are
-        always among them."""
-        ranks = self._rank_list
-        first = bisect_left(ranks, (1, _LOWEST))
-        if old is None or new is None:
-            key = new if old is None else old
-            assert key is not None
-            lo, hi = bisect_right(ranks, (1, key)), len(ranks)
-        else:
-            lo = bisect_right(ranks, (1, min(old, new)))
-            hi = bisect_right(ranks, (1, max(old, new)))
-        if len(readers) <= first + hi - lo:
-            return [k for k in readers if k < first or lo <= k < hi]
-        return [k for k in itertools.chain(range(first), range(lo, hi)) if k in readers]
 
     def _plan(
         self, b: Backend, frontier: Frontier, room: Room, now: float, out: list[Decision]
@@ -577,7 +499,7 @@ class Planner:
             return step, core.survey()
         if plan.status == Outcome.BLOCKED:
             return step, room
-        self._carry_out(plan, head, out)
+        carry_out(self._core, plan, out)
         step.after = frontier_after(plan, frontier)
         return step, core.survey() if plan.stop else room
 
@@ -658,7 +580,7 @@ class Planner:
             for name in prev.reads.victims
         }
         b.wait_reason = again.reason
-        self._carry_out(again, head, out)
+        carry_out(self._core, again, out)
         step.after = frontier_after(again, frontier)
         return step
 
@@ -666,33 +588,4 @@ class Planner:
         """Carry out a reused evicting plan again (it changes nothing: its
         victims already drain or serve first)."""
         if step.plan is not None and step.plan.status == Outcome.EVICT:
-            self._carry_out(step.plan, step.head, out)
-
-    def _carry_out(self, plan: Plan, head: Req | None, out: list[Decision]) -> None:
-        """Make room as an evicting plan says: stop the idle victims, drain the
-        busy ones, let the pending ones serve first."""
-        core = self._core
-        b = plan.backend
-        for v in plan.stop:
-            core.inflation = max(core.inflation, v.credit)
-            core.stop(v, reasons.stopping_for_room(b.name, plan.room, core.load_s(v)), out)
-        for v in plan.drain:
-            if v.state is BackendState.READY:
-                held = plan.hold_until is not None and not v.busy()
-                why = reasons.holding_for_room if held else reasons.draining_for_room
-                core.transition(v, Move.DRAIN, why(b.name, plan.room))
-            v.drain_reason = "swap"
-        for v in plan.pending:
-            if v.state is BackendState.DRAINING and v.drain_reason == "swap":
-                core.transition(v, Move.UNDRAIN, reasons.serving_before_swap(b.name))
-                v.drain_reason = None
-
-    def _reprieve(self, taken: set[str], victim_of: dict[str, Req]) -> None:
-        """Backends drained for a swap that no plan needs any more serve again."""
-        core = self._core
-        for name in sorted(core.draining - taken):
-            b = core.backends[name]
-            if b.drain_reason == "swap":
-                core.transition(b, Move.UNDRAIN, "ready again: the swap no longer needs its memory")
-                b.drain_reason = None
-        core.victim_of = victim_of
+            carry_out(self._core, step.plan, out)

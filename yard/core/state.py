@@ -18,7 +18,8 @@ from yard.core import estimates, placement, reasons, resources, views
 from yard.core.decisions import Decision, Reject, Requeue, StartBackend, StopBackend
 from yard.core.fairness import Shares
 from yard.core.lifecycle import OCCUPYING, BackendState, Move, move
-from yard.core.placement import Plan, Reads, Room, loading
+from yard.core.placement import loading
+from yard.core.plans import Plan, Reads, Room
 from yard.core.queue import Req, ReqState
 from yard.core.records import Backend, Device
 from yard.core.spec import HOST, SchedulerConfig
