@@ -172,6 +172,8 @@ async def test_bad_requests_get_openais_error_shape_with_the_param(tmp_path: Pat
                 error = response.json()["error"]
                 assert error["param"] == param
                 assert error["type"] == "invalid_request_error"
+                # The official clients must not try a refusal again (issue 24, 1).
+                assert response.headers["x-should-retry"] == "false"
             missing = await client.post(
                 "/v1/batches",
                 json={
@@ -182,6 +184,7 @@ async def test_bad_requests_get_openais_error_shape_with_the_param(tmp_path: Pat
             )
             assert missing.status_code == 404
             assert missing.json()["error"]["code"] == "file_not_found"
+            assert missing.headers["x-should-retry"] == "false"
             wrong = await client.post(
                 "/v1/files",
                 files={"file": ("x.jsonl", b"{}", "application/jsonl")},

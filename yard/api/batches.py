@@ -29,7 +29,7 @@ from yard.batches.validate import BadRequest
 from yard.batches.views import batch_json, file_json
 from yard.config import AppConfig
 from yard.errors import Rejected
-from yard.h1.errors import error_type
+from yard.h1.errors import error_type, retry_headers
 
 files = Blueprint("files", __name__)
 """Mounted at ``/v1/files``."""
@@ -39,9 +39,24 @@ batches = Blueprint("batches", __name__)
 _DIGITS = re.compile(r"[0-9]{1,5}")
 
 
-def _error(status: int, code: str, message: str, param: str | None = None) -> Response:
+def _error(
+    status: int,
+    code: str,
+    message: str,
+    param: str | None = None,
+    retry_after_s: float | None = None,
+) -> Response:
+    """OpenAI's error shape with ``param``, and what every yard refusal tells
+    clients about trying again (:func:`~yard.h1.errors.retry_headers`:
+    ``Retry-After`` where waiting helps, else ``x-should-retry: false``)."""
     body = {"error": {"message": message, "type": error_type(status), "code": code, "param": param}}
-    return Response(json.dumps(body), status=status, content_type="application/json")
+    name, value = retry_headers(retry_after_s)
+    return Response(
+        json.dumps(body),
+        status=status,
+        content_type="application/json",
+        headers={name.decode("latin-1"): value.decode("latin-1")},
+    )
 
 
 async def _bad_request(error: BadRequest) -> Response:
@@ -49,10 +64,7 @@ async def _bad_request(error: BadRequest) -> Response:
 
 
 async def _rejected(error: Rejected) -> Response:
-    response = _error(error.status, error.code, error.message)
-    if error.retry_after_s is not None:
-        response.headers["retry-after"] = str(max(1, round(error.retry_after_s)))
-    return response
+    return _error(error.status, error.code, error.message, retry_after_s=error.retry_after_s)
 
 
 for _blueprint in (files, batches):
