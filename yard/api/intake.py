@@ -101,17 +101,7 @@ def parse_start_by(
             "send either X-Yard-Start-By or X-Yard-Start-Within, not both",
         )
     if start_within is not None:
-        try:
-            seconds = float(start_within)
-        except ValueError:
-            seconds = math.nan
-        if not math.isfinite(seconds) or seconds < 0:
-            raise Rejected(
-                400,
-                "invalid_deadline",
-                "X-Yard-Start-Within must be a number of seconds >= 0, "
-                f"got {start_within.decode('latin-1')!r}",
-            )
+        seconds = _seconds(start_within, "X-Yard-Start-Within", "invalid_deadline")
         _check_deadline_range((time.time() if wall is None else wall) + seconds, "Start-Within")
         return now + seconds
     if start_by is not None:
@@ -131,6 +121,22 @@ def parse_start_by(
         current = time.time() if wall is None else wall
         return now + (moment.timestamp() - current)
     return None
+
+
+def _seconds(value: bytes, header: str, code: str) -> float:
+    """A header's number of seconds >= 0; raises :class:`Rejected` 400
+    ``code`` naming the header otherwise."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise Rejected(
+            400,
+            code,
+            f"{header} must be a number of seconds >= 0, got {value.decode('latin-1')!r}",
+        )
+    return seconds
 
 
 def parse_not_before(
@@ -153,17 +159,7 @@ def parse_not_before(
         )
     current = time.time() if wall is None else wall
     if start_after is not None:
-        try:
-            seconds = float(start_after)
-        except ValueError:
-            seconds = math.nan
-        if not math.isfinite(seconds) or seconds < 0:
-            raise Rejected(
-                400,
-                "invalid_window",
-                "X-Yard-Start-After must be a number of seconds >= 0, "
-                f"got {start_after.decode('latin-1')!r}",
-            )
+        seconds = _seconds(start_after, "X-Yard-Start-After", "invalid_window")
         _check_window_range(current + seconds, "Start-After")
         return now + seconds, f"{wall_label(current + seconds, current)} (X-Yard-Start-After)"
     if not_before is not None:
