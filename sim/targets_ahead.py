@@ -13,7 +13,9 @@ reported as measured, never relaxed.
   (:data:`sim.scenarios_ahead.NEWS_INSTANCES`: one on one GPU, two on two); and
   the bound no policy goes below, even one that knew every service time in advance
   (:func:`instances_bound`): where it is above half the best baseline, that row's
-  p95 target cannot be met by any scheduler.
+  p95 target cannot be met by any scheduler. Issue 27's one-GPU target is judged
+  against the tighter one that counts every wait of a busy period
+  (:func:`instances_counted_bound`): yard's p95 at most :data:`FLOOR_RATIO` times it.
 - Radio day on one GPU with news-llm's slots (:func:`slots_table`): the same
   targets for yard with announcements and news-llm as a slot range
   (:func:`sim.scenarios_ahead.radio_day_slots`), against the best baseline running
@@ -119,6 +121,20 @@ def instances_bound(seed: int, gpus: int) -> float:
     )
 
 
+def instances_counted_bound(seed: int, gpus: int) -> float:
+    """:func:`counted_bound` of the radio day of ``seed`` with the instances of
+    :func:`instances_bound`: the tighter floor no policy goes below."""
+    count = scenarios_ahead.NEWS_INSTANCES.get(gpus, 1)
+    return counted_bound(
+        scenarios.radio_day_workload(random.Random(seed)), {"news-llm": count, "tts": 2}
+    )
+
+
+FLOOR_RATIO = 1.25
+"""Issue 27's target on one GPU: yard's announced high p95 at most this many times
+:func:`instances_counted_bound`."""
+
+
 def instances_floor(seed: int, gpus: int) -> float:
     """:func:`one_instance_floor` with as many news-llm instances (one slot each)
     as the announced day on ``gpus`` GPUs runs."""
@@ -180,6 +196,58 @@ def clairvoyant_bound(arrivals: Sequence[Arrival], slots: Mapping[str, int]) -> 
 
 BRUTE_FORCE = 7
 """Busy periods of up to this many requests are bounded by trying every order."""
+
+
+def counted_bound(arrivals: Sequence[Arrival], slots: Mapping[str, int]) -> float:
+    """:func:`clairvoyant_bound` counting every wait of a busy period, not only its
+    longest: a lower bound on the high class's p95 wait under *any* policy, even
+    one that knew every service time in advance, for the backends in ``slots``
+    (backend: slots) when each is always loaded and never preempts.
+
+    For each busy period ``P`` (as :func:`clairvoyant_bound` cuts them) and each
+    ``c``, ``g_P(c)`` is the smallest ``(c+1)``-th longest wait any order of ``P``
+    alone reaches (:func:`_period_tail`): at most ``c`` of ``P``'s requests wait
+    longer than ``T`` only if ``T >= g_P(c)``. Any schedule of the whole day,
+    restricted to ``P``, is a schedule of ``P`` alone (the other work only takes
+    slot time away), and a schedule is no better than the list schedule of its
+    order (each started as soon as it has come and a slot is free), so whatever
+    the policy, more than ``T`` is waited by at least ``n(T) = sum over P of
+    min{c: g_P(c) <= T}`` requests. The nearest-rank p95 is the ``k``-th longest
+    wait, so it is at most ``T`` only where ``n(T) <= k - 1``: the smallest such
+    ``T`` is the bound (it is 0 or one of the ``g_P(c)``, where ``n`` steps down).
+
+    It is never below :func:`clairvoyant_bound` (that one counts one wait per
+    period: ``g_P(0)``), and it is the best a clairvoyant policy does whenever the
+    periods' best orders do not reach into the next period (each period then runs
+    its own best order). Loads are left out: none is one that no policy can avoid
+    (docs/simulation.md says why)."""
+    tails: list[list[float]] = []
+    for backend, count in slots.items():
+        mine = sorted((a for a in arrivals if a.cls == "high" and a.backend == backend), key=_at)
+        tails += [_period_tail(period, count) for period in _busy_periods(mine, count)]
+    high = sum(1 for a in arrivals if a.cls == "high")
+    if high == 0:
+        return 0.0
+    k = high - max(1, math.ceil(0.95 * high)) + 1  # the p95 is the k-th longest wait
+    for t in sorted({0.0, *(g for tail in tails for g in tail)}):
+        longer = sum(next((c for c, g in enumerate(tail) if g <= t), len(tail)) for tail in tails)
+        if longer <= k - 1:
+            return t
+    raise AssertionError("unreachable: at the largest g_P(c) no wait need be longer")
+
+
+def _period_tail(period: Sequence[Arrival], slots: int) -> list[float]:
+    """``g[c]``: the smallest ``(c+1)``-th longest wait of ``period`` over every order
+    of its requests, each started as soon as it has come and a slot is free
+    (:func:`_list_waits`). Periods of more than :data:`BRUTE_FORCE` requests take
+    weaker values: :func:`_relaxed_longest_wait` for the longest, 0 for the rest."""
+    if len(period) > BRUTE_FORCE:
+        return [_relaxed_longest_wait(period, slots)] + [0.0] * (len(period) - 1)
+    best = [math.inf] * len(period)
+    for order in itertools.permutations(period):
+        for c, wait in enumerate(sorted(_list_waits(order, slots), reverse=True)):
+            best[c] = min(best[c], wait)
+    return best
 
 
 BLIND_ORDERS = ("first come", "last come", "random", "shortest first (knows lengths)")
@@ -347,9 +415,10 @@ def announced_table(
         "| machine | seed | OOMs | feasible deadlines met | loads / LB "
         "| high p95: announced vs best baseline (yard unannounced) "
         "| queueing floor (news-llm instances) "
-        "| no policy below "
+        "| no policy below: every wait counted (one a period) "
+        f"| high p95 / that floor (one GPU: at most {FLOOR_RATIO:g}) "
         "| announcements used/expired |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for gpus, spread in ANNOUNCED_ROWS:
         plain_name = scenarios.radio_day(gpus).name
@@ -362,6 +431,7 @@ def announced_table(
             feasible = yard["deadlines_met"] + yard["deadlines_missed_avoidable"]
             ratio = yard["loads"] / yard["loads_lower_bound"]
             p95 = high_p95(yard)
+            floor = instances_counted_bound(seed, gpus)
             cells = [
                 f"{gpus} GPU" + (", spread_windows" if spread else ""),
                 str(seed),
@@ -375,12 +445,22 @@ def announced_table(
                 f"{_mark(p95 <= high_p95(best[1]) / 2)}",
                 f"{instances_floor(seed, gpus):.0f} s "
                 f"(x{scenarios_ahead.NEWS_INSTANCES.get(gpus, 1)})",
-                f"{instances_bound(seed, gpus):.0f} s",
+                f"{floor:.0f} s ({instances_bound(seed, gpus):.0f} s)",
+                _floor_ratio(p95, floor, judged=gpus == 1),
                 f"{yard.get('announcements_used', 0):.0f}/"
                 f"{yard.get('announcements_expired', 0):.0f} of {yard['announced']:.0f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _floor_ratio(p95: float, floor: float, *, judged: bool) -> str:
+    """yard's p95 over the floor, judged against :data:`FLOOR_RATIO` where the
+    issue sets that target (one GPU)."""
+    if floor <= 0:
+        return "-"
+    ratio = p95 / floor
+    return f"{ratio:.2f}" + (f" {_mark(ratio <= FLOOR_RATIO)}" if judged else "")
 
 
 SLOT_ROWS = ("np2", "np2-fast")
