@@ -134,24 +134,27 @@ def op(summary: str, responses: Schema, **extra: Any) -> Schema:
     return {"summary": summary, "responses": responses, **extra}
 
 
-def path_param(name: str, description: str) -> Schema:
+def _param(where: str, name: str, description: str) -> Schema:
+    """A string parameter ``in`` ``where`` (required only in the path)."""
     return {
         "name": name,
-        "in": "path",
-        "required": True,
+        "in": where,
+        "required": where == "path",
         "schema": {"type": "string"},
         "description": description,
     }
+
+
+def path_param(name: str, description: str) -> Schema:
+    return _param("path", name, description)
 
 
 def query(name: str, description: str) -> Schema:
-    return {
-        "name": name,
-        "in": "query",
-        "required": False,
-        "schema": {"type": "string"},
-        "description": description,
-    }
+    return _param("query", name, description)
+
+
+def header(name: str, description: str) -> Schema:
+    return _param("header", name, description)
 
 
 AFTER = query("after", "The last id of the previous page.")

@@ -10,6 +10,7 @@ from yard.app.openapi.common import (
     AUTH_ERRORS,
     Schema,
     error_response,
+    header,
     json_response,
     path_param,
     ref,
@@ -41,57 +42,21 @@ SCHEMAS: dict[str, Schema] = {
 }
 
 _HEADERS = [
-    {
-        "name": "X-Yard-Priority",
-        "in": "header",
-        "required": False,
-        "schema": {"type": "string"},
-        "description": "A number; clamped to the app's range. Else `400 invalid_priority`.",
-    },
-    {
-        "name": "X-Yard-Start-By",
-        "in": "header",
-        "required": False,
-        "schema": {"type": "string"},
-        "description": "RFC 3339 time (with a zone) by which the work must have started.",
-    },
-    {
-        "name": "X-Yard-Start-Within",
-        "in": "header",
-        "required": False,
-        "schema": {"type": "string"},
-        "description": "Seconds from now by which the work must have started.",
-    },
-    {
-        "name": "X-Yard-Not-Before",
-        "in": "header",
-        "required": False,
-        "schema": {"type": "string"},
-        "description": "RFC 3339 time (with a zone) before which the work must not start: "
+    header("X-Yard-Priority", "A number; clamped to the app's range. Else `400 invalid_priority`."),
+    header("X-Yard-Start-By", "RFC 3339 time (with a zone) by which the work must have started."),
+    header("X-Yard-Start-Within", "Seconds from now by which the work must have started."),
+    header(
+        "X-Yard-Not-Before",
+        "RFC 3339 time (with a zone) before which the work must not start: "
         "it waits held (a job: stored) until then, and its backend is loaded to be ready.",
-    },
-    {
-        "name": "X-Yard-Start-After",
-        "in": "header",
-        "required": False,
-        "schema": {"type": "string"},
-        "description": "Seconds from now before which the work must not start.",
-    },
-    {
-        "name": "X-Yard-Allow-Late",
-        "in": "header",
-        "required": False,
-        "schema": {"type": "string"},
-        "description": "`true` or `false`: run even once the deadline has passed.",
-    },
-    {
-        "name": "Prefer",
-        "in": "header",
-        "required": False,
-        "schema": {"type": "string"},
-        "description": "`respond-async` makes the request a job (202 and a `Location`); "
+    ),
+    header("X-Yard-Start-After", "Seconds from now before which the work must not start."),
+    header("X-Yard-Allow-Late", "`true` or `false`: run even once the deadline has passed."),
+    header(
+        "Prefer",
+        "`respond-async` makes the request a job (202 and a `Location`); "
         "`rerun-safe` lets yard run it again after a restart.",
-    },
+    ),
 ]
 
 
