@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
+from typing import NotRequired, TypedDict, Unpack, cast
 
 from yard.db import Database, SqliteDatabase, Tx, insert, marks
 from yard.jobs.records import (
@@ -49,6 +49,7 @@ __all__ = [
     "JobError",
     "JobRecord",
     "JobStore",
+    "NewJob",
     "Quota",
     "QuotaExceeded",
     "Status",
@@ -58,6 +59,24 @@ __all__ = [
 ]
 
 _ENDED = "('succeeded', 'failed', 'cancelled')"
+
+
+class NewJob(TypedDict):
+    """A new job's own fields, as :meth:`JobStore.insert` and
+    :meth:`JobStore.insert_row` take them (keywords). Times are epochs;
+    ``not_before`` is None (or left out) for a job that may start at once."""
+
+    job_id: str
+    app: str
+    model: str
+    backend: str
+    priority: float
+    start_by: float | None
+    allow_late: bool
+    rerun_safe: bool
+    created_at: float
+    request: StoredRequest
+    not_before: NotRequired[float | None]
 
 
 class JobStore:
@@ -84,29 +103,14 @@ class JobStore:
 
     # -- writes --------------------------------------------------------------
 
-    async def insert(
-        self,
-        *,
-        job_id: str,
-        app: str,
-        model: str,
-        backend: str,
-        priority: float,
-        start_by: float | None,
-        allow_late: bool,
-        rerun_safe: bool,
-        created_at: float,
-        request: StoredRequest,
-        quota: Quota | None = None,
-        not_before: float | None = None,
-    ) -> JobRecord:
-        """Record a new queued job and its request, durably (on disk, synced,
-        when this returns), and announce it.
+    async def insert(self, *, quota: Quota | None = None, **job: Unpack[NewJob]) -> JobRecord:
+        """Record a new queued job (:class:`NewJob`) and its request, durably
+        (on disk, synced, when this returns), and announce it.
 
         quota: the app's; raises :class:`QuotaExceeded` (and stores nothing)
         if the job would take the app past it.
         """
-        size = len(request.body)
+        app, size = job["app"], len(job["request"].body)
 
         def _insert(tx: Tx) -> JobRecord:
             if quota is not None:
@@ -114,63 +118,36 @@ class JobStore:
                 usage = _usage(tx, app)
                 if usage.jobs >= quota.max_jobs or usage.bytes + size > quota.max_bytes:
                     raise QuotaExceeded(usage, quota, size)
-            return self.insert_row(
-                tx,
-                job_id=job_id,
-                app=app,
-                model=model,
-                backend=backend,
-                priority=priority,
-                start_by=start_by,
-                allow_late=allow_late,
-                rerun_safe=rerun_safe,
-                created_at=created_at,
-                request=request,
-                not_before=not_before,
-            )
+            return self.insert_row(tx, **job)
 
         return await self._db.transaction(_insert, durable=True)
 
-    def insert_row(
-        self,
-        tx: Tx,
-        *,
-        job_id: str,
-        app: str,
-        model: str,
-        backend: str,
-        priority: float,
-        start_by: float | None,
-        allow_late: bool,
-        rerun_safe: bool,
-        created_at: float,
-        request: StoredRequest,
-        not_before: float | None = None,
-    ) -> JobRecord:
-        """Write a new queued job and its request inside the caller's
-        transaction and announce it (:meth:`insert`, and a batch line
+    def insert_row(self, tx: Tx, **job: Unpack[NewJob]) -> JobRecord:
+        """Write a new queued job (:class:`NewJob`) and its request inside the
+        caller's transaction and announce it (:meth:`insert`, and a batch line
         becoming a job)."""
+        request = job["request"]
         values = {
-            "id": job_id,
-            "app": app,
-            "model": model,
-            "backend": backend,
-            "priority": priority,
-            "start_by": start_by,
-            "allow_late": allow_late,
-            "rerun_safe": rerun_safe,
+            "id": job["job_id"],
+            "app": job["app"],
+            "model": job["model"],
+            "backend": job["backend"],
+            "priority": job["priority"],
+            "start_by": job["start_by"],
+            "allow_late": job["allow_late"],
+            "rerun_safe": job["rerun_safe"],
             "status": "queued",
-            "created_at": created_at,
+            "created_at": job["created_at"],
             "request_bytes": len(request.body),
-            "not_before": not_before,
-            **self._placed(priority, created_at),
+            "not_before": job.get("not_before"),
+            **self._placed(job["priority"], job["created_at"]),
         }
         row = insert(tx, "jobs", values, returning=COLUMNS).fetchall()[0]
         insert(
             tx,
             "job_requests",
             {
-                "job_id": job_id,
+                "job_id": job["job_id"],
                 "method": request.method,
                 "path": request.path,
                 "query": request.query,
@@ -178,7 +155,7 @@ class JobStore:
                 "body": request.body,
             },
         )
-        tx.notify(JOBS_CHANNEL, backend)
+        tx.notify(JOBS_CHANNEL, job["backend"])
         return job_record(row)
 
     def _placed(self, priority: float, created_at: float) -> dict[str, object]:
