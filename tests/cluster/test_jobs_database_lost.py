@@ -20,13 +20,14 @@ import pytest
 import trio
 import trio.testing
 
-from tests.jobs.fakes import EPOCH, Answer, FakeEngine, FakeUpstream, proxy_request, wall
+from tests.jobs.fakes import EPOCH, Answer, FakeUpstream, proxy_request, wall
 from yard.cluster.jobs import SharedQueue
 from yard.cluster.pg import DatabaseLost
 from yard.errors import Rejected
 from yard.jobs.records import JobError, JobRecord, Status, StoredRequest, StoredResult
 from yard.jobs.service import Jobs
 from yard.jobs.store import JobStore
+from yard.testing.engine import FakeEngine
 
 
 class LosingStore(JobStore):
@@ -171,7 +172,7 @@ async def test_a_job_marked_running_as_the_database_is_lost_runs_and_its_end_is_
     assert job.started_at == EPOCH + 1.0
     assert job.finished_at == EPOCH + 3.0
     assert result is not None and result.body == b'{"ok": true}'
-    assert engine.admissions[job_id].reports == [("ok", "")]
+    assert engine.admission(job_id).reports == [("ok", "")]
     assert "runner failed" not in caplog.text
     assert f"job {job_id}: cannot record its end" in caplog.text
 
@@ -194,7 +195,7 @@ async def test_a_job_dispatched_while_the_database_is_lost_is_given_back_unrun(
     assert released.ids == [job_id]
     assert upstream.calls == []
     assert job is not None and job.status == "queued" and job.started_at is None
-    assert engine.admissions[job_id].cancelled
+    assert engine.admission(job_id).cancelled
     assert "runner failed" not in caplog.text
 
 
@@ -213,7 +214,7 @@ async def test_a_job_cancelled_as_it_is_dispatched_does_not_run(
     assert upstream.calls == []
     assert released.ids == []
     assert job is not None and job.status == "cancelled" and job.started_at is None
-    assert engine.admissions[job_id].cancelled
+    assert engine.admission(job_id).cancelled
 
 
 async def test_a_job_handed_in_while_the_database_is_lost_is_refused_with_503_and_retry_after(

@@ -22,12 +22,13 @@ import trio
 import trio.testing
 
 from tests.cluster.test_jobs_database_lost import LosingStore, node_jobs
-from tests.jobs.fakes import EPOCH, Answer, FakeEngine, FakeUpstream, proxy_request
+from tests.jobs.fakes import EPOCH, Answer, FakeUpstream, proxy_request
 from yard.cluster.pg import DatabaseBusy
 from yard.db import DatabaseError
 from yard.h1.upstream import UpstreamError
 from yard.jobs.records import JobError, Status, StoredRequest, StoredResult
 from yard.jobs.service import Jobs
+from yard.testing.engine import FakeEngine
 
 
 class Logged(logging.Handler):
@@ -223,7 +224,7 @@ async def test_a_backend_lost_while_the_database_is_lost_ends_as_the_core_says(
         job_id = await _running(jobs, store, engine)
         # The connection breaks at 3 s; the core's verdict at 4 s: not ours.
         await trio.sleep(3.0)
-        admission = engine.admissions[job_id]
+        admission = engine.admission(job_id)
         assert admission.reports == [("upstream_lost", "connection reset")]
         engine.reject(job_id, "backend_failed", 502, "tts exited with status 1")
         await trio.sleep(6.0)
@@ -251,13 +252,13 @@ async def test_a_job_requeued_while_the_database_is_lost_goes_back_unrun_once_it
         store.lose_once_running = True
         job_id = await _running(jobs, store, engine)
         await trio.sleep(3.0)
-        admission = engine.admissions[job_id]
+        admission = engine.admission(job_id)
         assert admission.reports == [("upstream_lost", "connection reset")]
         # The core's verdict at 4 s: a self-caused OOM, back in the queue. Its
         # requeue cannot be written: it leaves this node's queue, unrun.
         engine.requeue(job_id)
         await trio.sleep(1.0)
-        assert admission.cancelled and engine.queue == []
+        assert admission.cancelled and engine.snapshot().queue == ()
         assert released.ids == []
         await trio.sleep(5.0)
         store.lost = False

@@ -19,13 +19,13 @@ import httpx
 import pytest
 import trio
 
-from tests.jobs.fakes import FakeEngine
 from yard.app.web import Parts, create_app, serve_app
 from yard.config import AppConfig, BackendConfig, Config, ServerConfig, load_config
 from yard.core.spec import SchedulerConfig
 from yard.engine import Engine
 from yard.jobs import JobsConfig, open_jobs
 from yard.jobs.service import Jobs
+from yard.testing.engine import FakeEngine
 from yard.testing.fake import FakeBackend as Backend
 from yard.testing.fake import serve_fake as serve_backend
 from yard.testing.payloads import audio_bytes
@@ -67,7 +67,7 @@ async def running_api(tmp_path: Path, jobs_toml: str = "") -> AsyncIterator[Yard
     settings = load_config(config_file).jobs
     async with trio.open_nursery() as nursery:
         backend = await nursery.start(serve_backend, Backend())
-        engine = FakeEngine(auto_dispatch=backend.base_url)
+        engine = FakeEngine({"tts": backend.base_url}, auto_dispatch=True)
         async with open_jobs(engine=engine, data_dir=tmp_path, config=settings) as jobs:
             await nursery.start(jobs.run)
             parts = Parts(config=make_config(tmp_path), engine=cast(Engine, engine), jobs=jobs)
@@ -180,7 +180,7 @@ async def test_a_backend_error_is_the_result_and_a_queued_job_has_none_yet(
         failed_id = await submit(yard, "/backends/tts/fail", {"x": 1}, RADIO)
         job = (await yard.client.get(f"/v1/jobs/{failed_id}?wait=20", headers=RADIO)).json()
         result = await yard.client.get(f"/v1/jobs/{failed_id}/result", headers=RADIO)
-        yard.engine.auto_dispatch = None
+        yard.engine.auto_dispatch = False
         queued_id = await submit(yard, "/v1/audio/speech", {"model": "voice", "bytes": 1}, RADIO)
         early = await yard.client.get(f"/v1/jobs/{queued_id}/result?wait=0.2", headers=RADIO)
         shown = (await yard.client.get(f"/v1/jobs/{queued_id}", headers=RADIO)).json()
@@ -196,7 +196,7 @@ async def test_a_backend_error_is_the_result_and_a_queued_job_has_none_yet(
 @pytest.mark.slow
 async def test_listing_filters_by_status_and_pages_with_a_cursor(yard: Yard) -> None:
     with trio.fail_after(30):
-        yard.engine.auto_dispatch = None
+        yard.engine.auto_dispatch = False
         ids = [
             await submit(yard, "/v1/audio/speech", {"model": "voice", "bytes": 1}, RADIO)
             for _ in range(3)
@@ -210,8 +210,8 @@ async def test_listing_filters_by_status_and_pages_with_a_cursor(yard: Yard) -> 
         bad = await yard.client.get("/v1/jobs?status=sleeping", headers=RADIO)
     assert (deleted.status_code, deleted.json()["status"]) == (200, "cancelled")
     # A queued job that is deleted leaves the scheduler's queue at once.
-    assert yard.engine.admissions[ids[0]].cancelled
-    assert [a.request_id for a in yard.engine.queue] == ids[1:]
+    assert yard.engine.admission(ids[0]).cancelled
+    assert [q.request_id for q in yard.engine.snapshot().queue] == ids[1:]
     assert [j["id"] for j in first["data"]] == [ids[2], ids[1]] and first["has_more"]
     assert [j["id"] for j in second["data"]] == [ids[0]] and not second["has_more"]
     assert [j["id"] for j in queued["data"]] == [ids[2], ids[1]]
@@ -281,7 +281,7 @@ async def test_yard_jobs_cli_lists_shows_fetches_and_cancels(
         out_file = tmp_path / "speech.wav"
         assert await cli("result", done_id, "--output", str(out_file)) == 0
         capsys.readouterr()
-        yard.engine.auto_dispatch = None
+        yard.engine.auto_dispatch = False
         queued_id = await submit(yard, "/v1/audio/speech", {"model": "voice", "bytes": 1}, RADIO)
         assert await cli("list") == 0
         listing = capsys.readouterr().out
@@ -310,7 +310,7 @@ async def test_a_queued_job_shows_its_place_reason_and_estimated_start_and_wait_
     yard: Yard,
 ) -> None:
     with trio.fail_after(30):
-        yard.engine.auto_dispatch = None
+        yard.engine.auto_dispatch = False
         ahead = await submit(yard, "/v1/audio/speech", {"model": "voice", "bytes": 1}, RADIO)
         job_id = await submit(yard, "/v1/audio/speech", {"model": "voice", "bytes": 3}, RADIO)
         asked_at = time.time()
@@ -356,7 +356,7 @@ async def test_wait_is_capped_by_the_jobs_table_and_nonsense_is_refused(tmp_path
     async with running_api(tmp_path, "max_wait_s = 0.2\nresult_ttl_s = 90\n") as yard:
         assert yard.jobs.config == JobsConfig(max_wait_s=0.2, result_ttl_s=90.0)
         with trio.fail_after(30):
-            yard.engine.auto_dispatch = None
+            yard.engine.auto_dispatch = False
             job_id = await submit(yard, "/v1/audio/speech", {"model": "voice", "bytes": 1}, RADIO)
             began = trio.current_time()
             capped = await yard.client.get(f"/v1/jobs/{job_id}?wait=600", headers=RADIO)

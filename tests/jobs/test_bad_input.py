@@ -58,7 +58,7 @@ async def test_a_stored_job_with_unreadable_fields_is_still_listed_with_nulls_an
 ) -> None:
     async with running_api(tmp_path) as yard:
         with trio.fail_after(30):
-            yard.engine.auto_dispatch = None
+            yard.engine.auto_dispatch = False
             bad = await submit(yard, "/v1/audio/speech", SPEECH, RADIO)
             good = await submit(yard, "/v1/audio/speech", SPEECH, RADIO)
             # What an older yard (or a damaged disk) may have left behind.
@@ -92,7 +92,7 @@ async def test_a_stored_job_with_unreadable_fields_is_still_listed_with_nulls_an
 async def test_a_stored_bad_deadline_survives_a_restart(tmp_path: Path) -> None:
     async with running_api(tmp_path) as yard:
         with trio.fail_after(30):
-            yard.engine.auto_dispatch = None
+            yard.engine.auto_dispatch = False
             job_id = await submit(yard, "/v1/audio/speech", SPEECH, RADIO)
     _poison(tmp_path / "jobs.sqlite", job_id, start_by=1e20)
     async with running_api(tmp_path) as yard:

@@ -8,20 +8,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.jobs.fakes import (
-    EPOCH,
-    Answer,
-    FakeEngine,
-    FakeUpstream,
-    proxy_request,
-    running_jobs,
-    settle,
-)
+from tests.jobs.fakes import EPOCH, Answer, FakeUpstream, proxy_request, running_jobs, settle
 from yard.config import JobsConfig
 from yard.errors import Rejected
 from yard.h1.upstream import UpstreamError
 from yard.jobs.service import JobFinished, JobNotFound
 from yard.jobs.views import rfc3339
+from yard.testing.engine import FakeEngine
 
 
 async def test_a_job_is_on_disk_before_it_enters_the_queue(
@@ -67,6 +60,8 @@ async def test_submit_enqueues_with_priority_deadline_and_app_and_shows_the_queu
             "allow_late": True,
             "arrived_at": None,
             "requeued": False,
+            "not_before": None,
+            "window_label": "",
         }
         await trio.sleep(5)
         shown = jobs.describe(await jobs.get(str(job["id"]), app="radio"))
@@ -75,7 +70,7 @@ async def test_submit_enqueues_with_priority_deadline_and_app_and_shows_the_queu
     assert shown["deadline"] == "2026-01-01T00:02:40.000Z"
     assert shown["position"] == 0
     assert shown["reason"] == "waiting for tts to load"
-    assert shown["effective_priority"] == 55.0  # the fake ages 1 point per second
+    assert shown["effective_priority"] == 75.0  # 70, aged by the fake 1 point per second
     assert shown["estimated_start"] == rfc3339(EPOCH + 115.0)
     assert shown["rerun_safe"] is True
     assert shown["started_at"] is None and shown["error"] is None and shown["result"] is None
@@ -117,7 +112,7 @@ async def test_a_dispatched_job_runs_once_and_stores_the_answer(
     assert call.request.body == proxy_request().body
     assert call.request.path == "/v1/audio/speech"
     assert (b"x-yard-request-id", job_id.encode()) in call.request.headers
-    assert engine.admissions[job_id].reports == [("ok", "")]
+    assert engine.admission(job_id).reports == [("ok", "")]
     assert jobs.describe(record)["result"] == {
         "status": 200,
         "content_type": "audio/wav",
@@ -140,7 +135,7 @@ async def test_a_backend_error_answer_fails_the_job_but_is_kept_as_its_result(
     assert job.error is not None and job.error.code == "upstream_status"
     assert job.error.status == 500
     assert result is not None and result.body == b'{"error": "boom"}'
-    assert engine.admissions[job_id].reports == [("ok", "")]
+    assert engine.admission(job_id).reports == [("ok", "")]
 
 
 async def test_a_rejection_by_the_scheduler_fails_the_job_with_its_code(
@@ -178,7 +173,7 @@ async def test_an_answer_above_the_result_limit_fails_with_result_too_large(
     assert job.error is not None and job.error.code == "result_too_large"
     assert "1000 bytes" in job.error.message
     assert result is None
-    assert engine.admissions[job_id].reports[0][0] == "ok"
+    assert engine.admission(job_id).reports[0][0] == "ok"
 
 
 async def test_a_request_body_above_the_job_limit_is_refused_and_not_stored(
@@ -215,12 +210,12 @@ async def test_cancelling_a_queued_job_takes_it_out_of_the_queue(
         await trio.sleep(4)
         job = await jobs.cancel(job_id, app="radio")
         await settle()
-        assert engine.queue == []
+        assert engine.snapshot().queue == ()
         with pytest.raises(JobFinished):
             await jobs.cancel(job_id, app="radio")
     assert job.status == "cancelled"
     assert job.finished_at == EPOCH + 4.0
-    assert engine.admissions[job_id].cancelled
+    assert engine.admission(job_id).cancelled
     assert upstream.calls == []
 
 
@@ -240,8 +235,8 @@ async def test_cancelling_a_running_job_cancels_its_upstream_request(
     assert job.status == "cancelled"
     assert job.finished_at == EPOCH + 7.0
     assert upstream.calls[0].cancelled
-    assert engine.admissions[job_id].cancelled
-    assert engine.admissions[job_id].reports == []
+    assert engine.admission(job_id).cancelled
+    assert engine.admission(job_id).reports == []
 
 
 async def test_another_apps_job_does_not_exist_for_it(
@@ -297,7 +292,7 @@ async def test_a_lost_connection_then_a_requeue_runs_it_again_and_spends_the_req
         job_id = str((await jobs.submit(proxy_request(), rerun_safe=False))["id"])
         engine.dispatch(job_id)
         await trio.sleep(3)
-        admission = engine.admissions[job_id]
+        admission = engine.admission(job_id)
         assert admission.reports == [("upstream_lost", "backend died")]
         assert (await jobs.get(job_id, app="radio")).requeued  # on disk before the verdict
         engine.requeue(job_id)
