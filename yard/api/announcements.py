@@ -17,14 +17,14 @@ does not exist (404). The admin key sees every app's.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from quart import Blueprint, Quart, Response, current_app, request
 
 from yard.announce.service import AnnouncementNotFound, Announcements, BadAnnouncement
 from yard.api.body import json_object
-from yard.api.errors import answer
+from yard.api.errors import answer, quoted
 from yard.api.keys import KeyCheck
+from yard.api.served import Served
 from yard.config import AppConfig
 from yard.errors import Rejected
 from yard.h1.errors import error_body
@@ -33,29 +33,22 @@ blueprint = Blueprint("announcements", __name__)
 """Mounted by :func:`register` with ``url_prefix="/v1/announcements"``."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Served:
-    """What :func:`register` mounted the API with, kept in ``app.extensions``."""
-
-    KEY = "yard.announcements"
-
-    announcements: Announcements | None
-    keys: KeyCheck
+_KEY = "yard.announcements"
 
 
 def register(app: Quart, service: Announcements | None, keys: KeyCheck) -> None:
     """Mount the announcements API on ``app`` at ``/v1/announcements``, serving
     ``service`` (None: every call answers 501)."""
-    app.extensions[_Served.KEY] = _Served(service, keys)
+    app.extensions[_KEY] = Served(service, keys)
     app.register_blueprint(blueprint, url_prefix="/v1/announcements")
 
 
 def _caller() -> tuple[Announcements, AppConfig | None]:
     """The service and the caller's app (None: the admin, who sees all)."""
-    served: _Served = current_app.extensions[_Served.KEY]
+    served: Served[Announcements] = current_app.extensions[_KEY]
     # The key first: a wrong one counts as a guess even where the service is off.
     app = served.keys.caller(request.headers.get("authorization"), request.remote_addr)
-    service = served.announcements
+    service = served.service
     if service is None:
         raise Rejected(
             501,
@@ -81,10 +74,12 @@ async def _bad(error: BadAnnouncement) -> Response:
 
 @blueprint.errorhandler(AnnouncementNotFound)
 async def _not_found(error: AnnouncementNotFound) -> Response:
-    text = repr(error.args[0])
-    text = text if len(text) <= 80 else text[:77] + "..."
     return await answer(
-        Rejected(404, "announcement_not_found", f"no announcement {text} for this API key")
+        Rejected(
+            404,
+            "announcement_not_found",
+            f"no announcement {quoted(error.args[0])} for this API key",
+        )
     )
 
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 
 from quart import Blueprint, Quart, Response, current_app, request
 
 from yard.api.body import json_object
 from yard.api.keys import KeyCheck
+from yard.api.served import Served, page
 from yard.batches.service import Batches
 from yard.batches.validate import BadRequest
 from yard.batches.views import batch_json, file_json
@@ -72,30 +72,23 @@ for _blueprint in (files, batches):
     _blueprint.register_error_handler(Rejected, _rejected)
 
 
-@dataclass(frozen=True, slots=True)
-class _Served:
-    """What :func:`register` mounted the API with, kept in ``app.extensions``."""
-
-    KEY = "yard.batches"
-
-    batches: Batches | None
-    keys: KeyCheck
+_KEY = "yard.batches"
 
 
 def register(app: Quart, service: Batches | None, keys: KeyCheck) -> None:
     """Mount ``/v1/files`` and ``/v1/batches`` on ``app``, serving ``service``
     (None: this yard runs without the job service; every call answers 501)."""
-    app.extensions[_Served.KEY] = _Served(service, keys)
+    app.extensions[_KEY] = Served(service, keys)
     app.register_blueprint(files, url_prefix="/v1/files")
     app.register_blueprint(batches, url_prefix="/v1/batches")
 
 
 def _caller() -> tuple[Batches, AppConfig | None]:
     """The batch service and the caller's app (None: the admin, who reads all)."""
-    served: _Served = current_app.extensions[_Served.KEY]
+    served: Served[Batches] = current_app.extensions[_KEY]
     # The key first: a wrong one counts as a guess even where the service is off.
     app = served.keys.caller(request.headers.get("authorization"), request.remote_addr)
-    service = served.batches
+    service = served.service
     if service is None:
         raise BadRequest(
             501, "batches_unavailable", "this yard runs without the job service; no batches"
@@ -164,21 +157,14 @@ async def list_files() -> dict[str, object]:
     after_seq = None
     if after is not None:
         after_seq = (await service.file(after, app=None if app is None else app.name)).seq
-    page = await service.store.list_files(
+    found = await service.store.list_files(
         app=None if app is None else app.name,
         purpose=request.args.get("purpose") or None,
         limit=limit + 1,
         after_seq=after_seq,
         ascending=order == "asc",
     )
-    data = [file_json(f) for f in page[:limit]]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": len(page) > limit,
-    }
+    return page([file_json(f) for f in found[:limit]], has_more=len(found) > limit)
 
 
 @files.get("/<file_id>")
@@ -235,15 +221,9 @@ async def list_batches() -> dict[str, object]:
     limit = _limit(20, 100)
     after = request.args.get("after") or None
     before_seq = None if after is None else (await service.get(after, app=owner)).seq
-    page = await service.store.list_batches(app=owner, limit=limit + 1, before_seq=before_seq)
-    data = [batch_json(b, counts=await service.counts(b)) for b in page[:limit]]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": len(page) > limit,
-    }
+    found = await service.store.list_batches(app=owner, limit=limit + 1, before_seq=before_seq)
+    data = [batch_json(b, counts=await service.counts(b)) for b in found[:limit]]
+    return page(data, has_more=len(found) > limit)
 
 
 @batches.get("/<batch_id>")

@@ -15,6 +15,12 @@ from yard.errors import Rejected
 from yard.h1.errors import error_body, error_headers
 
 
+def quoted(text: str) -> str:
+    """``text`` quoted for an error message, cut to a readable length."""
+    text = repr(text)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 async def answer(error: Rejected) -> Response:
     """The answer to ``error`` (an error handler for ``Rejected``)."""
     body = error_body(error.status, error.code, error.message)

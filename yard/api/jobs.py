@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 
 import trio
 from quart import Blueprint, Quart, Response, current_app, request
 from werkzeug.datastructures import Headers
 
-from yard.api.errors import answer
+from yard.api.errors import answer, quoted
 from yard.api.keys import KeyCheck, is_loopback
+from yard.api.served import Served, page
 from yard.errors import Rejected
 from yard.h1.upstream import HOP_BY_HOP
 from yard.jobs.service import JobFinished, JobNotFinished, JobNotFound, Jobs
@@ -43,26 +43,19 @@ _LIMIT = re.compile(r"[0-9]{1,4}")
 _RESULT_DROPPED = HOP_BY_HOP | {b"content-length", b"date", b"server"}
 
 
-@dataclass(frozen=True, slots=True)
-class _Served:
-    """What :func:`register` mounted the API with, kept in ``app.extensions``."""
-
-    KEY = "yard.jobs"
-
-    jobs: Jobs | None
-    keys: KeyCheck
+_KEY = "yard.jobs"
 
 
 def register(app: Quart, jobs: Jobs | None, keys: KeyCheck) -> None:
     """Mount the jobs API on ``app`` at ``/v1/jobs``, serving ``jobs`` (None:
     this yard runs without the job service, and every call answers 501)."""
-    app.extensions[_Served.KEY] = _Served(jobs, keys)
+    app.extensions[_KEY] = Served(jobs, keys)
     app.register_blueprint(blueprint, url_prefix="/v1/jobs")
 
 
 def _caller() -> tuple[Jobs, str | None]:
     """The job service and the caller's app (None: the admin, who sees all)."""
-    served: _Served = current_app.extensions[_Served.KEY]
+    served: Served[Jobs] = current_app.extensions[_KEY]
     header = request.headers.get("authorization")
     if (
         served.keys.config.server.admin_key is None
@@ -76,7 +69,7 @@ def _caller() -> tuple[Jobs, str | None]:
         # The key before the service: a wrong one counts as a guess even
         # where the service is off.
         app = served.keys.caller(header, request.remote_addr)
-    jobs = served.jobs
+    jobs = served.service
     if jobs is None:
         raise Rejected(
             501, "jobs_unavailable", "this yard runs without the job service; no jobs exist"
@@ -94,15 +87,9 @@ def _wait_arg(jobs: Jobs) -> float:
         wait = math.nan
     if not math.isfinite(wait) or wait < 0:
         raise Rejected(
-            400, "invalid_wait", f"wait must be a number of seconds >= 0, got {_short(text)}"
+            400, "invalid_wait", f"wait must be a number of seconds >= 0, got {quoted(text)}"
         )
     return min(wait, jobs.config.max_wait_s)
-
-
-def _short(text: str) -> str:
-    """``text`` quoted for an error message, cut to a readable length."""
-    quoted = repr(text)
-    return quoted if len(quoted) <= 80 else quoted[:77] + "..."
 
 
 async def _job_after_wait(jobs: Jobs, job_id: str, app: str | None) -> JobRecord:
@@ -122,7 +109,7 @@ blueprint.register_error_handler(Rejected, answer)
 @blueprint.errorhandler(JobNotFound)
 async def _not_found(error: JobNotFound) -> Response:
     return await answer(
-        Rejected(404, "job_not_found", f"no job {_short(error.args[0])} for this API key")
+        Rejected(404, "job_not_found", f"no job {quoted(error.args[0])} for this API key")
     )
 
 
@@ -157,7 +144,7 @@ async def list_jobs() -> dict[str, object]:
                 raise Rejected(
                     400,
                     "invalid_status",
-                    f"status {_short(word)} is not one of {', '.join(STATUSES)}",
+                    f"status {quoted(word)} is not one of {', '.join(STATUSES)}",
                 )
             statuses.append(word)
     limit_text = request.args.get("limit", "20")
@@ -167,21 +154,14 @@ async def list_jobs() -> dict[str, object]:
         raise Rejected(400, "invalid_limit", f"limit must be a whole number from 1 to {_MAX_LIMIT}")
     after = request.args.get("after") or None
     try:
-        page, has_more = await jobs.list_jobs(
+        found, has_more = await jobs.list_jobs(
             app=app, statuses=statuses, limit=int(limit_text), after=after
         )
     except JobNotFound:
         raise Rejected(
-            400, "invalid_cursor", f"after={_short(after or '')} names no job of yours"
+            400, "invalid_cursor", f"after={quoted(after or '')} names no job of yours"
         ) from None
-    data = [jobs.describe(job) for job in page]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": page[0].id if page else None,
-        "last_id": page[-1].id if page else None,
-        "has_more": has_more,
-    }
+    return page([jobs.describe(job) for job in found], has_more=has_more)
 
 
 @blueprint.get("/<job_id>")
