@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -58,9 +58,6 @@ if TYPE_CHECKING:
     from yard.jobs.store import JobStore
 
 log = logging.getLogger("yard.announce")
-
-Outcome = Literal["used", "expired", "withdrawn"]
-OUTCOMES: tuple[Outcome, ...] = ("used", "expired", "withdrawn")
 
 MAX_COUNT = 10_000
 """The most requests one announcement may announce."""

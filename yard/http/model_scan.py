@@ -291,14 +291,10 @@ def _form_model(body: bytes) -> Steps[str | None]:
         value_start = -1
 
 
-def multipart_field(body: bytes, content_type: bytes, name: bytes) -> bytes | None:
-    """The value of form field ``name`` in a ``multipart/form-data`` body,
-    without copying the rest of it. None if absent among the first 100 parts,
-    or the body is malformed."""
-    return complete(_multipart_field_steps(body, content_type, name))
-
-
 def _multipart_field_steps(body: bytes, content_type: bytes, name: bytes) -> Steps[bytes | None]:
+    """The value of form field ``name`` in a ``multipart/form-data`` body,
+    without copying the rest of it, in steps. None if absent among the first
+    100 parts, or the body is malformed."""
     match = re.search(rb'boundary=(?:"([^"]+)"|([^;\s]+))', content_type, re.IGNORECASE)
     if match is None:
         return None
