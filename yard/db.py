@@ -139,6 +139,21 @@ def marks(n: int) -> str:
     return ", ".join("?" * n)
 
 
+def where_clause(conditions: Mapping[str, object]) -> tuple[str, list[object]]:
+    """``WHERE`` and its parameters for those of ``conditions`` whose value is
+    not None (``""`` and none if no value is). Each maps SQL with one ``?``
+    to its value, or SQL with ``IN (...)`` (:func:`marks`) to a list of
+    values; they are joined with ``AND``, in order."""
+    params: list[object] = []
+    for value in conditions.values():
+        if isinstance(value, list):
+            params.extend(value)
+        elif value is not None:
+            params.append(value)
+    clauses = [sql for sql, value in conditions.items() if value is not None]
+    return (f"WHERE {' AND '.join(clauses)}" if clauses else ""), params
+
+
 def insert(
     tx: Tx, table: str, values: Mapping[str, object], *, conflict: str = "", returning: str = ""
 ) -> Cursor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from yard.db import Database, Tx, insert
+from yard.db import Database, Tx, insert, where_clause
 
 Status = Literal["open", "used", "expired", "withdrawn"]
 Source = Literal["api", "config"]
@@ -82,15 +82,11 @@ class AnnouncementStore:
 
     async def listed(self, *, app: str | None, limit: int = 100) -> list[AnnouncementRecord]:
         """Newest first; ``app`` None: every app's."""
-        if app is None:
-            rows = await self._db.fetchall(
-                f"SELECT {_COLUMNS} FROM announcements ORDER BY seq DESC LIMIT ?", (limit,)
-            )
-        else:
-            rows = await self._db.fetchall(
-                f"SELECT {_COLUMNS} FROM announcements WHERE app = ? ORDER BY seq DESC LIMIT ?",
-                (app, limit),
-            )
+        clause, params = where_clause({"app = ?": app})
+        rows = await self._db.fetchall(
+            f"SELECT {_COLUMNS} FROM announcements {clause} ORDER BY seq DESC LIMIT ?",
+            (*params, limit),
+        )
         return [_record(row) for row in rows]
 
     async def open(self) -> list[AnnouncementRecord]:

@@ -37,7 +37,7 @@ from yard.batches.rows import (
     file_from_row,
     line_from_row,
 )
-from yard.db import Tx, insert
+from yard.db import Tx, insert, where_clause
 from yard.jobs.store import JobRecord, JobStore, StoredRequest
 
 
@@ -111,18 +111,13 @@ class BatchStore:
         after_seq: int | None,
         ascending: bool,
     ) -> list[FileRecord]:
-        where: list[str] = []
-        params: list[object] = []
-        if app is not None:
-            where.append("app = ?")
-            params.append(app)
-        if purpose is not None:
-            where.append("purpose = ?")
-            params.append(purpose)
-        if after_seq is not None:
-            where.append("seq > ?" if ascending else "seq < ?")
-            params.append(after_seq)
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        clause, params = where_clause(
+            {
+                "app = ?": app,
+                "purpose = ?": purpose,
+                f"seq {'>' if ascending else '<'} ?": after_seq,
+            }
+        )
         order = "ASC" if ascending else "DESC"
         rows = await self._db.fetchall(
             f"SELECT {FILE_COLUMNS} FROM files {clause} ORDER BY seq {order} LIMIT ?",
@@ -202,15 +197,7 @@ class BatchStore:
         self, *, app: str | None, limit: int, before_seq: int | None
     ) -> list[BatchRecord]:
         """Batches newest first (of ``app``; None: all), older than ``before_seq``."""
-        where: list[str] = []
-        params: list[object] = []
-        if app is not None:
-            where.append("app = ?")
-            params.append(app)
-        if before_seq is not None:
-            where.append("seq < ?")
-            params.append(before_seq)
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        clause, params = where_clause({"app = ?": app, "seq < ?": before_seq})
         rows = await self._db.fetchall(
             f"SELECT {BATCH_COLUMNS} FROM batches {clause} ORDER BY seq DESC LIMIT ?",
             (*params, limit),

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NotRequired, TypedDict, Unpack, cast
 
-from yard.db import Database, SqliteDatabase, Tx, insert, marks
+from yard.db import Database, SqliteDatabase, Tx, insert, marks, where_clause
 from yard.jobs.records import (
     STATUSES,
     UNFINISHED,
@@ -348,18 +348,13 @@ class JobStore:
     ) -> list[JobRecord]:
         """Jobs newest first: of ``app`` (None: every app), with one of
         ``statuses`` (empty: any), older than ``before_seq`` (a cursor)."""
-        where: list[str] = []
-        params: list[object] = []
-        if app is not None:
-            where.append("app = ?")
-            params.append(app)
-        if statuses:
-            where.append(f"status IN ({marks(len(statuses))})")
-            params.extend(statuses)
-        if before_seq is not None:
-            where.append("seq < ?")
-            params.append(before_seq)
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        clause, params = where_clause(
+            {
+                "app = ?": app,
+                f"status IN ({marks(len(statuses))})": list(statuses) or None,
+                "seq < ?": before_seq,
+            }
+        )
         rows = await self._db.fetchall(
             f"SELECT {COLUMNS} FROM jobs {clause} ORDER BY seq DESC LIMIT ?", (*params, limit)
         )
