@@ -4,7 +4,7 @@ own): the durable record the core is told again after a restart."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from yard.db import Database, Tx, insert, where_clause
 
@@ -16,7 +16,9 @@ _COLUMNS = (
     "source, created_at, ended_at"
 )
 
-_INSERTED = [*_COLUMNS.split(", ")[1:10], "source", "created_at"]
+_NAMES = _COLUMNS.split(", ")
+
+_INSERTED = [*_NAMES[1:10], "source", "created_at"]
 """What a new announcement's row is written with (its status: open)."""
 
 
@@ -126,35 +128,20 @@ class AnnouncementStore:
 
 
 def _record(row: tuple[object, ...]) -> AnnouncementRecord:
-    (
-        seq,
-        aid,
-        app,
-        model,
-        backend,
-        not_before,
-        start_by,
-        count,
-        used,
-        priority,
-        status,
-        source,
-        created_at,
-        ended_at,
-    ) = row
+    c: dict[str, Any] = dict(zip(_NAMES, row, strict=True))
     return AnnouncementRecord(
-        seq=int(cast(int, seq)),
-        id=str(aid),
-        app=str(app),
-        model=str(model),
-        backend=str(backend),
-        not_before=float(cast(float, not_before)),
-        start_by=float(cast(float, start_by)),
-        count=int(cast(int, count)),
-        used=int(cast(int, used)),
-        priority=float(cast(float, priority)),
-        status=cast(Status, str(status)),
-        source=cast(Source, str(source)),
-        created_at=float(cast(float, created_at)),
-        ended_at=None if ended_at is None else float(cast(float, ended_at)),
+        seq=int(c["seq"]),
+        id=str(c["id"]),
+        app=str(c["app"]),
+        model=str(c["model"]),
+        backend=str(c["backend"]),
+        not_before=float(c["not_before"]),
+        start_by=float(c["start_by"]),
+        count=int(c["count"]),
+        used=int(c["used"]),
+        priority=float(c["priority"]),
+        status=cast(Status, str(c["status"])),
+        source=cast(Source, str(c["source"])),
+        created_at=float(c["created_at"]),
+        ended_at=None if c["ended_at"] is None else float(c["ended_at"]),
     )

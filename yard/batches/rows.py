@@ -9,7 +9,7 @@ cluster's PostgreSQL one (:mod:`yard.cluster.batches`) both read their
 from __future__ import annotations
 
 import json
-from typing import cast
+from typing import Any, cast
 
 from yard.batches.records import BatchError, BatchRecord, BatchStatus, FileRecord, LineRecord
 
@@ -22,6 +22,7 @@ BATCH_COLUMNS = (
     "output_file_id, error_file_id, total, completed, failed"
 )
 """The columns of ``batches`` that :func:`batch_from_row` reads, in its order."""
+_BATCH_NAMES = BATCH_COLUMNS.split(", ")
 LINE_COLUMNS = "batch_id, idx, line, custom_id, model, backend, job_id, outcome"
 """The columns of ``batch_lines`` that :func:`line_from_row` reads, in its order."""
 UNENDED = "('validating', 'in_progress', 'finalizing', 'cancelling')"
@@ -62,59 +63,33 @@ def _errors_from_text(text: object) -> tuple[BatchError, ...]:
 
 def batch_from_row(row: tuple[object, ...]) -> BatchRecord:
     """A ``batches`` row of :data:`BATCH_COLUMNS` as a record."""
-    (
-        seq,
-        batch_id,
-        app,
-        endpoint,
-        input_file_id,
-        window,
-        metadata,
-        priority,
-        rerun_safe,
-        status,
-        created_at,
-        expires_at,
-        in_progress_at,
-        finalizing_at,
-        completed_at,
-        failed_at,
-        expired_at,
-        cancelling_at,
-        cancelled_at,
-        errors,
-        output_file_id,
-        error_file_id,
-        total,
-        completed,
-        failed,
-    ) = row
+    c: dict[str, Any] = dict(zip(_BATCH_NAMES, row, strict=True))
     return BatchRecord(
-        seq=int(cast(int, seq)),
-        id=str(batch_id),
-        app=str(app),
-        endpoint=str(endpoint),
-        input_file_id=str(input_file_id),
-        completion_window=str(window),
-        metadata=None if metadata is None else dict(json.loads(str(metadata))),
-        priority=float(cast(float, priority)),
-        rerun_safe=bool(rerun_safe),
-        status=cast(BatchStatus, str(status)),
-        created_at=float(cast(float, created_at)),
-        expires_at=float(cast(float, expires_at)),
-        in_progress_at=_opt(in_progress_at),
-        finalizing_at=_opt(finalizing_at),
-        completed_at=_opt(completed_at),
-        failed_at=_opt(failed_at),
-        expired_at=_opt(expired_at),
-        cancelling_at=_opt(cancelling_at),
-        cancelled_at=_opt(cancelled_at),
-        errors=_errors_from_text(errors),
-        output_file_id=None if output_file_id is None else str(output_file_id),
-        error_file_id=None if error_file_id is None else str(error_file_id),
-        total=int(cast(int, total)),
-        completed=int(cast(int, completed)),
-        failed=int(cast(int, failed)),
+        seq=int(c["seq"]),
+        id=str(c["id"]),
+        app=str(c["app"]),
+        endpoint=str(c["endpoint"]),
+        input_file_id=str(c["input_file_id"]),
+        completion_window=str(c["completion_window"]),
+        metadata=None if c["metadata"] is None else dict(json.loads(str(c["metadata"]))),
+        priority=float(c["priority"]),
+        rerun_safe=bool(c["rerun_safe"]),
+        status=cast(BatchStatus, str(c["status"])),
+        created_at=float(c["created_at"]),
+        expires_at=float(c["expires_at"]),
+        in_progress_at=_opt(c["in_progress_at"]),
+        finalizing_at=_opt(c["finalizing_at"]),
+        completed_at=_opt(c["completed_at"]),
+        failed_at=_opt(c["failed_at"]),
+        expired_at=_opt(c["expired_at"]),
+        cancelling_at=_opt(c["cancelling_at"]),
+        cancelled_at=_opt(c["cancelled_at"]),
+        errors=_errors_from_text(c["errors"]),
+        output_file_id=None if c["output_file_id"] is None else str(c["output_file_id"]),
+        error_file_id=None if c["error_file_id"] is None else str(c["error_file_id"]),
+        total=int(c["total"]),
+        completed=int(c["completed"]),
+        failed=int(c["failed"]),
     )
 
 

@@ -31,6 +31,7 @@ COLUMNS = (
     "error_message, error_status, result_status, result_bytes, result_type, not_before"
 )
 """The columns of a :class:`JobRecord`, in the order :func:`job_record` reads them."""
+_NAMES = COLUMNS.split(", ")
 
 
 def dump_headers(headers: Headers) -> str:
@@ -44,14 +45,23 @@ def load_headers(text: str) -> Headers:
 
 
 class _Fields:
-    """Reads one stored row field by field: a value that does not convert
-    becomes None (or the given fallback) with a note, so that one bad field
-    (an older yard's, a damaged disk's) never makes the whole job unreadable."""
+    """Reads one stored row (of :data:`COLUMNS`) field by field: a value that
+    does not convert becomes None (or the given fallback) with a note, so that
+    one bad field (an older yard's, a damaged disk's) never makes the whole
+    job unreadable."""
 
-    def __init__(self) -> None:
+    def __init__(self, row: tuple[object, ...]) -> None:
+        self.row = dict(zip(_NAMES, row, strict=True))
         self.notes: list[str] = []
 
-    def get(self, name: str, value: object, convert: Callable[[Any], T]) -> T | None:
+    def __getitem__(self, name: str) -> Any:
+        """The field ``name`` as stored."""
+        return self.row[name]
+
+    def get(self, name: str, convert: Callable[[Any], T]) -> T | None:
+        """The field ``name`` converted, or None (with a note if it was not
+        None but did not convert)."""
+        value = self.row[name]
         if value is None:
             return None
         try:
@@ -70,65 +80,40 @@ def _short(value: object) -> str:
 
 def job_record(row: tuple[object, ...]) -> JobRecord:
     """The job in ``row`` (its :data:`COLUMNS`, in order)."""
-    (
-        seq,
-        job_id,
-        app,
-        model,
-        backend,
-        priority,
-        start_by,
-        allow_late,
-        rerun_safe,
-        rerun_used,
-        requeued,
-        status,
-        created_at,
-        started_at,
-        finished_at,
-        queued_s,
-        error_code,
-        error_message,
-        error_status,
-        result_status,
-        result_bytes,
-        result_type,
-        not_before,
-    ) = row
-    f = _Fields()
+    f = _Fields(row)
     error = (
         None
-        if error_code is None
+        if f["error_code"] is None
         else JobError(
-            code=str(error_code),
-            message=str(error_message or ""),
-            status=f.get("error_status", error_status, int),
+            code=str(f["error_code"]),
+            message=str(f["error_message"] or ""),
+            status=f.get("error_status", int),
         )
     )
-    base_priority = f.get("priority", priority, float)
+    base_priority = f.get("priority", float)
     if base_priority is None:
         f.notes.append("priority: none stored; the job runs at priority 0")
     return JobRecord(
-        seq=int(cast(int, seq)),
-        id=str(job_id),
-        app=str(app),
-        model=str(model),
-        backend=str(backend),
+        seq=int(f["seq"]),
+        id=str(f["id"]),
+        app=str(f["app"]),
+        model=str(f["model"]),
+        backend=str(f["backend"]),
         priority=base_priority or 0.0,
-        start_by=f.get("start_by", start_by, float),
-        allow_late=bool(allow_late),
-        rerun_safe=bool(rerun_safe),
-        rerun_used=bool(rerun_used),
-        requeued=bool(requeued),
-        status=cast(Status, str(status)),
-        created_at=f.get("created_at", created_at, float),
-        started_at=f.get("started_at", started_at, float),
-        finished_at=f.get("finished_at", finished_at, float),
-        queued_s=f.get("queued_s", queued_s, float),
+        start_by=f.get("start_by", float),
+        allow_late=bool(f["allow_late"]),
+        rerun_safe=bool(f["rerun_safe"]),
+        rerun_used=bool(f["rerun_used"]),
+        requeued=bool(f["requeued"]),
+        status=cast(Status, str(f["status"])),
+        created_at=f.get("created_at", float),
+        started_at=f.get("started_at", float),
+        finished_at=f.get("finished_at", float),
+        queued_s=f.get("queued_s", float),
         error=error,
-        result_status=f.get("result_status", result_status, int),
-        result_bytes=f.get("result_bytes", result_bytes, int),
-        result_type=None if result_type is None else str(result_type),
-        not_before=f.get("not_before", not_before, float),
+        result_status=f.get("result_status", int),
+        result_bytes=f.get("result_bytes", int),
+        result_type=None if f["result_type"] is None else str(f["result_type"]),
+        not_before=f.get("not_before", float),
         notes=tuple(f.notes),
     )
