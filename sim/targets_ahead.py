@@ -250,8 +250,15 @@ def _period_tail(period: Sequence[Arrival], slots: int) -> list[float]:
     return best
 
 
-BLIND_ORDERS = ("first come", "last come", "random", "shortest first (knows lengths)")
-"""The orders :func:`order_waits` compares; the first three know no service time."""
+BLIND_ORDERS = (
+    "first come",
+    "priority, then first come",
+    "last come",
+    "random",
+    "shortest first (knows lengths)",
+)
+"""The orders :func:`order_waits` compares; all but the last know no service time
+("priority, then first come" is yard's own order where nothing has aged)."""
 
 
 def order_waits(arrivals: Sequence[Arrival], slots: Mapping[str, int], order: str) -> float:
@@ -279,6 +286,8 @@ def order_waits(arrivals: Sequence[Arrival], slots: Mapping[str, int], order: st
                 i += 1
             if order == "first come":
                 a = queue[0]
+            elif order == "priority, then first come":
+                a = min(queue, key=lambda q: (-q.priority, q.at))
             elif order == "last come":
                 a = queue[-1]
             elif order == "random":

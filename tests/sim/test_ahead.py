@@ -3,6 +3,7 @@ announcements and a batch handed in while chat runs (issue 12)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -260,6 +261,13 @@ def test_blind_orders_against_the_clairvoyant_bound() -> None:
     slots = {"news-llm": 1}
     assert order_waits(scripts, slots, "first come") == 108.0
     assert order_waits(scripts, slots, "last come") == 189.0
+    # Breaking news (95) before the hour's scripts (90): the 10 s one at 1 is a
+    # breaking script and goes before the 90 s one at 2, as first come does here.
+    urgent = [scripts[0], dataclasses.replace(scripts[1], priority=95.0), scripts[2]]
+    assert order_waits(urgent, slots, "priority, then first come") == 108.0
+    late = [scripts[0], scripts[1], dataclasses.replace(scripts[2], priority=95.0)]
+    # The 90 s one at 2 now goes first (starts at 100, waits 98), the 10 s one at 190.
+    assert order_waits(late, slots, "priority, then first come") == 189.0
     assert order_waits(scripts, slots, "shortest first (knows lengths)") == 108.0
     assert clairvoyant_bound(scripts, slots) == 101.0
 
