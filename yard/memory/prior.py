@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from yard.core.spec import BackendSpec, Prior, Profile
+from yard.memory.profiles import fill_known
 
 if TYPE_CHECKING:
     from yard.config import Config
@@ -492,7 +493,7 @@ def with_priors(config: Config, specs: Sequence[BackendSpec]) -> list[BackendSpe
             out.append(spec)
             continue
         here = dict(values, model_file=str(b.model_file or ""))
-        argv = [_expand(arg, here) for arg in b.command]
+        argv = [fill_known(arg, here) for arg in b.command]
         try:
             found = prior_for(argv, b.model_file, b.cwd, on_gpu=bool(spec.gpus))
         except ValueError as exc:
@@ -510,9 +511,3 @@ def with_priors(config: Config, specs: Sequence[BackendSpec]) -> list[BackendSpe
             )
         out.append(dataclasses.replace(spec, prior=found))
     return out
-
-
-def _expand(arg: str, values: dict[str, str]) -> str:
-    for name, value in values.items():
-        arg = arg.replace("{" + name + "}", value)
-    return arg

@@ -156,7 +156,9 @@ def _identity(path: Path) -> dict[str, object] | None:
     return {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
-def _expand(arg: str, values: Mapping[str, str]) -> str:
+def fill_known(arg: str, values: Mapping[str, str]) -> str:
+    """``arg`` with the placeholders of ``values`` filled in, before a launch
+    (for the profile key and the prior from the model file)."""
     # Only the placeholders that name files matter here; others stay as
     # written (str.format would choke on the {port} we don't have).
     for name, value in values.items():
@@ -199,7 +201,7 @@ def footprint_key(
         command = programs.expand(backend.command)
     except programs.ProgramNotFound:
         command = list(backend.command)
-    argv = [_expand(arg, values) for arg in command]
+    argv = [fill_known(arg, values) for arg in command]
     search_path = backend.env.get("PATH", os.environ.get("PATH", ""))
     exe_name = argv[0] if argv else ""
     exe = shutil.which(exe_name, path=search_path) if exe_name else None
