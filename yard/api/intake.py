@@ -102,7 +102,7 @@ def parse_start_by(
         )
     if start_within is not None:
         seconds = _seconds(start_within, "X-Yard-Start-Within", "invalid_deadline")
-        _check_deadline_range((time.time() if wall is None else wall) + seconds, "Start-Within")
+        _check_range((time.time() if wall is None else wall) + seconds, "Start-Within", "deadline")
         return now + seconds
     if start_by is not None:
         text = start_by.decode("latin-1").strip()
@@ -117,7 +117,7 @@ def parse_start_by(
                 "X-Yard-Start-By must be an RFC 3339 time with a zone, like "
                 f"2026-05-01T13:58:00Z; got {text!r}",
             )
-        _check_deadline_range(moment.timestamp(), "Start-By")
+        _check_range(moment.timestamp(), "Start-By", "deadline")
         current = time.time() if wall is None else wall
         return now + (moment.timestamp() - current)
     return None
@@ -160,11 +160,11 @@ def parse_not_before(
     current = time.time() if wall is None else wall
     if start_after is not None:
         seconds = _seconds(start_after, "X-Yard-Start-After", "invalid_window")
-        _check_window_range(current + seconds, "Start-After")
+        _check_range(current + seconds, "Start-After", "window")
         return now + seconds, f"{wall_label(current + seconds, current)} (X-Yard-Start-After)"
     if not_before is not None:
         epoch = parse_rfc3339(not_before.decode("latin-1"), "X-Yard-Not-Before", "invalid_window")
-        _check_window_range(epoch, "Not-Before")
+        _check_range(epoch, "Not-Before", "window")
         return now + (epoch - current), f"{wall_label(epoch, current)} (X-Yard-Not-Before)"
     return None, ""
 
@@ -194,25 +194,16 @@ def parse_rfc3339(text: str, what: str, code: str) -> float:
     return epoch
 
 
-def _check_window_range(epoch: float, header: str) -> None:
+def _check_range(epoch: float, header: str, what: str) -> None:
+    """Refuse a time (``what``: a deadline, a window's opening) that no RFC
+    3339 UTC time can name (past year 9999 or before year 1): it could never
+    be shown back in a job's JSON."""
     if not -62135596800.0 < epoch < 253402214400.0:  # 0001-01-01 to 9999-12-31 UTC
         raise Rejected(
             400,
-            "invalid_window",
-            f"X-Yard-{header} is out of range: the time must fall between the years "
-            "0001 and 9999 (UTC)",
-        )
-
-
-def _check_deadline_range(epoch: float, header: str) -> None:
-    """Refuse a deadline that no RFC 3339 UTC time can name (past year 9999 or
-    before year 1): it could never be shown back in a job's JSON."""
-    if not -62135596800.0 < epoch < 253402214400.0:  # 0001-01-01 to 9999-12-31 UTC
-        raise Rejected(
-            400,
-            "invalid_deadline",
-            f"X-Yard-{header} is out of range: the deadline must fall between the years "
-            "0001 and 9999 (UTC)",
+            f"invalid_{what}",
+            f"X-Yard-{header} is out of range: the {'time' if what == 'window' else what} "
+            "must fall between the years 0001 and 9999 (UTC)",
         )
 
 
