@@ -210,19 +210,8 @@ def _context(
                 "context = { min = 4096, max = 32768 }",
             )
         return None
-    span = table["context"]
-    if not isinstance(span, dict) or set(span) != {"min", "max"}:
-        r.error(
-            f"{key}.context",
-            f"must be a table {{ min = N, max = M }} of token counts, got {span!r}",
-        )
-        return None
-    low, high = span["min"], span["max"]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
-        r.error(f"{key}.context", f"min and max must be whole token counts, got {span!r}")
-        return None
-    if not 1 <= low <= high:
-        r.error(f"{key}.context", f"needs 1 <= min <= max, got min = {low}, max = {high}")
+    found = _min_max(r, f"{key}.context", table["context"], "token")
+    if found is None:
         return None
     if not uses:
         r.error(
@@ -230,6 +219,22 @@ def _context(
             "is set but the command never uses {context}; pass it to the server, "
             'e.g. "-c", "{context}" for llama-server',
         )
+        return None
+    return found
+
+
+def _min_max(r: _Reader, field: str, span: object, unit: str) -> tuple[int, int] | None:
+    """A ``{ min = N, max = M }`` range of whole ``unit`` counts with
+    ``1 <= N <= M``; None (the error said, of ``field``) if it is not one."""
+    if not isinstance(span, dict) or set(span) != {"min", "max"}:
+        r.error(field, f"must be a table {{ min = N, max = M }} of {unit} counts, got {span!r}")
+        return None
+    low, high = span["min"], span["max"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
+        r.error(field, f"min and max must be whole {unit} counts, got {span!r}")
+        return None
+    if not 1 <= low <= high:
+        r.error(field, f"needs 1 <= min <= max, got min = {low}, max = {high}")
         return None
     return (low, high)
 
@@ -272,19 +277,8 @@ def _parallel(
             "requests at once as the slots it got; remove slots",
         )
         return None
-    span = table["parallel"]
-    if not isinstance(span, dict) or set(span) != {"min", "max"}:
-        r.error(
-            f"{key}.parallel",
-            f"must be a table {{ min = N, max = M }} of slot counts, got {span!r}",
-        )
-        return None
-    low, high = span["min"], span["max"]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
-        r.error(f"{key}.parallel", f"min and max must be whole slot counts, got {span!r}")
-        return None
-    if not 1 <= low <= high:
-        r.error(f"{key}.parallel", f"needs 1 <= min <= max, got min = {low}, max = {high}")
+    found = _min_max(r, f"{key}.parallel", table["parallel"], "slot")
+    if found is None:
         return None
     if not uses:
         # {total_context} alone would grow the memory without the server
@@ -295,7 +289,7 @@ def _parallel(
             'e.g. "-np", "{parallel}" for llama-server',
         )
         return None
-    return (low, high)
+    return found
 
 
 def _devices(r: _Reader, data: dict[str, Any]) -> dict[str, DeviceConfig]:
