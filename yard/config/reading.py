@@ -224,27 +224,24 @@ def _join(key: str, name: str) -> str:
     return f"{key}.{name}" if key else name
 
 
+_KINDS: dict[type, str] = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "a table",
+}
+"""TOML's value types as a message names them."""
+
+
 def _kind(value: object) -> str:
-    names = {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "a table",
-    }
-    return f"{names.get(type(value), type(value).__name__)} ({value!r})"
+    return f"{_KINDS.get(type(value), type(value).__name__)} ({value!r})"
 
 
 def _describe(types: tuple[type, ...]) -> str:
-    names = {
-        bool: "true or false",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "a table",
-    }
+    # What is asked for: a boolean is written true or false.
+    names = {**_KINDS, bool: "true or false"}
     return " or ".join(names.get(t, t.__name__) for t in types)
 
 
