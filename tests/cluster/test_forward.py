@@ -16,7 +16,6 @@ import httpx
 import pytest
 import trio
 
-from tests.http.fakes import FakeEngine
 from yard.app.web import Parts, create_app, serve_app
 from yard.cluster.forward import (
     ARRIVED_AT,
@@ -37,6 +36,7 @@ from yard.engine import Engine
 from yard.errors import Rejected
 from yard.h1.upstream import ProxyRequest
 from yard.observe.metrics import REQUESTS
+from yard.testing.engine import FakeEngine
 from yard.testing.fake import FakeBackend, serve_fake
 
 SECRET = "cluster-secret"
@@ -206,8 +206,15 @@ async def pair() -> AsyncIterator[Pair]:
         backend = await nursery.start(serve_fake, FakeBackend())
         small = BackendConfig(name="small", models=("small",), command=("true",))
         big = BackendConfig(name="big", models=("big",), command=("true",))
-        a_engine = FakeEngine(base_urls={"small": backend.base_url})
-        b_engine = FakeEngine(base_urls={"small": backend.base_url, "big": backend.base_url})
+        a_engine = FakeEngine(
+            {"small": backend.base_url}, auto_dispatch=True, lost="fail", queue_time_s=0.0125
+        )
+        b_engine = FakeEngine(
+            {"small": backend.base_url, "big": backend.base_url},
+            auto_dispatch=True,
+            lost="fail",
+            queue_time_s=0.0125,
+        )
         a_fw = Forwarder(node="a", secret=SECRET, pool=cast(Any, None))
         b_fw = Forwarder(node="b", secret=SECRET, pool=cast(Any, None))
         a_jobs = _Jobs()

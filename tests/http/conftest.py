@@ -20,7 +20,6 @@ import pytest
 import trio
 import trio.testing
 
-from tests.http.fakes import FakeEngine
 from tests.http.virtual import VirtualGateway
 from yard.app.web import Parts, create_app, create_control_app, serve_app
 from yard.config import AppConfig, BackendConfig, Config, ServerConfig
@@ -30,6 +29,7 @@ from yard.h1.asgi import ASGIApp
 from yard.h1.server import Server
 from yard.http.gateway import Gateway as GatewayApp
 from yard.http.ports import JobService, RequestHook
+from yard.testing.engine import FakeEngine
 from yard.testing.fake import FakeBackend as Upstream
 from yard.testing.fake import serve_fake as serve_upstream
 
@@ -82,7 +82,12 @@ class GatewayFactory:
         """A gateway on a free port; ``observe`` replaces the metrics hook
         (``yard.observe.observe_request``), to record what it hears."""
         upstream = await self.nursery.start(serve_upstream, Upstream())
-        engine = FakeEngine(base_urls=dict.fromkeys(("llm", "whisper", "music"), upstream.base_url))
+        engine = FakeEngine(
+            dict.fromkeys(("llm", "whisper", "music"), upstream.base_url),
+            auto_dispatch=True,
+            lost="fail",
+            queue_time_s=0.0125,
+        )
         parts = Parts(
             config=config or make_config(),
             engine=cast(Engine, engine),
@@ -120,7 +125,12 @@ async def vgw(
     """The gateway under MockClock (the test runs on virtual time)."""
     async with trio.open_nursery() as nursery:
         upstream = await nursery.start(serve_upstream, Upstream())
-        engine = FakeEngine(base_urls=dict.fromkeys(("llm", "whisper", "music"), upstream.base_url))
+        engine = FakeEngine(
+            dict.fromkeys(("llm", "whisper", "music"), upstream.base_url),
+            auto_dispatch=True,
+            lost="fail",
+            queue_time_s=0.0125,
+        )
         parts = Parts(
             config=make_config(),
             engine=cast(Engine, engine),

@@ -4,10 +4,7 @@ metrics hook hears it."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from tests.http.conftest import GatewayFactory
-from tests.http.fakes import FakeAdmission
 from yard.errors import Rejected
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
@@ -17,10 +14,6 @@ FULL = Rejected(
     "app 'local' already has 2 requests waiting, the most [apps.local] max_queued = 2 allows",
     retry_after_s=2.5,
 )
-
-
-def refuse(**kwargs: Any) -> FakeAdmission:
-    raise FULL
 
 
 class _Heard:
@@ -39,7 +32,7 @@ class _Jobs:
 async def test_a_refused_submit_is_429_with_retry_after(gateway_factory: GatewayFactory) -> None:
     heard = _Heard()
     gw = await gateway_factory(observe=heard, jobs=_Jobs())
-    gw.engine.submit = refuse  # type: ignore[method-assign]
+    gw.engine.refuse = FULL
     async with gw.client:
         sync = await gw.client.post("/v1/chat/completions", json=CHAT)
         job = await gw.client.post(

@@ -18,12 +18,12 @@ from tests.http.conftest import (
     make_config,
     observed,
 )
-from tests.http.fakes import FakeEngine
 from tests.http.upstream import Scripted, serve_scripted
 from tests.http.virtual import VirtualGateway
 from yard.config import AppConfig
 from yard.errors import Rejected
 from yard.observe.metrics import REQUESTS
+from yard.testing.engine import FakeEngine
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -175,7 +175,7 @@ async def test_a_body_over_the_limit_is_refused_with_413(gateway_factory: Gatewa
 
 
 async def test_core_rejections_become_errors_with_status_and_retry_after(gw: Gateway) -> None:
-    gw.engine.reject["llm"] = Rejected(
+    gw.engine.rejecting["llm"] = Rejected(
         status=503, code="queue_full", message="too many waiting", retry_after_s=2.5
     )
     full = await gw.client.post("/v1/chat/completions", json=CHAT)
@@ -187,7 +187,7 @@ async def test_core_rejections_become_errors_with_status_and_retry_after(gw: Gat
         "code": "queue_full",
         "param": None,
     }
-    gw.engine.reject["llm"] = Rejected(status=507, code="does_not_fit", message="too big")
+    gw.engine.rejecting["llm"] = Rejected(status=507, code="does_not_fit", message="too big")
     fit = await gw.client.post("/v1/chat/completions", json=CHAT)
     assert (fit.status_code, fit.json()["error"]["code"]) == (507, "does_not_fit")
     assert gw.upstream.requests == []
@@ -324,7 +324,7 @@ async def test_client_disconnect_mid_stream_cancels_upstream_and_frees_the_slot(
 async def test_client_that_leaves_while_queued_gives_up_its_place(
     vgw: VirtualGateway[FakeEngine], autojump_clock: trio.testing.MockClock
 ) -> None:
-    vgw.engine.hold["llm"] = trio.Event()
+    vgw.engine.hold.add("llm")
     stream = await vgw.open("POST", "/v1/chat/completions", json.dumps(CHAT).encode())
     await vgw.engine.wait_submitted(1)
     await trio.sleep(5)
@@ -349,7 +349,7 @@ async def test_upstream_lost_before_any_byte_is_reported_and_the_core_decides(
 
 
 async def test_a_requeued_request_is_sent_again_when_the_core_says_so(gw: Gateway) -> None:
-    gw.engine.requeue_lost = True
+    gw.engine.lost = "requeue_once"
     response = await gw.client.post("/backends/music/cut-before", content=b"x")
     assert response.status_code == 502
     (admission,) = gw.engine.admissions
@@ -464,7 +464,7 @@ async def test_metrics_hook_hears_each_request_once_with_outcome_wait_and_latenc
     streamed = json.dumps({**CHAT, "stream": True, "chunks": 3, "interval": 0.25}).encode()
     assert (await vgw.request("POST", "/v1/chat/completions", streamed)).status == 200
     assert (await vgw.request("POST", "/backends/music/x", b"x")).status == 200
-    vgw.engine.reject["whisper"] = Rejected(status=503, code="queue_full", message="full")
+    vgw.engine.rejecting["whisper"] = Rejected(status=503, code="queue_full", message="full")
     whisper = json.dumps({"model": "whisper-1"}).encode()
     assert (await vgw.request("POST", "/v1/audio/transcriptions", whisper)).status == 503
     assert (await vgw.request("POST", "/backends/music/cut-before")).status == 502

@@ -28,12 +28,12 @@ from schemathesis.core.result import Ok
 
 from tests.gateway.conftest import backend_toml, running_yard
 from tests.http.conftest import make_config
-from tests.http.fakes import FakeEngine
 from yard.app.openapi import OPENAI_ROUTES, PROXY_METHODS, document
 from yard.app.web import Parts, create_control_app
 from yard.engine import Engine
 from yard.h1.asgi import Message, Scope
 from yard.http.gateway import Gateway
+from yard.testing.engine import FakeEngine
 
 DOC = document()
 _IGNORED_METHODS = {"HEAD", "OPTIONS"}
@@ -44,7 +44,7 @@ _DATA_PLANE = {"/v1/models", "/v1/models/{model}", *OPENAI_ROUTES, "/backends/{b
 def _parts() -> Parts:
     return Parts(
         config=make_config(),
-        engine=cast(Engine, FakeEngine(base_urls={})),
+        engine=cast(Engine, FakeEngine()),
         started_at=1_700_000_000.0,
     )
 
