@@ -14,7 +14,6 @@ import httpx
 import pytest
 import trio
 
-from tests.observe.fakes import FakeEngine
 from yard.app.web import Parts, create_app, serve_app
 from yard.config import AppConfig, BackendConfig, Config, ConfigError, ServerConfig, load_config
 from yard.core.spec import SchedulerConfig
@@ -27,6 +26,7 @@ from yard.http.guard import (
     normalize_origin,
     origin_matches_host,
 )
+from yard.testing.engine import FakeEngine
 
 FORM = "application/x-www-form-urlencoded"
 EVIL = "http://evil.example"

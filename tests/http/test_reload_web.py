@@ -11,10 +11,10 @@ import httpx
 import trio
 
 from tests.http.conftest import APPS, make_config
-from tests.observe.fakes import FakeEngine
 from yard.app.web import Parts, Web, serve_app
 from yard.config import AppConfig
 from yard.engine import Engine
+from yard.testing.engine import FakeEngine
 
 NEW = AppConfig(name="radio", key="key-radio", default_priority=50.0, max_priority=90.0)
 

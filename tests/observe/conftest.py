@@ -8,8 +8,8 @@ import trio
 from quart.typing import TestHTTPConnectionProtocol
 from quart_trio import QuartTrio
 
-from tests.observe.fakes import FakeEngine, GiB, device_view, profile
 from yard.observe import Observer, install
+from yard.testing.engine import FakeEngine, GiB, device_view, profile
 
 ADMIN_KEY = "sesame-admin"
 LOOPBACK = {"client": ("127.0.0.1", 40000)}

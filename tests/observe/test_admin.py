@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 from quart_trio import QuartTrio
 
 from tests.observe.conftest import ADMIN_KEY, LOOPBACK, REMOTE, make_app, open_stream
-from tests.observe.fakes import FakeEngine
 from yard.core.decisions import Dispatch, Reject
 from yard.core.events import AdminForgetProfile, AdminLoad, AdminPin, AdminUnload
 from yard.observe import Observer
 from yard.observe.admin import new_lines
+from yard.testing.engine import FakeEngine
 
 BEARER = {"Authorization": f"Bearer {ADMIN_KEY}"}
 

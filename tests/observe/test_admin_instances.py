@@ -7,9 +7,9 @@ import pytest
 from quart_trio import QuartTrio
 
 from tests.observe.conftest import ADMIN_KEY, make_app
-from tests.observe.fakes import FakeEngine
 from yard.core.events import AdminLoad, AdminPin, AdminUnload
 from yard.core.spec import Profile
+from yard.testing.engine import FakeEngine
 
 BEARER = {"Authorization": f"Bearer {ADMIN_KEY}"}
 PROFILE = Profile(gpu_bytes=2**30, host_bytes=2**30, load_s=10.0)

@@ -10,11 +10,11 @@ from quart_trio import QuartTrio
 from rich.console import Console
 
 from tests.observe.conftest import ADMIN_KEY
-from tests.observe.fakes import FakeEngine, statistics
 from tests.observe.test_metrics import scrape
 from yard.config import load_config
 from yard.engine import Engine
 from yard.observe import Observer, install
+from yard.testing.engine import FakeEngine, statistics
 
 LIMITS: dict[str, dict[str, object]] = {
     "radio": {"models": ["voice*"], "max_queued": 2, "max_concurrent": None, "weight": 2.0},

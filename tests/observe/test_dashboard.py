@@ -8,7 +8,6 @@ import trio
 from quart_trio import QuartTrio
 
 from tests.observe.conftest import ADMIN_KEY, LOOPBACK, REMOTE, make_app, open_stream
-from tests.observe.fakes import FakeEngine, GiB, queued_view
 from yard.core.decisions import Dispatch, StartBackend
 from yard.observe import Observer, auth
 from yard.observe.dashboard import (
@@ -18,6 +17,7 @@ from yard.observe.dashboard import (
     format_bytes,
     format_duration,
 )
+from yard.testing.engine import FakeEngine, GiB, queued_view
 
 
 def _sections(raw: bytes) -> list[dict[str, str]]:

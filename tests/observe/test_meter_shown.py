@@ -5,9 +5,9 @@ from __future__ import annotations
 from quart_trio import QuartTrio
 from rich.console import Console
 
-from tests.observe.fakes import FakeEngine
 from tests.observe.test_metrics import scrape
 from yard.observe import MeterInfo, Observer, install
+from yard.testing.engine import FakeEngine
 
 DETAIL = "GPUs metered through the kernel's DRM interface (fdinfo, sysfs): gpu0 (RX 7900)"
 

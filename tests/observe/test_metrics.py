@@ -3,10 +3,10 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 from quart_trio import QuartTrio
 
-from tests.observe.fakes import FakeEngine, GiB, queued_view, statistics
 from yard.core.decisions import Dispatch, Reject
 from yard.observe import observe_proxy_latency, observe_request
 from yard.observe.metrics import priority_class
+from yard.testing.engine import FakeEngine, GiB, queued_view, statistics
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -8,9 +8,9 @@ from quart_trio import QuartTrio
 from rich.console import Console
 
 from tests.observe.conftest import ADMIN_KEY, make_app
-from tests.observe.fakes import FakeEngine, device_view
 from tests.observe.test_metrics import scrape
 from yard.observe import Observer, install
+from yard.testing.engine import FakeEngine, device_view
 
 
 def _printed(status: dict[str, object]) -> str:

@@ -5,10 +5,10 @@ from typing import cast
 
 from quart_trio import QuartTrio
 
-from tests.observe.fakes import FakeEngine
 from yard.config import load_config
 from yard.engine import Engine
 from yard.observe import Observer, install
+from yard.testing.engine import FakeEngine
 
 
 async def test_an_observer_from_the_configuration_serves_its_engine_and_settings(

@@ -11,10 +11,10 @@ import trio
 from quart_trio import QuartTrio
 
 from tests.observe.conftest import ADMIN_KEY, REMOTE
-from tests.observe.fakes import FakeEngine
 from yard.api.keys import LoginThrottle
 from yard.config import ConfigError, load_config
 from yard.observe import Observer, auth, install
+from yard.testing.engine import FakeEngine
 
 OTHER = {"client": ("192.0.2.99", 40000)}
 

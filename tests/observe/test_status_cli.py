@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.observe.fakes import FakeEngine, profile, queued_view
 from yard.cli import main
 from yard.core.decisions import Dispatch, Requeue
 from yard.observe import Observer
+from yard.testing.engine import FakeEngine, profile, queued_view
 
 
 def _printed(engine: FakeEngine) -> str:

@@ -14,7 +14,6 @@ import trio.testing
 from quart_trio import QuartTrio
 
 from tests.observe.conftest import ADMIN_KEY, LOOPBACK, REMOTE
-from tests.observe.fakes import FakeEngine
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.core.decisions import Dispatch, StartBackend, StopBackend
 from yard.core.events import (
@@ -30,6 +29,7 @@ from yard.engine import Engine, LoggedDecision
 from yard.observe import Observer, install
 from yard.observe.timeline import AHEAD_MIN_S, JOIN_S, PAST_MIN_S, History, Span, build
 from yard.observe.timeline_svg import render_svg
+from yard.testing.engine import FakeEngine
 from yard.testing.ports import FakeLauncher, Script
 
 GiB = 2**30
