@@ -16,7 +16,7 @@ from typing import Any, cast
 import trio
 import trio.testing
 
-from tests.cluster.test_node_rules import FakeEngine, FakeRegistry, FakeStore
+from tests.cluster.test_node_rules import FakeRegistry, FakeStore, llm_engine
 from yard.cluster.forward import Forwarder
 from yard.cluster.jobs import ClusterJobStore
 from yard.cluster.listen import Listener
@@ -102,7 +102,7 @@ async def test_a_job_end_heard_as_the_database_is_lost_does_not_stop_the_node(
     node = Node(
         config=config,
         cluster=cluster,
-        engine=FakeEngine(),
+        engine=llm_engine(),
         jobs=jobs,
         store=cast(ClusterJobStore, FakeStore(gone=registry.gone)),
         registry=cast(Registry, registry),

@@ -21,7 +21,7 @@ from typing import Any, cast
 import psycopg
 import trio
 
-from tests.cluster.test_node_rules import FakeEngine, FakeListener
+from tests.cluster.test_node_rules import FakeListener, llm_engine
 from yard.cluster.forward import Forwarder
 from yard.cluster.jobs import ClusterJobStore
 from yard.cluster.listen import Listener
@@ -75,7 +75,7 @@ async def running_node(dsn: str, name: str) -> AsyncIterator[FakeJobs]:
     node = Node(
         config=config,
         cluster=cluster,
-        engine=FakeEngine(state="stopped"),
+        engine=llm_engine("stopped"),
         jobs=jobs,
         store=ClusterJobStore(db, node=name),
         registry=Registry(db),

@@ -6,7 +6,7 @@ claims, when it does not ask the database, and who reaps a dead node.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -27,57 +27,20 @@ from yard.cluster.registry import NodeState, Registry
 from yard.cluster.schema import JOBS_CHANNEL
 from yard.config import BackendConfig, Config, ServerConfig
 from yard.config.cluster import ClusterConfig
-from yard.core.decisions import Decision
-from yard.core.events import Event
 from yard.core.spec import SchedulerConfig
-from yard.core.views import BackendView, DeviceView, Snapshot
 from yard.db import DatabaseLost
 from yard.jobs.records import JobRecord
+from yard.testing.engine import FakeEngine
 
 HEARTBEAT_S = 1.0
 DEAD_AFTER_S = 3.0
 
 
-def _backend(state: str) -> BackendView:
-    return BackendView(
-        name="llm",
-        state=state,
-        gpus=(),
-        inflight=0,
-        slots=1,
-        served=0,
-        loaded_at=None,
-        pinned=False,
-        profile=None,
-        last_load_s=None,
-        reason="",
-    )
-
-
-@dataclass
-class FakeEngine:
-    state: str = "ready"
-    watchers: list[Callable[[float, Event | Decision], None]] = field(default_factory=list)
-
-    def snapshot(self, limit: int = 200) -> Snapshot:
-        host = DeviceView(
-            name="host",
-            kind="host",
-            total_bytes=2**34,
-            reserve_bytes=0,
-            committed_bytes=0,
-            free_bytes=2**33,
-        )
-        return Snapshot(
-            now=trio.current_time(),
-            devices=(host,),
-            backends=(_backend(self.state),),
-            queue=(),
-            queue_length=0,
-        )
-
-    def watch(self, watcher: Callable[[float, Event | Decision], None]) -> None:
-        self.watchers.append(watcher)
+def llm_engine(state: str = "ready") -> FakeEngine:
+    """An engine whose one backend, llm, is in ``state``."""
+    engine = FakeEngine()
+    engine.set_backend("llm", state=state)
+    return engine
 
 
 @dataclass
@@ -234,7 +197,7 @@ async def running_node(
         heartbeat_s=HEARTBEAT_S,
         dead_after_s=DEAD_AFTER_S,
     )
-    engine = FakeEngine(state=state)
+    engine = llm_engine(state)
     registry = FakeRegistry(others=list(others))
     store = FakeStore(gone=registry.gone)
     listener = FakeListener()

@@ -9,13 +9,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
 from tests.batches.helpers import chat_line, jsonl
-from yard.admission import AdmissionLike
 from yard.batches.records import BatchRecord
 from yard.batches.service import Batches
 from yard.cluster.batches import ClusterBatchStore
@@ -24,24 +22,16 @@ from yard.cluster.pg import PgDatabase
 from yard.cluster.registry import NodeState, Registry
 from yard.cluster.schema import MIGRATIONS
 from yard.config import load_config
-from yard.core.views import QueuedView
 from yard.jobs.records import StoredResult
 from yard.jobs.service import Jobs
+from yard.testing.engine import FakeEngine
 
 HEARTBEAT_S = 0.1
 
 
-class NoEngine:
-    """The job service's engine on a node that claims nothing in these tests."""
-
-    def submit(self, **_: Any) -> AdmissionLike:
-        raise AssertionError("a batch line is claimed from the shared queue, never enqueued")
-
-    def now(self) -> float:
-        return time.monotonic()
-
-    def explain(self, request_id: str) -> QueuedView | None:
-        return None
+def never_enqueued(request_id: str) -> None:
+    """The engine's on_submit on a node that claims every job in these tests."""
+    raise AssertionError("a batch line is claimed from the shared queue, never enqueued")
 
 
 Start = Callable[[str], Awaitable[Batches]]
@@ -69,7 +59,12 @@ async def nodes(postgres_dsn: str, tmp_path: Path) -> AsyncIterator[Start]:
             store = ClusterJobStore(db, node=name, aging_rate=config.scheduler.aging_rate)
             # No listener here: a wait re-reads the store often.
             queue = SharedQueue(lambda job_id: store.release(job_id, name), recheck_s=0.05)
-            jobs = Jobs(engine=NoEngine(), store=store, config=config.jobs, queue=queue)
+            jobs = Jobs(
+                engine=FakeEngine(on_submit=never_enqueued),
+                store=store,
+                config=config.jobs,
+                queue=queue,
+            )
             batches = Batches(jobs=jobs, config=config, store=ClusterBatchStore(store))
             await nursery.start(jobs.run)
             stack.push_async_callback(jobs.stop)
