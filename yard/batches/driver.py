@@ -56,7 +56,7 @@ from dataclasses import replace
 
 import trio
 
-from yard.batches.records import BatchError, BatchRecord, BatchStatus, LineRecord
+from yard.batches.records import BatchError, BatchRecord, BatchStatus, LineRecord, ParsedLines
 from yard.batches.store import BatchStore
 from yard.batches.validate import Checked, check_input
 from yard.batches.views import CANCELLED_MESSAGE, EXPIRED_MESSAGE, error_line, job_line
@@ -69,6 +69,7 @@ log = logging.getLogger("yard.batches")
 _SERVICE_REFRESH_S = 5.0
 _INLINE_CHECK_BYTES = 256 * 2**10
 _RECORD_CHUNK = 1000  # outcomes of lines that never became jobs, per transaction
+_PAGE = 250  # lines read at once (a cancelled page's outcomes are made in one loop step)
 
 
 async def cancel_if_queued(jobs: Jobs, job_id: str) -> None:
@@ -136,36 +137,57 @@ class BatchDriver:
             return
         if batch.status == "validating" and not await self._validate(batch):
             return
-        lines = [line for line in await self._store.lines(self.batch_id) if line.outcome is None]
-        left = Counter(line.backend for line in lines)
+        left = Counter(await self._store.unended_per_backend(self.batch_id))
         room = trio.Semaphore(self._config.jobs.batch_queued_lines)
         async with trio.open_nursery() as nursery:
-            for line in lines:
-                if line.job_id is None and await self._ends_unsubmitted(batch, line):
-                    # Cancelled or expired before it became a job: its outcome
-                    # is written with its neighbours', a chunk per transaction.
-                    left[line.backend] -= 1
-                    if len(self._unsubmitted) >= _RECORD_CHUNK:
-                        await self._record_unsubmitted()
-                    continue
-                await self._record_unsubmitted()
-                await room.acquire()
-                if line.job_id is None:
-                    await self._first_measurement(line.backend)
-                    submitted = await self._submit(batch, line, left[line.backend])
-                    left[line.backend] -= 1
-                    if submitted is None:
-                        room.release()
-                        continue
-                    line = submitted
-                else:
-                    left[line.backend] -= 1
-                self._inflight[line.backend] += 1
-                assert line.job_id is not None
-                self._watching.add(line.job_id)
-                nursery.start_soon(self._watch, line, room)
+            after = -1
+            while True:
+                # A page of lines at a time, read off the event loop: all
+                # 50,000 of a big batch in memory at once made the garbage
+                # collector scan the whole heap (~100 ms holding the GIL), and
+                # each pass over them held the loop 5-10 ms.
+                page = await self._store.unended_lines(self.batch_id, after=after, limit=_PAGE)
+                for line in page:
+                    await self._feed(batch, line, left, room, nursery)
+                if len(page) < _PAGE:
+                    break
+                after = page[-1].idx
             await self._record_unsubmitted()
         await self._finish()
+
+    async def _feed(
+        self,
+        batch: BatchRecord,
+        line: LineRecord,
+        left: Counter[str],
+        room: trio.Semaphore,
+        nursery: trio.Nursery,
+    ) -> None:
+        """Hand ``line`` in once there is room (or end it unsubmitted) and
+        watch it; ``left`` counts the lines per backend not yet handed in."""
+        if line.job_id is None and await self._ends_unsubmitted(batch, line):
+            # Cancelled or expired before it became a job: its outcome is
+            # written with its neighbours', a chunk per transaction.
+            left[line.backend] -= 1
+            if len(self._unsubmitted) >= _RECORD_CHUNK:
+                await self._record_unsubmitted()
+            return
+        await self._record_unsubmitted()
+        await room.acquire()
+        if line.job_id is None:
+            await self._first_measurement(line.backend)
+            submitted = await self._submit(batch, line, left[line.backend])
+            left[line.backend] -= 1
+            if submitted is None:
+                room.release()
+                return
+            line = submitted
+        else:
+            left[line.backend] -= 1
+        self._inflight[line.backend] += 1
+        assert line.job_id is not None
+        self._watching.add(line.job_id)
+        nursery.start_soon(self._watch, line, room)
 
     async def _ends_unsubmitted(self, batch: BatchRecord, line: LineRecord) -> bool:
         """Whether ``line`` (not yet a job) ends now without becoming one: the
@@ -239,13 +261,24 @@ class BatchDriver:
                 max_request_bytes=self._config.jobs.max_request_bytes,
             )
 
-        # A small file is checked at once; a large one off the event loop.
-        inline = len(content) <= _INLINE_CHECK_BYTES
-        checked = check() if inline else await trio.to_thread.run_sync(check)
-        if checked.errors:
-            await self._store.fail(batch.id, checked.errors, at=self._wall())
+        async def start(lines: ParsedLines) -> bool:
+            return await self._store.start(batch.id, lines, at=self._wall())
+
+        def check_and_start() -> tuple[BatchError, ...] | bool:
+            # In a worker thread: a large file's lines are made and freed
+            # there (freeing 50,000 of them held the event loop 5 ms).
+            checked = check()
+            return checked.errors or trio.from_thread.run(start, checked.lines)
+
+        if len(content) <= _INLINE_CHECK_BYTES:  # a small file is checked at once
+            checked = check()
+            outcome = checked.errors or await start(checked.lines)
+        else:
+            outcome = await trio.to_thread.run_sync(check_and_start)
+        if isinstance(outcome, tuple):
+            await self._store.fail(batch.id, outcome, at=self._wall())
             return False
-        if await self._store.start(batch.id, checked.lines, at=self._wall()):
+        if outcome:
             return True
         # Cancelled while it was being validated: it ends with no lines.
         return (await self._store.batch(batch.id)) is not None

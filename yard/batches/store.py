@@ -27,6 +27,7 @@ from yard.batches.records import (
     FileRecord,
     LineRecord,
     ParsedLine,
+    ParsedLines,
 )
 from yard.batches.rows import (
     BATCH_COLUMNS,
@@ -239,12 +240,18 @@ class BatchStore:
             )
             if cursor.rowcount != 1:
                 return False
+            # Plain tuples all along (see ParsedLines).
+            rows = (
+                lines.rows
+                if isinstance(lines, ParsedLines)
+                else [(p.line, p.custom_id, p.model, p.backend, p.url, p.body) for p in lines]
+            )
             tx.executemany(
                 "INSERT INTO batch_lines (batch_id, idx, line, custom_id, model, backend, body) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (batch_id, i, p.line, p.custom_id, p.model, p.backend, p.body)
-                    for i, p in enumerate(lines)
+                    (batch_id, i, line, custom_id, model, backend, body)
+                    for i, (line, custom_id, model, backend, _, body) in enumerate(rows)
                 ],
             )
             return True
@@ -349,6 +356,30 @@ class BatchStore:
             return [line_from_row(row) for row in rows]
 
         return await self._db.transaction(_lines)
+
+    async def unended_lines(self, batch_id: str, *, after: int, limit: int) -> list[LineRecord]:
+        """Up to ``limit`` of a batch's lines that have not ended, after
+        submission place ``after`` (-1: from the first), in submission order
+        (without bodies): how a driver reads them, a page at a time."""
+
+        def _page(tx: Tx) -> list[LineRecord]:
+            rows = tx.execute(
+                f"SELECT {LINE_COLUMNS} FROM batch_lines WHERE batch_id = ? AND idx > ? "
+                "AND outcome IS NULL ORDER BY idx LIMIT ?",
+                (batch_id, after, limit),
+            ).fetchall()
+            return [line_from_row(row) for row in rows]
+
+        return await self._db.transaction(_page)
+
+    async def unended_per_backend(self, batch_id: str) -> dict[str, int]:
+        """How many of a batch's lines have not ended, per backend."""
+        rows = await self._db.fetchall(
+            "SELECT backend, count(*) FROM batch_lines WHERE batch_id = ? AND outcome IS NULL "
+            "GROUP BY backend",
+            (batch_id,),
+        )
+        return {str(backend): int(count) for backend, count in rows}
 
     async def counts(self, batch_id: str) -> tuple[int, int, int]:
         """(completed, failed, expired) lines of a running batch so far; the

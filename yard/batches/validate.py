@@ -23,7 +23,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from yard.batches.records import BatchError, ParsedLine
+from yard.batches.records import BatchError, ParsedLines, ParsedRow
 
 MAX_ERRORS = 1000
 """The most entries a failed batch lists; the last one says how many more."""
@@ -34,7 +34,7 @@ class Checked:
     """The outcome: the lines in submission order (grouped by model, in the
     order the models first appear, file order within a model), or errors."""
 
-    lines: tuple[ParsedLine, ...]
+    lines: ParsedLines
     errors: tuple[BatchError, ...]
 
 
@@ -57,7 +57,7 @@ def check_input(
     numbered = [(i + 1, t) for i, t in enumerate(texts) if t.strip()]
     if not numbered:
         return Checked(
-            lines=(),
+            lines=ParsedLines(),
             errors=(BatchError(code="empty_file", message="the input file has no requests"),),
         )
     if len(numbered) > max_lines:
@@ -65,18 +65,21 @@ def check_input(
             f"the input file holds {len(numbered)} requests; a batch takes at most "
             f"{max_lines} ([jobs] batch_max_lines): split it into several batches"
         )
-        return Checked(lines=(), errors=(BatchError(code="too_many_tasks", message=message),))
+        return Checked(
+            lines=ParsedLines(), errors=(BatchError(code="too_many_tasks", message=message),)
+        )
     errors: list[BatchError] = []
-    parsed: list[ParsedLine] = []
+    parsed: list[ParsedRow] = []
     seen: dict[str, int] = {}
     for number, text in numbered:
         line, problem = _check_line(number, text, endpoint, route, max_request_bytes)
         if problem is None and line is not None:
-            first = seen.setdefault(line.custom_id, number)
+            custom_id = line[1]
+            first = seen.setdefault(custom_id, number)
             if first != number:
                 problem = BatchError(
                     code="duplicate_custom_id",
-                    message=f"custom_id {_short(line.custom_id)} is already used on line "
+                    message=f"custom_id {_short(custom_id)} is already used on line "
                     f"{first}; each request of a batch needs its own custom_id",
                     line=number,
                     param="custom_id",
@@ -90,12 +93,12 @@ def check_input(
             more = len(errors) - MAX_ERRORS + 1
             errors = errors[: MAX_ERRORS - 1]
             errors.append(BatchError(code="too_many_errors", message=f"{more} more errors"))
-        return Checked(lines=(), errors=tuple(errors))
+        return Checked(lines=ParsedLines(), errors=tuple(errors))
     order: dict[str, int] = {}
-    for line in parsed:
-        order.setdefault(line.model, len(order))
-    ordered = sorted(parsed, key=lambda p: (order[p.model], p.line))
-    return Checked(lines=tuple(ordered), errors=())
+    for row in parsed:  # (line, custom_id, model, backend, url, body)
+        order.setdefault(row[2], len(order))
+    parsed.sort(key=lambda row: (order[row[2]], row[0]))
+    return Checked(lines=ParsedLines(parsed), errors=())
 
 
 def _check_line(
@@ -104,7 +107,7 @@ def _check_line(
     endpoint: str,
     route: Callable[[str], str | None],
     max_request_bytes: int | None,
-) -> tuple[ParsedLine | None, BatchError | None]:
+) -> tuple[ParsedRow | None, BatchError | None]:
     def fail(code: str, message: str, param: str | None = None) -> tuple[None, BatchError]:
         return None, BatchError(code=code, message=message, line=number, param=param)
 
@@ -168,10 +171,8 @@ def _check_line(
             "([jobs] max_request_bytes)",
             "body",
         )
-    line = ParsedLine(
-        line=number, custom_id=custom_id, model=model, backend=backend, url=url, body=raw
-    )
-    return line, None
+    # A plain tuple, not a ParsedLine: see ParsedLines.
+    return (number, custom_id, model, backend, url, raw), None
 
 
 def _short(text: str) -> str:
