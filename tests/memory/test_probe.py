@@ -11,12 +11,27 @@ import pytest
 import trio
 
 from yard import datadir
-from yard.app.probe import live_yard
 from yard.cli import main
 from yard.config import load_config
 from yard.memory.profiles import open_profile_store
 
 MIB = 1 << 20
+
+
+def live_yard(data_dir: Path) -> str | None:
+    """A sentence naming a backend that a running yard started from
+    ``data_dir``, or None. (The supervisor's pid files say who started what.)"""
+    for path in sorted((data_dir / "run").glob("*.pid")):
+        try:
+            record = json.loads(path.read_text())
+            pid, started = int(record["pid"]), float(record["start_time"])
+            owner = int(record.get("yard_pid", 0))
+            alive = abs(psutil.Process(pid).create_time() - started) < 0.05
+        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+            continue
+        if alive and owner and psutil.pid_exists(owner):
+            return f"{record.get('backend', path.stem)} (pid {pid}) of the yard with pid {owner}"
+    return None
 
 
 def write_config(root: Path, *, extra: str = "") -> Path:

@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
-import psutil
 import trio
 from rich.console import Console
 from rich.live import Live
@@ -145,22 +144,6 @@ def context_fill(
             ) from exc
 
     return fill
-
-
-def live_yard(data_dir: Path) -> str | None:
-    """A sentence naming a backend that a running yard started from
-    ``data_dir``, or None. (The supervisor's pid files say who started what.)"""
-    for path in sorted((data_dir / "run").glob("*.pid")):
-        try:
-            record = json.loads(path.read_text())
-            pid, started = int(record["pid"]), float(record["start_time"])
-            owner = int(record.get("yard_pid", 0))
-            alive = abs(psutil.Process(pid).create_time() - started) < 0.05
-        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
-            continue
-        if alive and owner and psutil.pid_exists(owner):
-            return f"{record.get('backend', path.stem)} (pid {pid}) of the yard with pid {owner}"
-    return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
