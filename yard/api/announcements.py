@@ -67,9 +67,8 @@ blueprint.register_error_handler(Rejected, answer)
 
 @blueprint.errorhandler(BadAnnouncement)
 async def _bad(error: BadAnnouncement) -> Response:
-    payload = json.loads(error_body(error.status, error.code, error.message))
-    payload["error"]["param"] = error.param
-    return _json(payload, error.status)
+    body = error_body(error.status, error.code, error.message, error.param)
+    return Response(body, status=error.status, content_type="application/json")
 
 
 @blueprint.errorhandler(AnnouncementNotFound)

@@ -16,12 +16,12 @@ nothing in. Errors are OpenAI's shape, with ``param`` where a field is wrong.
 
 from __future__ import annotations
 
-import json
 import re
 
 from quart import Blueprint, Quart, Response, current_app, request
 
 from yard.api.body import json_object
+from yard.api.errors import answer
 from yard.api.keys import KeyCheck
 from yard.api.served import Served, page
 from yard.batches.service import Batches
@@ -29,7 +29,6 @@ from yard.batches.validate import BadRequest
 from yard.batches.views import batch_json, file_json
 from yard.config import AppConfig
 from yard.errors import Rejected
-from yard.h1.errors import error_type, retry_headers
 
 files = Blueprint("files", __name__)
 """Mounted at ``/v1/files``."""
@@ -39,37 +38,16 @@ batches = Blueprint("batches", __name__)
 _DIGITS = re.compile(r"[0-9]{1,5}")
 
 
-def _error(
-    status: int,
-    code: str,
-    message: str,
-    param: str | None = None,
-    retry_after_s: float | None = None,
-) -> Response:
-    """OpenAI's error shape with ``param``, and what every yard refusal tells
-    clients about trying again (:func:`~yard.h1.errors.retry_headers`:
-    ``Retry-After`` where waiting helps, else ``x-should-retry: false``)."""
-    body = {"error": {"message": message, "type": error_type(status), "code": code, "param": param}}
-    name, value = retry_headers(retry_after_s)
-    return Response(
-        json.dumps(body),
-        status=status,
-        content_type="application/json",
-        headers={name.decode("latin-1"): value.decode("latin-1")},
-    )
-
-
 async def _bad_request(error: BadRequest) -> Response:
-    return _error(error.status, error.code, error.message, error.param)
-
-
-async def _rejected(error: Rejected) -> Response:
-    return _error(error.status, error.code, error.message, retry_after_s=error.retry_after_s)
+    """A refusal answered as every other (:func:`~yard.api.errors.answer`:
+    ``x-should-retry: false``, since the same request fails again), with the
+    field at fault as ``param``."""
+    return await answer(Rejected(error.status, error.code, error.message), param=error.param)
 
 
 for _blueprint in (files, batches):
     _blueprint.register_error_handler(BadRequest, _bad_request)
-    _blueprint.register_error_handler(Rejected, _rejected)
+    _blueprint.register_error_handler(Rejected, answer)
 
 
 _KEY = "yard.batches"

@@ -50,10 +50,10 @@ def error_type(status: int) -> str:
     return "server_error" if status >= 500 else "invalid_request_error"
 
 
-def error_body(status: int, code: str, message: str) -> bytes:
-    """The JSON body of an error answer."""
+def error_body(status: int, code: str, message: str, param: str | None = None) -> bytes:
+    """The JSON body of an error answer (``param``: the request's field at fault)."""
     payload = {
-        "error": {"message": message, "type": error_type(status), "code": code, "param": None}
+        "error": {"message": message, "type": error_type(status), "code": code, "param": param}
     }
     return json.dumps(payload).encode()
 
