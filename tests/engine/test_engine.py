@@ -423,7 +423,7 @@ async def test_a_measured_first_load_reports_its_peak_and_stores_it(
     async with running(
         react,
         scripts={"llm": Script(ready_after_s=5, memory=memory)},
-        meter=lambda launcher: FakeMeter(launcher, {"gpu0": 24 * GiB, HOST: 64 * GiB}),
+        meter=lambda launcher: FakeMeter({"gpu0": 24 * GiB, HOST: 64 * GiB}, launcher),
         profiles=store,
         meter_interval_s=100.0,
         profile_interval_s=0.25,
@@ -470,7 +470,7 @@ async def test_live_readings_reach_the_core_as_they_are_and_the_engine_raises_no
     async with running(
         react,
         scripts={"llm": Script(ready_after_s=4, memory=memory)},
-        meter=lambda launcher: FakeMeter(launcher, {"gpu0": 24 * GiB}),
+        meter=lambda launcher: FakeMeter({"gpu0": 24 * GiB}, launcher),
         profiles=store,
         meter_interval_s=1.0,
     ) as h:
@@ -507,7 +507,7 @@ async def test_live_use_above_the_profile_is_raised_once_by_the_core_and_stored(
     engine = Engine(
         scheduler=scheduler,
         launcher=launcher,
-        meter=FakeMeter(launcher, {"gpu0": 24 * GiB}),
+        meter=FakeMeter({"gpu0": 24 * GiB}, launcher),
         profiles=store,
         meter_interval_s=1.0,
     )
@@ -771,7 +771,7 @@ async def test_a_meter_that_fails_to_read_is_skipped_and_the_engine_goes_on(
 
     async with running(
         start_then_dispatch(),
-        meter=lambda launcher: FlakyMeter(launcher, {"gpu0": 24 * GiB}),
+        meter=lambda launcher: FlakyMeter({"gpu0": 24 * GiB}, launcher),
         meter_interval_s=1.0,
     ) as h:
         admission = h.engine.submit(backend="llm", priority=1, request_id="a")

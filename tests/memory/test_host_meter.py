@@ -13,8 +13,9 @@ import pytest
 import trio
 
 from tests.memory.fake_proc import FakeProc
-from yard.memory import FakeMeter, HostMeter
+from yard.memory import HostMeter
 from yard.memory.readings import DeviceDetail
+from yard.testing.ports import FakeMeter
 from yard.testing.process import running_backend
 
 MIB = 1 << 20

@@ -14,11 +14,12 @@ from tests.memory.fake_proc import FakeProc
 from tests.memory.fake_pynvml import NVML_ERROR_NOT_SUPPORTED, FakeGpu, FakePynvml
 from yard.app.probe import fit_report
 from yard.core.spec import Profile
-from yard.memory import FakeMeter, default_meter
+from yard.memory import default_meter
 from yard.memory.measure import Measurement, measure_profile
 from yard.memory.meter import MachineMeter
 from yard.memory.readings import DeviceDetail
 from yard.ports import BackendStartError, ExitStatus
+from yard.testing.ports import FakeMeter
 
 MIB = 1 << 20
 

@@ -7,7 +7,8 @@ Layout:
 - ``host``, ``nvml``, ``drm``, ``apple``, ``meter``: the meters behind
   :class:`yard.ports.Meter` (host RAM; NVIDIA GPUs through NVML; AMD, Intel
   and other GPUs through the kernel's DRM fdinfo and sysfs; Apple silicon's
-  unified memory; all of a machine's together) and a fake;
+  unified memory; all of a machine's together; the fake is
+  ``yard.testing.ports.FakeMeter``);
   :func:`default_meter` picks what the machine has, for ``yard serve``.
 - ``gpus``: yard's GPU names across vendors, and the visible-devices
   environment of each vendor's runtime for a placement.
@@ -24,7 +25,7 @@ from yard.memory.apple import AppleMeter, AppleUnavailable
 from yard.memory.drm import DrmMeter
 from yard.memory.gpus import visible_devices_env
 from yard.memory.host import HostMeter
-from yard.memory.meter import FakeMeter, MachineMeter, SystemMeter, default_meter
+from yard.memory.meter import MachineMeter, SystemMeter, default_meter
 from yard.memory.nvml import NvmlMeter, NvmlUnavailable, open_nvml
 from yard.memory.readings import BackendUsage, DeviceDetail
 
@@ -34,7 +35,6 @@ __all__ = [
     "BackendUsage",
     "DeviceDetail",
     "DrmMeter",
-    "FakeMeter",
     "HostMeter",
     "MachineMeter",
     "NvmlMeter",

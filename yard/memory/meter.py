@@ -13,8 +13,8 @@ log and in ``mode_detail`` (``yard status``, ``/metrics``, ``yard probe``):
 
 GPUs are named by :mod:`yard.memory.gpus` (NVIDIA first, then the others in
 PCI slot order), and the layout is recorded so that the supervisor sets each
-vendor's visible-devices variable. :class:`FakeMeter` is the same interface
-over figures a test sets.
+vendor's visible-devices variable. The fake beside it is
+``yard.testing.ports.FakeMeter``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from yard.memory.gpus import GpuPlace, record_layout
 from yard.memory.host import HostMeter
 from yard.memory.nvml import NvmlMeter, NvmlUnavailable, open_nvml
 from yard.memory.pids import PidSpace
-from yard.memory.readings import BackendUsage, DeviceDetail
+from yard.memory.readings import DeviceDetail
 from yard.ports import DeviceReading
 
 log = logging.getLogger(__name__)
@@ -247,64 +247,3 @@ def default_meter(
         log.warning("no GPU meter, running in %s", meter.mode_detail)
     record_layout(layout)
     return meter
-
-
-class FakeMeter:
-    """A meter over figures the test sets, for engine and simulation tests.
-
-    ``totals`` names the devices and their capacity. A backend's figures count
-    only while its name is among the ``pids`` the reader passes (a stopped
-    backend holds nothing); foreign use counts always.
-    """
-
-    mode = "fake"
-    mode_detail = "fake meter"
-
-    def __init__(self, totals: Mapping[str, int]) -> None:
-        self._totals = dict(totals)
-        self._held: dict[str, dict[str, int]] = {device: {} for device in totals}
-        self._foreign: dict[str, int] = dict.fromkeys(totals, 0)
-        self.reads = 0
-
-    def set_backend(self, device: str, backend: str, held_bytes: int) -> None:
-        """What ``backend`` holds on ``device`` from now on."""
-        self._held[device][backend] = held_bytes
-
-    def set_foreign(self, device: str, used_bytes: int) -> None:
-        """What processes outside yard use on ``device`` from now on."""
-        self._foreign[device] = used_bytes
-
-    def device_totals(self) -> Mapping[str, int]:
-        return dict(self._totals)
-
-    def per_process_devices(self) -> frozenset[str]:
-        return frozenset(self._totals)
-
-    def sample(self, pids: Mapping[str, int]) -> list[DeviceDetail]:
-        self.reads += 1
-        details = []
-        for device, total in self._totals.items():
-            usage = {
-                backend: BackendUsage(held_bytes=held)
-                for backend, held in self._held[device].items()
-                if backend in pids
-            }
-            used = self._foreign[device] + sum(u.held_bytes for u in usage.values())
-            details.append(
-                DeviceDetail(
-                    device=device,
-                    kind="host" if device == "host" else "gpu",
-                    label=device,
-                    total_bytes=total,
-                    used_bytes=used,
-                    backends=usage,
-                    attribution="process-tree" if usage else "none",
-                )
-            )
-        return details
-
-    async def read_details(self, pids: Mapping[str, int]) -> list[DeviceDetail]:
-        return self.sample(pids)
-
-    async def read(self, pids: Mapping[str, int]) -> list[DeviceReading]:
-        return [detail.reading() for detail in self.sample(pids)]

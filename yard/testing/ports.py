@@ -15,6 +15,7 @@ from yard.core.decisions import Decision
 from yard.core.events import Event, ProfileMeasured
 from yard.core.spec import HOST, Profile
 from yard.core.views import BackendView, QueuedView, Snapshot
+from yard.memory.readings import BackendUsage, DeviceDetail
 from yard.ports import BackendStartError, DeviceReading, ExitStatus
 
 React = Callable[[Event, float], list[Decision]]
@@ -195,32 +196,77 @@ class FakeLauncher:
 
 
 class FakeMeter:
-    """Reads the fake processes' scripted memory; ``foreign`` adds use by others."""
+    """A meter of the machine (the surface of :func:`yard.memory.default_meter`
+    that the engine and a measured first load read) over figures the test
+    sets and, given a ``launcher``, the scripted memory of its processes.
 
-    def __init__(self, launcher: FakeLauncher, totals: Mapping[str, int]) -> None:
-        self.launcher = launcher
+    ``totals`` names the devices and their capacity. A backend's figures
+    count only while the reader names it among its ``pids`` (a stopped
+    backend holds nothing): those set with :meth:`set_backend` while its name
+    is there, a launched process's while its pid is the one named. Foreign
+    use (:meth:`set_foreign`) counts always. ``reads``: when each read was.
+    """
+
+    mode = "fake"
+    mode_detail = "fake meter"
+
+    def __init__(self, totals: Mapping[str, int], launcher: FakeLauncher | None = None) -> None:
         self.totals = dict(totals)
+        self.launcher = launcher
         self.foreign: dict[str, int] = {}
         self.reads: list[float] = []
+        self._held: dict[str, dict[str, int]] = {device: {} for device in totals}
+
+    def set_backend(self, device: str, backend: str, held_bytes: int) -> None:
+        """What ``backend`` holds on ``device`` from now on."""
+        self._held[device][backend] = held_bytes
+
+    def set_foreign(self, device: str, used_bytes: int) -> None:
+        """What processes outside yard use on ``device`` from now on."""
+        self.foreign[device] = used_bytes
 
     def device_totals(self) -> Mapping[str, int]:
         return self.totals
 
-    async def read(self, pids: Mapping[str, int]) -> list[DeviceReading]:
-        await trio.lowlevel.checkpoint()
+    def per_process_devices(self) -> frozenset[str]:
+        return frozenset(self.totals)
+
+    def sample(self, pids: Mapping[str, int]) -> list[DeviceDetail]:
+        """One reading of every device, now."""
         self.reads.append(trio.current_time())
-        readings = []
+        processes = self.launcher.processes if self.launcher is not None else []
+        details = []
         for device, total in self.totals.items():
-            backends = {}
-            for process in self.launcher.processes:
+            usage = {
+                backend: BackendUsage(held_bytes=held)
+                for backend, held in self._held[device].items()
+                if backend in pids
+            }
+            for process in processes:
                 used = process.memory().get(device)
                 if used and pids.get(process.name) == process.pid:
-                    backends[process.name] = used
-            used = sum(backends.values()) + self.foreign.get(device, 0)
-            readings.append(
-                DeviceReading(device=device, total_bytes=total, used_bytes=used, backends=backends)
+                    usage[process.name] = BackendUsage(held_bytes=used)
+            used = self.foreign.get(device, 0) + sum(u.held_bytes for u in usage.values())
+            details.append(
+                DeviceDetail(
+                    device=device,
+                    kind="host" if device == HOST else "gpu",
+                    label=device,
+                    total_bytes=total,
+                    used_bytes=used,
+                    backends=usage,
+                    attribution="process-tree" if usage else "none",
+                )
             )
-        return readings
+        return details
+
+    async def read_details(self, pids: Mapping[str, int]) -> list[DeviceDetail]:
+        await trio.lowlevel.checkpoint()
+        return self.sample(pids)
+
+    async def read(self, pids: Mapping[str, int]) -> list[DeviceReading]:
+        await trio.lowlevel.checkpoint()
+        return [detail.reading() for detail in self.sample(pids)]
 
 
 class MemoryProfileStore:
