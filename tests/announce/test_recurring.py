@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from tests.announce.test_service import APPS, config
-from tests.jobs.fakes import EPOCH, wall
+from tests.jobs.harness import EPOCH, wall
 from yard.announce.service import Announcements, Limits
 from yard.announce.store import AnnouncementStore
 from yard.config.announcements import Recurring, next_window, parse

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.jobs.fakes import EPOCH, wall
+from tests.jobs.harness import EPOCH, wall
 from yard.announce.metrics import AnnouncementCollector
 from yard.announce.service import AnnouncementNotFound, Announcements, BadAnnouncement, Limits
 from yard.announce.store import AnnouncementStore, Status

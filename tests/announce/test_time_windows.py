@@ -10,10 +10,11 @@ import pytest
 import trio
 import trio.testing
 
-from tests.jobs.fakes import Answer, FakeUpstream, proxy_request
+from tests.jobs.harness import proxy_request
 from tests.jobs.test_real_engine import yard
 from yard.api.intake import check_window, parse_not_before, parse_start_by
 from yard.errors import Rejected
+from yard.testing.upstream import Answer, FakeUpstream
 
 NOW = 100.0  # engine clock
 WALL = 1_796_306_400.0  # 2026-12-03T14:00:00Z

@@ -12,8 +12,8 @@ import trio.testing
 
 from tests.batches.helpers import chat_line, jsonl
 from tests.batches.virtual import content, submit, until_ended, yard
-from tests.jobs.fakes import Answer, FakeUpstream
 from yard.batches.records import LineRecord
+from yard.testing.upstream import Answer, FakeUpstream
 
 
 async def test_a_custom_id_with_a_lone_surrogate_fails_the_batch_naming_its_line(

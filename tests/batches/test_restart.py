@@ -13,8 +13,9 @@ import trio.testing
 from tests.batches.helpers import chat_line, jsonl
 from tests.batches.virtual import content, submit, until_ended, yard
 from tests.gateway.conftest import wait_until
-from tests.jobs.fakes import Answer, FakeUpstream, proxy_request
+from tests.jobs.harness import proxy_request
 from yard.testing.ports import FakeLauncher, Script
+from yard.testing.upstream import Answer, FakeUpstream
 
 
 def _ids(upstream: FakeUpstream) -> list[str]:

@@ -15,8 +15,9 @@ import trio.testing
 
 from tests.batches.helpers import chat_line, jsonl
 from tests.batches.virtual import content, submit, until_ended, yard
-from tests.jobs.fakes import EPOCH, Answer, FakeUpstream
+from tests.jobs.harness import EPOCH
 from yard.core import SchedulerConfig
+from yard.testing.upstream import Answer, FakeUpstream
 
 SERVICE_S = 1000.0
 

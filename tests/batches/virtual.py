@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from tests.jobs.fakes import FakeUpstream, wall
+from tests.jobs.harness import wall
 from yard.batches.records import BatchRecord
 from yard.batches.service import Batches
 from yard.config import load_config
@@ -22,6 +22,7 @@ from yard.engine import Engine
 from yard.jobs.service import Jobs
 from yard.jobs.store import JobStore
 from yard.testing.ports import FakeLauncher, Script
+from yard.testing.upstream import FakeUpstream
 
 CONFIG = """
 [backends.llm]

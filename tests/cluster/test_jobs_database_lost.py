@@ -20,7 +20,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.jobs.fakes import EPOCH, Answer, FakeUpstream, proxy_request, wall
+from tests.jobs.harness import EPOCH, proxy_request, wall
 from yard.cluster.jobs import SharedQueue
 from yard.cluster.pg import DatabaseLost
 from yard.errors import Rejected
@@ -28,6 +28,7 @@ from yard.jobs.records import JobError, JobRecord, Status, StoredRequest, Stored
 from yard.jobs.service import Jobs
 from yard.jobs.store import JobStore
 from yard.testing.engine import FakeEngine
+from yard.testing.upstream import Answer, FakeUpstream
 
 
 class LosingStore(JobStore):

@@ -22,13 +22,14 @@ import trio
 import trio.testing
 
 from tests.cluster.test_jobs_database_lost import LosingStore, node_jobs
-from tests.jobs.fakes import EPOCH, Answer, FakeUpstream, proxy_request
+from tests.jobs.harness import EPOCH, proxy_request
 from yard.cluster.pg import DatabaseBusy
 from yard.db import DatabaseError
 from yard.h1.upstream import UpstreamError
 from yard.jobs.records import JobError, Status, StoredRequest, StoredResult
 from yard.jobs.service import Jobs
 from yard.testing.engine import FakeEngine
+from yard.testing.upstream import Answer, FakeUpstream
 
 
 class Logged(logging.Handler):

@@ -10,13 +10,14 @@ import pytest
 import trio
 import trio.testing
 
-from tests.jobs.fakes import Answer, FakeUpstream, proxy_request, wall
+from tests.jobs.harness import proxy_request, wall
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
 from yard.errors import Rejected
 from yard.jobs.service import Jobs
 from yard.jobs.store import JobStore
 from yard.testing.ports import FakeLauncher, Script
+from yard.testing.upstream import Answer, FakeUpstream
 
 
 async def test_jobs_and_synchronous_requests_share_the_apps_max_queued(

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.jobs.fakes import Answer, FakeUpstream, proxy_request, running_jobs
+from tests.jobs.harness import proxy_request, running_jobs
 from tests.jobs.test_api import ASYNC, RADIO, running_api, submit
 from yard.config import ConfigError, JobsConfig, load_config
 from yard.errors import Rejected
 from yard.jobs.service import JobNotFinished
 from yard.testing.engine import FakeEngine
+from yard.testing.upstream import Answer, FakeUpstream
 
 
 async def test_an_app_at_its_job_count_is_refused_with_429_until_a_result_is_deleted(

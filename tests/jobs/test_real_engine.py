@@ -9,12 +9,13 @@ from pathlib import Path
 
 import trio
 
-from tests.jobs.fakes import Answer, FakeUpstream, proxy_request, wall
+from tests.jobs.harness import proxy_request, wall
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.engine import Engine
 from yard.jobs.service import Jobs
 from yard.jobs.store import JobStore
 from yard.testing.ports import FakeLauncher, Script
+from yard.testing.upstream import Answer, FakeUpstream
 
 
 @asynccontextmanager

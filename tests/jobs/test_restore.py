@@ -8,10 +8,11 @@ from pathlib import Path
 
 import trio
 
-from tests.jobs.fakes import EPOCH, Answer, FakeUpstream, proxy_request, running_jobs, settle
+from tests.jobs.harness import EPOCH, proxy_request, running_jobs, settle
 from yard.errors import Rejected
 from yard.h1.upstream import UpstreamError
 from yard.testing.engine import FakeEngine
+from yard.testing.upstream import Answer, FakeUpstream
 
 
 async def test_queued_jobs_come_back_in_order_with_their_arrival_and_deadline(

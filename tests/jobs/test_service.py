@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.jobs.fakes import EPOCH, Answer, FakeUpstream, proxy_request, running_jobs, settle
+from tests.jobs.harness import EPOCH, proxy_request, running_jobs, settle
 from yard.config import JobsConfig
 from yard.errors import Rejected
 from yard.h1.upstream import UpstreamError
 from yard.jobs.service import JobFinished, JobNotFound
 from yard.jobs.views import rfc3339
 from yard.testing.engine import FakeEngine
+from yard.testing.upstream import Answer, FakeUpstream
 
 
 async def test_a_job_is_on_disk_before_it_enters_the_queue(
