@@ -1,5 +1,14 @@
-"""Things for testing yard against real processes.
+"""The fakes of yard's tests, one of each thing yard talks to (the table in
+``docs/architecture.md``, "Fakes"), each failing the way the real one does.
 
+- ``yard.testing.engine``: ``FakeEngine``, the engine's surface over the real
+  admissions, for everything above the engine (jobs, the data plane,
+  observability, a cluster node), and builders of the core's views.
+- ``yard.testing.ports``: the ports' fakes (``FakeLauncher`` and its scripted
+  processes, ``FakeMeter``, ``MemoryProfileStore``) and a ``ScriptedPolicy``
+  in place of the core, for the engine and above.
+- ``yard.testing.upstream``: ``FakeUpstream``, the upstream client as the job
+  service calls it, with scripted answers.
 - ``yard.testing.fake``: the one fake HTTP backend of yard's tests and
   benchmarks (h11 on Trio): in-process (``serve_fake``) or as a process.
   Its special paths (``/status/N``, ``/cut-after``, ``/hang``, ...) and its
@@ -8,6 +17,8 @@
 - ``python -m yard.testing.backend``: the fake as a model server process that
   holds real memory and fails on demand; ``yard.testing.backend.backend_command``
   builds its argv, and ``yard.testing.process.running_backend`` runs it.
+- ``yard.testing.gpu``: a GPU shared by real processes (``SharedGpu``) and
+  ``pynvml`` over it (``FakeNvml``).
 - ``yard.testing.payloads``: what they send (PNG, WAV, embeddings,
   completions, bytes).
 
