@@ -15,10 +15,10 @@ import trio.testing
 from tests.batches.helpers import chat_line, jsonl
 from tests.batches.virtual import content, submit, until_ended, yard
 from tests.gateway.conftest import wait_until
-from tests.jobs.fakes import Answer, FakeUpstream
 from yard.batches import driver, views
 from yard.batches.records import LineRecord
 from yard.batches.validate import check_input
+from yard.testing.upstream import Answer, FakeUpstream
 
 
 class _CallsPerStep(trio.abc.Instrument):
