@@ -27,9 +27,9 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
-from dataclasses import dataclass
 
 from yard.api.keys import bearer_key, is_loopback, key_matches
+from yard.errors import Rejected
 
 COOKIE = "yard_admin"
 """The dashboard's login cookie."""
@@ -38,17 +38,6 @@ CSRF_HEADER = "X-Yard-Admin"
 """Header the dashboard's script sends with every state-changing call."""
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Refusal:
-    """Why a request may not act as the admin: the HTTP status, a stable
-    code and a message that says what to do."""
-
-    status: int
-    code: str
-    message: str
-    retry_after_s: float | None = None
 
 
 MAX_SESSIONS = 256
@@ -103,9 +92,9 @@ class Sessions:
             self._expiry.pop(_digest(token), None)
 
 
-def too_many_failures(wait_s: float) -> Refusal:
+def too_many_failures(wait_s: float) -> Rejected:
     """The answer to a client that must still wait after wrong keys."""
-    return Refusal(
+    return Rejected(
         status=429,
         code="too_many_failed_logins",
         message=f"too many wrong admin keys from this address; try again in "
@@ -122,7 +111,7 @@ def check_admin(
     authorization: str | None,
     session: bool,
     csrf_header: str | None,
-) -> Refusal | None:
+) -> Rejected | None:
     """Decide whether a request may act as the admin.
 
     Returns None when it may, otherwise why not: 403 ``admin_loopback_only``
@@ -134,7 +123,7 @@ def check_admin(
     if admin_key is None:
         if is_loopback(remote_addr):
             return None
-        return Refusal(
+        return Rejected(
             status=403,
             code="admin_loopback_only",
             message="the admin API answers loopback clients only while no admin key is "
@@ -144,16 +133,16 @@ def check_admin(
     if given is not None:
         if key_matches(given, admin_key):
             return None
-        return Refusal(status=401, code="invalid_admin_key", message="wrong admin key")
+        return Rejected(status=401, code="invalid_admin_key", message="wrong admin key")
     if session:
         if method.upper() in _SAFE_METHODS or csrf_header:
             return None
-        return Refusal(
+        return Rejected(
             status=403,
             code="admin_header_required",
             message=f"send the {CSRF_HEADER} header with state-changing dashboard calls",
         )
-    return Refusal(
+    return Rejected(
         status=401,
         code="invalid_admin_key",
         message="this needs the admin key: send Authorization: Bearer ADMIN_KEY",

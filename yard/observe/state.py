@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -12,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from quart import current_app, request
 
 from yard.api.keys import LoginThrottle, bearer_key
+from yard.errors import Rejected
 from yard.observe import auth, timeline
 from yard.observe.cluster import NodeCollector
 from yard.observe.metrics import DecisionMetrics, new_registry
@@ -217,7 +217,7 @@ class Observer:
         """The timeline as an SVG picture, for the dashboard."""
         return render_svg(self.timeline())
 
-    def refusal(self) -> auth.Refusal | None:
+    def refusal(self) -> Rejected | None:
         """Why the current request may not act as the admin (None: it may).
 
         A wrong bearer key counts as a failed login of the client's address;
@@ -245,7 +245,9 @@ class Observer:
             elif refusal.code == "invalid_admin_key":
                 wait = self.throttle.failed(client, now)
                 if wait > 0:
-                    return dataclasses.replace(refusal, retry_after_s=wait)
+                    return Rejected(
+                        refusal.status, refusal.code, refusal.message, retry_after_s=wait
+                    )
         return refusal
 
 
