@@ -20,18 +20,26 @@ class Rejected(Exception):
     (``model_not_found``, ``deadline_missed``, ``too_many_jobs``, ...).
     message: what happened and what to do, for people. retry_after_s: sent
     as ``Retry-After`` (whole seconds, rounded up), mostly with 429 and 503.
+    param: the request's field at fault (OpenAI's ``param``), if one is.
 
     Both ``Rejected(400, "invalid_json", "...")`` and keywords work.
     """
 
     def __init__(
-        self, status: int, code: str, message: str, *, retry_after_s: float | None = None
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        retry_after_s: float | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.retry_after_s = retry_after_s
+        self.param = param
 
     def __repr__(self) -> str:
         return f"Rejected(status={self.status}, code={self.code!r}, message={self.message!r})"

@@ -50,6 +50,7 @@ from yard.core import (
     Decision,
     Event,
 )
+from yard.errors import Rejected
 from yard.times import rfc3339_epoch, wall_label
 
 if TYPE_CHECKING:
@@ -69,16 +70,13 @@ MAX_WINDOW_S = 24 * 3600.0
 """The longest window an announcement may hold a model for (docs/wait-bound.md)."""
 
 
-class BadAnnouncement(Exception):
+class BadAnnouncement(Rejected):
     """An announcement that cannot be accepted: an HTTP status, a stable code, a
-    message that says what to do."""
+    message that says what to do, and the field at fault (``param``, the
+    fourth argument)."""
 
     def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.param = param
+        super().__init__(status, code, message, param=param)
 
 
 class AnnouncementNotFound(Exception):

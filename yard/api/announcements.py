@@ -20,14 +20,13 @@ import json
 
 from quart import Blueprint, Quart, Response, current_app, request
 
-from yard.announce.service import AnnouncementNotFound, Announcements, BadAnnouncement
+from yard.announce.service import AnnouncementNotFound, Announcements
 from yard.api.body import json_object
 from yard.api.errors import answer, quoted
 from yard.api.keys import KeyCheck
 from yard.api.served import Served
 from yard.config import AppConfig
 from yard.errors import Rejected
-from yard.h1.errors import error_body
 
 blueprint = Blueprint("announcements", __name__)
 """Mounted by :func:`register` with ``url_prefix="/v1/announcements"``."""
@@ -62,13 +61,8 @@ def _json(payload: object, status: int = 200) -> Response:
     return Response(json.dumps(payload), status=status, content_type="application/json")
 
 
+# A BadAnnouncement is a Rejected: answered as every other refusal, its ``param`` included.
 blueprint.register_error_handler(Rejected, answer)
-
-
-@blueprint.errorhandler(BadAnnouncement)
-async def _bad(error: BadAnnouncement) -> Response:
-    body = error_body(error.status, error.code, error.message, error.param)
-    return Response(body, status=error.status, content_type="application/json")
 
 
 @blueprint.errorhandler(AnnouncementNotFound)

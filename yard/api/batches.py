@@ -38,15 +38,8 @@ batches = Blueprint("batches", __name__)
 _DIGITS = re.compile(r"[0-9]{1,5}")
 
 
-async def _bad_request(error: BadRequest) -> Response:
-    """A refusal answered as every other (:func:`~yard.api.errors.answer`:
-    ``x-should-retry: false``, since the same request fails again), with the
-    field at fault as ``param``."""
-    return await answer(Rejected(error.status, error.code, error.message), param=error.param)
-
-
+# A BadRequest is a Rejected: answered as every other refusal, its ``param`` included.
 for _blueprint in (files, batches):
-    _blueprint.register_error_handler(BadRequest, _bad_request)
     _blueprint.register_error_handler(Rejected, answer)
 
 

@@ -21,10 +21,10 @@ def quoted(text: str) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-async def answer(error: Rejected, *, param: str | None = None) -> Response:
-    """The answer to ``error`` (an error handler for ``Rejected``); ``param``
-    names the request's field at fault, if one is."""
-    body = error_body(error.status, error.code, error.message, param)
+async def answer(error: Rejected) -> Response:
+    """The answer to ``error`` (an error handler for ``Rejected``), with the
+    request's field at fault (``param``) if it names one."""
+    body = error_body(error.status, error.code, error.message, error.param)
     headers = [
         (n.decode("latin-1"), v.decode("latin-1"))
         for n, v in error_headers(body, error.retry_after_s)

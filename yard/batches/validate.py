@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from yard.batches.records import BatchError, ParsedLines, ParsedRow
+from yard.errors import Rejected
 
 MAX_ERRORS = 1000
 """The most entries a failed batch lists; the last one says how many more."""
@@ -180,15 +181,12 @@ def _short(text: str) -> str:
     return quoted if len(quoted) <= 80 else quoted[:77] + '..."'
 
 
-class BadRequest(Exception):
-    """A request the API refuses, in OpenAI's error shape (``param`` named)."""
+class BadRequest(Rejected):
+    """A request the Batch API refuses, in OpenAI's error shape (``param``
+    named, the fourth argument)."""
 
     def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.param = param
+        super().__init__(status, code, message, param=param)
 
 
 def _utf8(text: str) -> bool:
