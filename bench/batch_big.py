@@ -9,7 +9,9 @@ a trio instrument that times every task step: the longest step is how long
 the loop was held, during which no other request (``/healthz`` included) was
 served. It also times Python's garbage collections, in any thread: one holds
 the GIL, so the loop stands still while it runs even when a worker thread
-made it. Then, in one run:
+made it; and a task that sleeps 5 ms over and over keeps how late it woke
+at worst, which counts everything that kept the loop from serving (a step,
+waiting for the GIL between steps, the OS). Then, in one run:
 
 1. baseline: the longest step over ``--window-s`` with yard idle (this
    machine's own noise, measured in the same run);
@@ -63,12 +65,13 @@ class _Steps(trio.abc.Instrument):
         self.task = ""
         self.longest_gc = 0.0
         self.full_gcs = 0
+        self.latest_timer = 0.0
         self._began = 0.0
         self._began_cpu = 0.0
         self._gc_began: dict[int, float] = {}
 
     def reset(self) -> None:
-        self.longest = self.longest_cpu = self.longest_gc = 0.0
+        self.longest = self.longest_cpu = self.longest_gc = self.latest_timer = 0.0
         self.full_gcs = 0
         self.task = ""
 
@@ -81,6 +84,15 @@ class _Steps(trio.abc.Instrument):
         self.longest_cpu = max(self.longest_cpu, time.thread_time() - self._began_cpu)
         if took > self.longest:
             self.longest, self.task = took, task.name
+
+    async def tick(self, every: float) -> None:
+        """Sleep ``every`` seconds over and over, and keep how late the loop
+        woke this task at worst: what a request that became ready waited,
+        whatever held the loop (a step, the GIL, a collection, the OS)."""
+        while True:
+            began = time.perf_counter()
+            await trio.sleep(every)
+            self.latest_timer = max(self.latest_timer, time.perf_counter() - began - every)
 
     def collected(self, phase: str, info: dict[str, int]) -> None:
         """A :data:`gc.callbacks` entry."""
@@ -148,6 +160,7 @@ async def _run(args: argparse.Namespace, steps: _Steps) -> dict[str, float]:
         async with trio.open_nursery() as nursery:
             # As `yard serve` runs: the heap built at start is frozen.
             runtime = await nursery.start(functools.partial(serve, config, freeze_heap=True))
+            nursery.start_soon(steps.tick, 0.005)
             batches = runtime.parts.batches
             assert isinstance(batches, Batches)
             app = config.apps["bench"]
@@ -171,6 +184,7 @@ async def _run(args: argparse.Namespace, steps: _Steps) -> dict[str, float]:
             steps.reset()
             await trio.sleep(args.window_s)
             baseline, baseline_cpu, baseline_gc = steps.longest, steps.longest_cpu, steps.longest_gc
+            baseline_timer = steps.latest_timer
 
             steps.reset()
             began = time.perf_counter()
@@ -188,7 +202,7 @@ async def _run(args: argparse.Namespace, steps: _Steps) -> dict[str, float]:
             await _until(lambda: _job_started(batches, first))
             await trio.sleep(args.window_s)
             start_stall, start_cpu, stalled_by = steps.longest, steps.longest_cpu, steps.task
-            start_gc, full_gcs = steps.longest_gc, steps.full_gcs
+            start_gc, full_gcs, start_timer = steps.longest_gc, steps.full_gcs, steps.latest_timer
 
             began = time.perf_counter()
             await batches.cancel(batch.id, app=None)
@@ -205,6 +219,8 @@ async def _run(args: argparse.Namespace, steps: _Steps) -> dict[str, float]:
         "start_stall_ms": start_stall * 1000,
         "start_cpu_ms": start_cpu * 1000,
         "start_gc_ms": start_gc * 1000,
+        "baseline_timer_ms": baseline_timer * 1000,
+        "start_timer_ms": start_timer * 1000,
         "full_gcs": float(full_gcs),
         "in_progress_after_s": running_after,
         "cancel_s": cancel_s,
@@ -252,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         f"({fig('baseline_cpu_ms')}); while the batch starts {fig('start_stall_ms')} "
         f"({fig('start_cpu_ms')}), target < {TARGET_STALL_MS:.0f}; "
         f"in progress after {fig('in_progress_after_s', '.2f')} s"
+    )
+    print(
+        f"  latest a 5 ms timer fired, ms: idle baseline {fig('baseline_timer_ms')}; while the "
+        f"batch starts {fig('start_timer_ms')}"
     )
     print(
         f"  longest garbage collection, ms: idle baseline {fig('baseline_gc_ms')}; while the "
