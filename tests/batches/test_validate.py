@@ -130,3 +130,17 @@ def test_the_error_list_is_capped_and_says_how_many_more() -> None:
     assert len(errors) == MAX_ERRORS
     assert errors[-1].code == "too_many_errors"
     assert errors[-1].message == "6 more errors"
+
+
+def test_a_long_file_is_checked_with_a_pause_every_hundred_lines() -> None:
+    pauses: list[int] = []
+    content = _file(*(_line(str(i)) for i in range(250)))
+    checked = check_input(
+        content,
+        endpoint=ENDPOINT,
+        route=lambda model: "llm",
+        max_lines=1000,
+        pause=lambda: pauses.append(1),
+    )
+    assert len(checked.lines) == 250 and not checked.errors
+    assert len(pauses) == 2

@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -70,6 +71,10 @@ _SERVICE_REFRESH_S = 5.0
 _INLINE_CHECK_BYTES = 256 * 2**10
 _RECORD_CHUNK = 1000  # outcomes of lines that never became jobs, per transaction
 _PAGE = 250  # lines read at once (a cancelled page's outcomes are made in one loop step)
+
+
+def _hand_over_the_gil() -> None:
+    time.sleep(0)
 
 
 async def cancel_if_queued(jobs: Jobs, job_id: str) -> None:
@@ -252,13 +257,14 @@ class BatchDriver:
             backend = self._config.backend_for_model(model)
             return backend.name if backend is not None and app.may_use(model) else None
 
-        def check() -> Checked:
+        def check(pause: Callable[[], None] | None = None) -> Checked:
             return check_input(
                 content,
                 endpoint=batch.endpoint,
                 route=route,
                 max_lines=self._config.jobs.batch_max_lines,
                 max_request_bytes=self._config.jobs.max_request_bytes,
+                pause=pause,
             )
 
         async def start(lines: ParsedLines) -> bool:
@@ -266,8 +272,9 @@ class BatchDriver:
 
         def check_and_start() -> tuple[BatchError, ...] | bool:
             # In a worker thread: a large file's lines are made and freed
-            # there (freeing 50,000 of them held the event loop 5 ms).
-            checked = check()
+            # there (freeing 50,000 of them held the event loop 5 ms), and
+            # the GIL goes to the loop every few lines (see check_input).
+            checked = check(pause=_hand_over_the_gil)
             return checked.errors or trio.from_thread.run(start, checked.lines)
 
         if len(content) <= _INLINE_CHECK_BYTES:  # a small file is checked at once
