@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,81 +19,40 @@ from yard.memory.measure import Measurement, measure_profile
 from yard.memory.meter import MachineMeter
 from yard.memory.readings import DeviceDetail
 from yard.ports import BackendStartError, ExitStatus
-from yard.testing.ports import FakeMeter
+from yard.testing.ports import FakeLauncher, FakeMeter, Script
 
 MIB = 1 << 20
 
 
-@dataclass
-class FakeProcess:
-    """Grows on the meter as it loads: 100 MiB host at once, GPU 1 GiB at 1 s,
-    ready at 2 s (1.5 GiB GPU), then settles back to 1.2 GiB."""
-
-    meter: FakeMeter
-    fail: bool = False
-    stopped: int = 0
-    name: str = "llm"
-    base_url: str = "http://127.0.0.1:9"
-    pid: int | None = 4242
-    events: list[str] = field(default_factory=list)
-
-    async def wait_ready(self) -> None:
-        self.meter.set_backend("host", "llm", 100 * MIB)
-        await trio.sleep(1.0)
-        self.meter.set_backend("gpu0", "llm", 1024 * MIB)
-        await trio.sleep(1.0)
-        if self.fail:
-            raise BackendStartError("exited with 1: CUDA error: out of memory", oom=True)
-        self.meter.set_backend("gpu0", "llm", 1536 * MIB)
-        self.events.append("ready")
-
-    async def wait_exit(self) -> ExitStatus:
-        await trio.sleep_forever()
-        raise AssertionError("unreachable")
-
-    async def stop(self) -> ExitStatus:
-        self.stopped += 1
-        return ExitStatus(code=0)
-
-
-@dataclass
-class FakeLauncher:
-    process: FakeProcess
-    launched: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
-
-    async def launch(
-        self,
-        backend: str,
-        gpus: tuple[str, ...],
-        *,
-        measure: bool = False,
-        context: int | None = None,
-        parallel: int | None = None,
-    ) -> FakeProcess:
-        self.launched.append((backend, gpus))
-        return self.process
-
-
-def machine() -> FakeMeter:
-    meter = FakeMeter({"host": 64 << 30, "gpu0": 80 << 30})
+def machine(launcher: FakeLauncher) -> FakeMeter:
+    meter = FakeMeter({"host": 64 << 30, "gpu0": 80 << 30}, launcher)
     meter.set_foreign("gpu0", 2 << 30)
     return meter
+
+
+def loading(t: float) -> dict[str, int]:
+    """Grows on the meter as it loads: 100 MiB host at once, GPU 1 GiB at 1 s,
+    ready at 2 s (1.5 GiB GPU); its warm-up's worst case (2 GiB) for 0.5 s,
+    then it settles back to 1.2 GiB."""
+    gpu = 0 if t < 1.0 else 1024 if t < 2.0 else 2048 if t < 2.5 else 1200
+    return {"host": 100 * MIB, "gpu0": gpu * MIB}
+
+
+LOADS = Script(ready_after_s=2.0, stop_s=0.0, memory=loading)
 
 
 async def test_a_first_load_is_measured_through_start_up_and_warm_up(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    meter = machine()
-    process = FakeProcess(meter)
-    launcher = FakeLauncher(process)
+    launcher = FakeLauncher({"llm": LOADS})
+    meter = machine(launcher)
     phases: list[str] = []
+    warmed: list[float] = []
 
     async def warmup(base_url: str) -> None:
-        assert base_url == "http://127.0.0.1:9"
-        meter.set_backend("gpu0", "llm", 2048 * MIB)  # the worst case
+        assert base_url == launcher.latest("llm").base_url
         await trio.sleep(0.5)
-        meter.set_backend("gpu0", "llm", 1200 * MIB)
-        process.events.append("warm-up")
+        warmed.append(trio.current_time())
 
     def seen(phase: str, details: list[DeviceDetail]) -> None:
         phases.append(phase)
@@ -110,9 +69,10 @@ async def test_a_first_load_is_measured_through_start_up_and_warm_up(
         on_sample=seen,
     )
     assert trio.current_time() - t0 == 3.5
-    assert launcher.launched == [("llm", ("gpu0",))]
-    assert process.events == ["ready", "warm-up"]
-    assert process.stopped == 1
+    assert launcher.launched == [(t0, "llm", ("gpu0",))]
+    process = launcher.latest("llm")
+    assert (process.ready_at, warmed) == (t0 + 2.0, [t0 + 2.5])
+    assert process.stop_calls == 1
     assert m.load_s == 2.0
     assert m.warmup_s == 0.5
     assert dict(m.peak_bytes) == {"host": 100 * MIB, "gpu0": 2048 * MIB}
@@ -129,26 +89,32 @@ async def test_a_first_load_is_measured_through_start_up_and_warm_up(
 async def test_a_failed_start_still_stops_the_process(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    meter = machine()
-    process = FakeProcess(meter, fail=True)
+    script = Script(
+        ready_after_s=None,
+        fail_after_s=2.0,
+        fail_oom=True,
+        fail_detail="exited with 1: CUDA error: out of memory",
+        stop_s=0.0,
+        memory=loading,
+    )
+    launcher = FakeLauncher({"llm": script})
     with pytest.raises(BackendStartError, match="out of memory"):
         await measure_profile(
-            backend="llm", gpus=("gpu0",), launcher=FakeLauncher(process), meter=meter
+            backend="llm", gpus=("gpu0",), launcher=launcher, meter=machine(launcher)
         )
-    assert process.stopped == 1
+    assert launcher.latest("llm").stop_calls == 1
 
 
 async def test_the_callers_timeout_stops_the_process(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    meter = machine()
-    process = FakeProcess(meter)
+    launcher = FakeLauncher({"llm": LOADS})
     with trio.move_on_after(1.5) as scope:
         await measure_profile(
-            backend="llm", gpus=("gpu0",), launcher=FakeLauncher(process), meter=meter
+            backend="llm", gpus=("gpu0",), launcher=launcher, meter=machine(launcher)
         )
     assert scope.cancelled_caught
-    assert process.stopped == 1
+    assert launcher.latest("llm").stop_calls == 1
 
 
 def measurement(host: int, gpu: int, before_used: dict[str, int]) -> Measurement:
@@ -234,6 +200,26 @@ class GpuLoader:
 
 
 @dataclass
+class HandsOut:
+    """A launcher that hands out the one process the test built (a GPU
+    loader drives the fake NVML's board, which the shared fake launcher's
+    scripted processes do not)."""
+
+    process: GpuLoader
+
+    async def launch(
+        self,
+        backend: str,
+        gpus: tuple[str, ...],
+        *,
+        measure: bool = False,
+        context: int | None = None,
+        parallel: int | None = None,
+    ) -> GpuLoader:
+        return self.process
+
+
+@dataclass
 class InlineMeter:
     """A :class:`SystemMeter` read in the Trio thread, for tests on virtual time.
 
@@ -268,7 +254,7 @@ async def test_without_per_process_figures_a_lone_load_is_measured_by_device_del
     m = await measure_profile(
         backend="llm",
         gpus=("gpu0",),
-        launcher=FakeLauncher(process),  # type: ignore[arg-type]
+        launcher=HandsOut(process),
         meter=InlineMeter(meter),
         warmup=worst_case,
         settle_s=0.4,

@@ -76,7 +76,8 @@ class Script:
     """How one fake backend behaves, times relative to its launch.
 
     ready_after_s: health check passes then (None: never, a hang).
-    fail_after_s: it dies during start-up then (BackendStartError), if set.
+    fail_after_s: it dies during start-up then (BackendStartError), if set,
+        saying ``fail_detail`` (out of memory if ``fail_oom``).
     exit_after_ready_s: it dies this long after becoming ready, if set.
     memory: bytes per device as a function of seconds since launch.
     """
@@ -84,6 +85,7 @@ class Script:
     ready_after_s: float | None = 5.0
     fail_after_s: float | None = None
     fail_oom: bool = False
+    fail_detail: str = "crashed while loading"
     exit_after_ready_s: float | None = None
     exit_code: int = -9
     exit_oom: bool = False
@@ -131,8 +133,9 @@ class FakeProcess:
         ready_at = math.inf if script.ready_after_s is None else script.ready_after_s
         if fail_at < ready_at:
             await trio.sleep_until(self.launched_at + fail_at)
-            self._exit(ExitStatus(code=1, oom=script.fail_oom, detail="crashed while loading"))
-            raise BackendStartError("crashed while loading", oom=script.fail_oom)
+            detail = script.fail_detail
+            self._exit(ExitStatus(code=1, oom=script.fail_oom, detail=detail))
+            raise BackendStartError(detail, oom=script.fail_oom)
         await trio.sleep_until(self.launched_at + ready_at)
         self.ready_at = trio.current_time()
 
