@@ -399,9 +399,8 @@ class BatchDriver:
         batch = await self._store.batch(self.batch_id)
         if batch is None or batch.ended:
             return
-        for line in await self._store.lines(self.batch_id):
-            if line.job_id is not None and line.outcome is None:
-                await cancel_if_queued(self._jobs, line.job_id)
+        for job_id in await self._store.unended_job_ids(self.batch_id):
+            await cancel_if_queued(self._jobs, job_id)
         error = BatchError(
             code="batch_failed",
             message=f"yard could not drive this batch to its end ({reason}); the lines that "

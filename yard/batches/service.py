@@ -315,8 +315,7 @@ class Batches:
             driver.cancelling = True
             job_ids = sorted(driver.watching)
         else:
-            lines = await self.store.lines(batch.id)
-            job_ids = [x.job_id for x in lines if x.job_id is not None and x.outcome is None]
+            job_ids = await self.store.unended_job_ids(batch.id)
         for job_id in job_ids:
             await cancel_if_queued(self.jobs, job_id)
         return await self.get(batch_id, app=app)

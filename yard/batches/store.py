@@ -383,6 +383,16 @@ class BatchStore:
 
         return await self._db.transaction(_page)
 
+    async def unended_job_ids(self, batch_id: str) -> list[str]:
+        """The job ids of a batch's lines that are jobs and have not ended, in
+        submission order (what a cancel cancels; no read of every line)."""
+        rows = await self._db.fetchall(
+            "SELECT job_id FROM batch_lines WHERE batch_id = ? AND job_id IS NOT NULL "
+            "AND outcome IS NULL ORDER BY idx",
+            (batch_id,),
+        )
+        return [str(row[0]) for row in rows]
+
     async def unended_per_backend(self, batch_id: str) -> dict[str, int]:
         """How many of a batch's lines have not ended, per backend."""
         rows = await self._db.fetchall(
