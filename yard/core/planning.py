@@ -72,11 +72,13 @@ from yard.core.decisions import Decision
 from yard.core.lifecycle import BackendState
 from yard.core.plan_steps import (
     EMPTY,
+    Diffs,
     Frontier,
     Key,
     Sig,
     Step,
     Told,
+    common_tail,
     evicting_stale,
     frontier_after,
     head_changed,
@@ -86,15 +88,17 @@ from yard.core.plan_steps import (
     ranks_no_higher,
     read_sig,
     reads_same,
+    reads_same_as,
     reuse_after,
     still_reads,
+    told_blocked,
     victim_sig,
     waits_for_load,
 )
 from yard.core.plans import Outcome, Plan, Reads, Room
 from yard.core.queue import Req, order_key
 from yard.core.records import Backend
-from yard.core.rereads import between, index_reads, reread
+from yard.core.rereads import between, index_reads, reindex_fresh, reread
 from yard.core.spec import HOST
 from yard.core.state import Core
 from yard.core.victims import family_of
@@ -111,6 +115,7 @@ more, and the steps are indexed afresh (:meth:`Planner._keep`)."""
 
 _NOTHING: frozenset[str] = frozenset()
 
+_BLOCKED = Outcome.BLOCKED
 _LOWEST: Key = (-math.inf, -math.inf, "")
 """Below every :func:`~yard.core.queue.order_key`."""
 
@@ -192,6 +197,9 @@ class Planner:
         overtaken_ = self._overtaken
         last_dirty = max(max(dirty, default=-1), max(overtaken_, default=-1))
         seen = core.transitions
+        order = self._order
+        common = -1  # how many backends cands and the old order end with alike (-1: not counted)
+        diffs = Diffs()  # what the frontier answers otherwise than each step's old one
         for i, b in enumerate(cands):
             if core.transitions != seen and not full:
                 # A plan was carried out: the plans after it that read what it
@@ -212,12 +220,23 @@ class Planner:
                     continue
                 prev = None
             if k is not None and prev is not None:
-                same = frontier is prev.before or frontier.same(prev.before)
-                if (
-                    same
-                    and k > last_dirty
-                    and ((i == k and cands is self._order) or cands[i:] == self._order[k:])
-                ):
+                before = prev.before
+                diff = diffs.of(before, frontier)
+                # (a booking of nothing makes frontiers differ, not answer otherwise)
+                same = frontier is before or (
+                    not (diff[0] or diff[1] or diff[2]) and frontier.same(before)
+                )
+                if same and k > last_dirty:
+                    # the rest of the round is the old one's: cands[i:] == order[k:]
+                    if cands is order:
+                        rest = i == k
+                    else:
+                        if common < 0:
+                            common = common_tail(cands, order)
+                        rest = len(cands) - i == len(order) - k and len(cands) - i <= common
+                else:
+                    rest = False
+                if rest:
                     # The rest is as it was: replay what changed the frontier.
                     for e in self._effects:
                         if e >= k:
@@ -225,7 +244,7 @@ class Planner:
                             frontier = old[e].after or frontier
                     steps.extend(old[k:])
                     break
-                if same or reads_same(prev, frontier):
+                if same or reads_same_as(prev, diff):
                     if not same:
                         reuse_after(prev, frontier)
                     steps.append(prev)
@@ -272,30 +291,8 @@ class Planner:
             self._readers, self._orderers, self._weighers = readers, orderers, weighers
             self._effects = [k for k, st in enumerate(steps) if st.after is not None]
             return
-        effects_changed = False
-        for k in fresh:
-            before, now_ = old[k], steps[k]
-            if before.names != now_.names:
-                for name in before.names - now_.names:
-                    self._readers[name].discard(k)
-                for name in now_.names - before.names:
-                    self._readers.setdefault(name, set()).add(k)
-            if before.ordered != now_.ordered:
-                for name in before.ordered - now_.ordered:
-                    self._orderers[name].discard(k)
-                for name in now_.ordered - before.ordered:
-                    self._orderers.setdefault(name, set()).add(k)
-            if before.reads.devices != now_.reads.devices:
-                for device in before.reads.devices - now_.reads.devices:
-                    self._weighers[device].discard(k)
-                for device in now_.reads.devices - before.reads.devices:
-                    self._weighers.setdefault(device, set()).add(k)
-            if now_.reads.evicts:
-                self._evicting.add(k)
-            else:
-                self._evicting.discard(k)
-            effects_changed = effects_changed or (before.after is None) != (now_.after is None)
-        if effects_changed:
+        indexes = (self._readers, self._orderers, self._weighers, self._evicting)
+        if reindex_fresh(old, steps, fresh, *indexes):
             self._effects = [k for k, st in enumerate(steps) if st.after is not None]
 
     def _ordered(self, cands: list[Backend], touched: set[str] | None) -> list[Backend]:
@@ -434,6 +431,8 @@ class Planner:
         if told is not None and (told.at_once or ranks_no_higher(head_key, told.head_key)):
             best = told.plan
             assert best is not None and best.retell is not None
+            if best.status is _BLOCKED:
+                return told_blocked(b, head, told, claims, books, frontier, head_key), room
             need = options[told.option][1]
             # blocked or waiting, it has no victims: it shares the empty lists
             k = self._index.get(b.name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from yard.core.lifecycle import BackendState
@@ -45,7 +46,9 @@ class Backend:
     family: str | None = None
     state: BackendState = BackendState.STOPPED
     reason: str = "never started"
-    wait_reason: str = ""
+    # why it waits for a load, or the reason of the plan told to it (by name):
+    # a sentence made when it is read (see wait_reason)
+    waiting_why: str | Callable[[str], str] = ""
     running: dict[str, Req] = field(default_factory=dict)
     # placement of the current instance
     gpus: tuple[str, ...] = ()
@@ -111,6 +114,19 @@ class Backend:
     def primary(self) -> tuple[str, ...]:
         """The devices its loads are serialised on: its GPUs, or ``host``."""
         return self.gpus if self.gpus else (HOST,)
+
+    @property
+    def wait_reason(self) -> str:
+        """Why it waits for a load (its plan's reason; "" before any)."""
+        why = self.waiting_why
+        if isinstance(why, str):
+            return why
+        text = self.waiting_why = why(self.name)
+        return text
+
+    @wait_reason.setter
+    def wait_reason(self, text: str) -> None:
+        self.waiting_why = text
 
     def head(self) -> Req | None:
         """What its planning ranks it by: its best waiting request, or the

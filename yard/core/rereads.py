@@ -123,3 +123,41 @@ def _note(index: dict[str, set[int]], key: str, steps: list[int]) -> None:
         index[key] = set(steps)
     else:
         known.update(steps)
+
+
+def reindex_fresh(
+    old: list[Step],
+    steps: list[Step],
+    fresh: list[int],
+    readers: dict[str, set[int]],
+    orderers: dict[str, set[int]],
+    weighers: dict[str, set[int]],
+    evicting: set[int],
+) -> bool:
+    """Move the ``fresh`` steps (planned anew in a round of the same steps:
+    ``old[k]`` became ``steps[k]``) in the indexes of :func:`index_reads`;
+    whether any of them changed whether it books, claims or takes."""
+    effects_changed = False
+    for k in fresh:
+        before, now = old[k], steps[k]
+        if before.names != now.names:
+            for name in before.names - now.names:
+                readers[name].discard(k)
+            for name in now.names - before.names:
+                readers.setdefault(name, set()).add(k)
+        if before.ordered != now.ordered:
+            for name in before.ordered - now.ordered:
+                orderers[name].discard(k)
+            for name in now.ordered - before.ordered:
+                orderers.setdefault(name, set()).add(k)
+        if before.reads.devices != now.reads.devices:
+            for device in before.reads.devices - now.reads.devices:
+                weighers[device].discard(k)
+            for device in now.reads.devices - before.reads.devices:
+                weighers.setdefault(device, set()).add(k)
+        if now.reads.evicts:
+            evicting.add(k)
+        else:
+            evicting.discard(k)
+        effects_changed = effects_changed or (before.after is None) != (now.after is None)
+    return effects_changed
