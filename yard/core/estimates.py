@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from yard.core import reasons
 from yard.core.lifecycle import LOADED, BackendState
 from yard.core.records import Backend
-from yard.core.spec import HOST, SchedulerConfig
+from yard.core.spec import SchedulerConfig
 
 _GIB = 1024**3
 
@@ -39,7 +39,7 @@ def service_hi(b: Backend, config: SchedulerConfig) -> float:
     ones): for promises about deadlines the mean is too hopeful."""
     if not b.service_recent:
         return config.default_service_s
-    return max(max(b.service_recent), service_est(b, config))
+    return max(b.service_recent_max, service_est(b, config))
 
 
 def credit(b: Backend, inflation: float, need: Mapping[str, int], config: SchedulerConfig) -> float:
@@ -124,13 +124,6 @@ def start_cost(
 def worst_start_cost(b: Backend, others: Iterable[Backend], config: SchedulerConfig) -> float:
     """Start cost if it must be loaded after busy neighbours drain: used for
     urgency, because a loaded backend may be evicted while a request waits."""
-    devs = set(b.spec.gpus) | {HOST}
-    drain = max(
-        (
-            service_hi(o, config)
-            for o in others
-            if o is not b and devs & (set(o.spec.gpus) | {HOST})
-        ),
-        default=0.0,
-    )
+    # Every backend shares host memory with ``b``: each neighbour counts.
+    drain = max((service_hi(o, config) for o in others if o is not b), default=0.0)
     return load_s(b, config) + drain

@@ -100,6 +100,7 @@ class Backend:
     service_ewma: float | None = None
     service_max: float | None = None
     service_recent: deque[float] = field(default_factory=lambda: deque(maxlen=SERVICE_WINDOW))
+    service_recent_max: float = -math.inf  # max(service_recent), kept by note_service
 
     @property
     def estimate(self) -> Profile | None:
@@ -114,6 +115,16 @@ class Backend:
     def primary(self) -> tuple[str, ...]:
         """The devices its loads are serialised on: its GPUs, or ``host``."""
         return self.gpus if self.gpus else (HOST,)
+
+    def note_service(self, seconds: float) -> None:
+        """Add a service time to the recent ones (and to their maximum)."""
+        recent = self.service_recent
+        dropped = recent[0] if len(recent) == recent.maxlen else -math.inf
+        recent.append(seconds)
+        if dropped >= self.service_recent_max:
+            self.service_recent_max = max(recent)  # the longest one left the window
+        elif seconds > self.service_recent_max:
+            self.service_recent_max = seconds
 
     @property
     def wait_reason(self) -> str:

@@ -169,7 +169,7 @@ def finished(core: Core, ev: RequestFinished, now: float, out: list[Decision]) -
         else (1 - _EWMA_ALPHA) * b.service_ewma + _EWMA_ALPHA * sample
     )
     b.service_max = sample if b.service_max is None else max(b.service_max, sample)
-    b.service_recent.append(sample)
+    b.note_service(sample)
     b.running.pop(req.id, None)
     b.served += 1
     b.last_used = now

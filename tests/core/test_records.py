@@ -1,0 +1,32 @@
+"""The core's records keep what planning reads often at hand (yard.core.records)."""
+
+from __future__ import annotations
+
+import random
+
+from yard.core import BackendSpec, SchedulerConfig
+from yard.core.catalog import new_backend
+from yard.core.plans import NoRoom
+from yard.core.records import SERVICE_WINDOW
+
+
+def test_the_longest_recent_service_follows_the_window_as_samples_leave_it() -> None:
+    b = new_backend(BackendSpec(name="chat", gpus=("gpu0",)), SchedulerConfig())
+    rng = random.Random(3)
+    # a long one first: it must stop counting once SERVICE_WINDOW more came
+    b.note_service(500.0)
+    for i in range(3 * SERVICE_WINDOW):
+        b.note_service(rng.choice((rng.uniform(0.1, 10.0), 50.0 - i / 10)))
+        assert b.service_recent_max == max(b.service_recent)
+    assert b.service_recent_max < 500.0
+
+
+def test_a_reason_told_by_name_is_the_sentence_it_tells_that_backend() -> None:
+    b = new_backend(BackendSpec(name="chat", gpus=("gpu0",)), SchedulerConfig())
+    assert b.wait_reason == ""
+    told = NoRoom("gpu0", 14 * 1024**3, 3 * 1024**3, ("big refuses",))
+    b.waiting_why = told
+    assert b.wait_reason == told("chat")
+    assert "chat" in b.wait_reason
+    b.wait_reason = "waiting for its stop"
+    assert b.wait_reason == "waiting for its stop"
