@@ -69,6 +69,19 @@ def test_a_finish_that_leaves_the_victim_busy_does_not_plan_the_swap_again(
     assert set(plans) == {"big"}
 
 
+def test_a_victim_that_goes_idle_is_stopped_by_the_swap_worked_out_again_from_its_victims(
+    plans: list[str],
+) -> None:
+    h = _draining_chat()
+    h.finish("r0", at=4)
+    plans.clear()
+    [stop] = h.finish("r1", at=5)  # chat idle: stopped now, not drained
+    assert isinstance(stop, StopBackend) and stop.backend == "chat"
+    assert plans == []  # whom big evicts stands: only how chat goes changed
+    why = h.s.explain("b1", h.now)
+    assert why is not None and "stopping idle chat" in why.reason
+
+
 def test_an_arrival_for_the_draining_victim_does_not_plan_the_swap_again(
     plans: list[str],
 ) -> None:

@@ -58,6 +58,7 @@ Rules
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from yard.core import estimates, failures, reasons, resources
@@ -179,15 +180,19 @@ def best_plan(
     best: Plan | None = None
     best_reads: Reads | None = None
     every: list[Reads] = []
+    plans: list[Plan] = []
     for gpus, need in options:
         mine = Reads()
         plan = plan_on(
             b, head, gpus, need, booked, claimed, taken, room, devices, config, now, mine
         )
         every.append(mine)
+        plans.append(plan)
         if best is None or plan.key() < best.key():
             best, best_reads = plan, mine
     if reads is not None and best is not None and best_reads is not None:
+        if best.status == Outcome.EVICT:
+            reads.plans = plans
         for r in [best_reads] if best.status == Outcome.WAIT else every:
             reads.refusals.extend(r.refusals)
             reads.orders.extend(r.orders)
@@ -409,19 +414,54 @@ def plan_on(
 
 
 def evict_again(
-    plan: Plan, head: Req | None, devices: Mapping[str, Device], config: SchedulerConfig, now: float
+    plan: Plan,
+    head: Req | None,
+    devices: Mapping[str, Device],
+    config: SchedulerConfig,
+    now: float,
+    reads: Reads | None = None,
 ) -> Plan:
     """The evicting ``plan`` worked out again for ``head`` at ``now`` from the
     victims it chose and the memory it saw (:func:`plan_on`'s last step): what
     planning afresh gives when nothing it read changed but the clock and the
     head's overtakes (its reasons tell them; the choice of option does not read
-    them while the head may still be overtaken)."""
+    them while the head may still be overtaken), or but what it reads of its
+    victims to decide how each makes room. ``reads`` collects its ``until``."""
     assert plan.made_room is not None
     chosen, free_now = plan.made_room
     b, gpus, need = plan.backend, plan.gpus, plan.need
-    again = _evict(b, head, gpus, need, chosen, plan.slack, free_now, devices, config, now, Reads())
+    mine = Reads() if reads is None else reads
+    again = _evict(b, head, gpus, need, chosen, plan.slack, free_now, devices, config, now, mine)
     again.made_room = plan.made_room
     return again
+
+
+def evict_options_again(
+    plans: list[Plan],
+    head: Req | None,
+    devices: Mapping[str, Device],
+    config: SchedulerConfig,
+    now: float,
+) -> tuple[Plan, list[Plan], float] | None:
+    """:func:`best_plan` worked out again from the plans of its options
+    (``Reads.plans`` of an evicting best plan) where nothing they read changed
+    but how their victims make room (:func:`evict_again` of each that evicts;
+    the blocked ones stand): the best, every option's plan, and the latest
+    time its batching holds. None where an option neither evicts nor is blocked."""
+    best: Plan | None = None
+    again: list[Plan] = []
+    until = math.inf
+    for plan in plans:
+        if plan.status == Outcome.EVICT:
+            mine = Reads()
+            plan = evict_again(plan, head, devices, config, now, mine)
+            until = min(until, mine.until)
+        elif plan.status != Outcome.BLOCKED:
+            return None
+        again.append(plan)
+        if best is None or plan.key() < best.key():
+            best = plan
+    return None if best is None else (best, again, until)
 
 
 def load_due(b: Backend, head: Req | None, config: SchedulerConfig) -> float | None:

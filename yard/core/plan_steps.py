@@ -6,8 +6,8 @@ booked, claimed and took) and what it read (:class:`~yard.core.plans.Reads`).
 The functions here answer the questions a round asks before it reuses a step
 instead of planning it afresh: does another frontier answer what the plan asked
 the same way (:func:`reads_same`), did a backend it read change in what it read
-(:func:`read_sig`, :func:`still_reads`, :func:`victim_sig`), did its own head
-change (:func:`head_changed`).
+(:func:`read_sig`, :func:`still_reads`, :func:`victim_sig`,
+:func:`victims_changed`), did its own head change (:func:`head_changed`).
 """
 
 from __future__ import annotations
@@ -315,15 +315,27 @@ def victim_sig(
     return (o.state in LOADED, fresh, first, busy, estimates.load_s(o, config), hi)
 
 
-def evicting_stale(
+def victims_changed(
     st: Step, touched: set[str], backends: dict[str, Backend], now: float, config: SchedulerConfig
 ) -> bool:
-    """Whether the evicting ``st`` must be planned again: the clock has run out
-    its batching, it holds idle victims until its load is due (its reason
-    counts down), its head or its latest start changed
-    (:func:`~yard.core.estimates.swap_latest_start`), or
-    a touched victim changed in what its plan read of it (:func:`victim_sig`).
-    Its head's overtakes alone are not asked here (:func:`overtaken`)."""
+    """Whether a touched victim of the evicting ``st`` changed in what its plan
+    read of it (:func:`victim_sig`)."""
+    assert st.victims is not None
+    swap = st.backend
+    return any(
+        victim_sig(backends[name], swap, st.head, now, config) != sig
+        for name, sig in st.victims.items()
+        if name in touched
+    )
+
+
+def evicting_changed(st: Step, touched: set[str], now: float, config: SchedulerConfig) -> bool:
+    """Whether the evicting ``st`` must be planned again whatever its victims:
+    the clock has run out its batching, it holds idle victims until its load
+    is due (its reason counts down), its head or its latest start changed
+    (:func:`~yard.core.estimates.swap_latest_start`), or it took no account of
+    its victims (it stops one) and one is touched. Its head's overtakes alone
+    are not asked here (:func:`overtaken`), nor its victims (:func:`victims_changed`)."""
     swap = st.backend
     if now >= st.reads.until - CLOCK_MARGIN_S:
         return True
@@ -335,13 +347,7 @@ def evicting_stale(
         head_moved(swap, st) or estimates.swap_latest_start(swap, config) != st.latest_start
     ):
         return True
-    if st.victims is None:
-        return not touched.isdisjoint(st.reads.victims)
-    return any(
-        victim_sig(backends[name], swap, st.head, now, config) != sig
-        for name, sig in st.victims.items()
-        if name in touched
-    )
+    return st.victims is None and not touched.isdisjoint(st.reads.victims)
 
 
 def head_changed(b: Backend, step: Step) -> bool:

@@ -21,13 +21,16 @@ only:
   urgency), and every backend whose place in the order moved with it;
 - a backend whose plan read something noted since, where reading it again gives
   another answer (a victim now refused, the eviction order changed);
-- an evicting plan whose head or latest start (its start-bys) changed, one of whose
-  victims changed in what decides how it makes room (:func:`victim_sig`:
-  whether it serves first, is busy, its reload and service times), or whose
-  batching the clock has run out; where only its head's overtakes changed (a
-  request for a victim went first) and the head may still be overtaken, the plan
-  is worked out again from the victims it chose (:meth:`Planner._evict_again`):
-  the overtakes change only its sentences;
+- an evicting plan whose head or latest start (its start-bys) changed, or whose
+  batching the clock has run out; where one of its victims changed only in what
+  decides how it makes room (:func:`victim_sig`: whether it serves first, is
+  busy, its reload and service times), every option is worked out again from
+  the victims it chose and the best taken
+  (:func:`~yard.core.reworks.victims_again`); where only its head's overtakes
+  changed (a request for a victim went first) and the head may still be
+  overtaken, the plan is worked out again from the victims it chose
+  (:func:`~yard.core.reworks.overtaken_again`): the overtakes change only its
+  sentences;
 - after a plan carried out in this round (a start, a stop, a drain), the plans
   after it that read what that changed (the same tests, on what it touched);
 - a backend planned after a frontier that answers what its plan asked of it
@@ -79,7 +82,7 @@ from yard.core.plan_steps import (
     Step,
     Told,
     common_tail,
-    evicting_stale,
+    evicting_changed,
     frontier_after,
     head_changed,
     head_moved,
@@ -87,18 +90,19 @@ from yard.core.plan_steps import (
     overtaken,
     ranks_no_higher,
     read_sig,
-    reads_same,
     reads_same_as,
     reuse_after,
     still_reads,
     told_blocked,
     victim_sig,
+    victims_changed,
     waits_for_load,
 )
 from yard.core.plans import Outcome, Plan, Reads, Room
 from yard.core.queue import Req, order_key
 from yard.core.records import Backend
 from yard.core.rereads import between, index_reads, reindex_fresh, reread
+from yard.core.reworks import overtaken_again, victims_again
 from yard.core.spec import HOST
 from yard.core.state import Core
 from yard.core.victims import family_of
@@ -154,6 +158,9 @@ class Planner:
         self._seen: dict[str, Sig] = {}
         # this round's steps of which only the head's overtakes changed (:func:`overtaken`)
         self._overtaken: set[int] = set()
+        # this round's evicting steps of which a victim changed only in how it
+        # makes room (:func:`victims_changed`; see yard.core.reworks)
+        self._resig: set[int] = set()
 
     def round(self, now: float, out: list[Decision]) -> None:
         """Plan the loads and carry out what the plans say."""
@@ -178,6 +185,7 @@ class Planner:
             )
         self._told.clear()
         self._overtaken.clear()
+        self._resig.clear()
         if full:
             self._seen.clear()
             # profiles may have changed: number the options afresh
@@ -194,8 +202,11 @@ class Planner:
         fresh: list[int] = []
         frontier = EMPTY
         room: Room | None = None
-        overtaken_ = self._overtaken
-        last_dirty = max(max(dirty, default=-1), max(overtaken_, default=-1))
+        overtaken_, resig = self._overtaken, self._resig
+        told, known = self._told, self._devices
+        last_dirty = max(
+            max(dirty, default=-1), max(overtaken_, default=-1), max(resig, default=-1)
+        )
         seen = core.transitions
         order = self._order
         common = -1  # how many backends cands and the old order end with alike (-1: not counted)
@@ -208,11 +219,22 @@ class Planner:
                 dirty |= self._dirty(touched, now, settled=False)
                 for device in core.touched_devices:
                     dirty.update(self._weighers.get(device, ()))
-                last_dirty = max(max(dirty, default=-1), max(overtaken_, default=-1))
+                last_dirty = max(
+                    max(dirty, default=-1), max(overtaken_, default=-1), max(resig, default=-1)
+                )
             k = index.get(b.name)
             prev = old[k] if k is not None and k not in dirty else None
+            if k is not None and prev is not None and k in resig:
+                worked = victims_again(core, told, known, prev, b, frontier, room, now, out)
+                if worked is not None:
+                    step, room = worked
+                    steps.append(step)
+                    fresh.append(i)
+                    frontier = step.after or frontier
+                    continue
+                prev = None
             if k is not None and prev is not None and k in overtaken_:
-                again = self._evict_again(prev, b, frontier, room, now, out)
+                again = overtaken_again(core, told, known, prev, b, frontier, room, now, out)
                 if again is not None:
                     steps.append(again)
                     fresh.append(i)
@@ -340,8 +362,11 @@ class Planner:
         config = self._core.config
         backends = self._core.backends
         for k in self._evicting:
-            if evicting_stale(steps[k], touched, backends, now, config):
+            st = steps[k]
+            if evicting_changed(st, touched, now, config):
                 dirty.add(k)
+            elif st.victims is not None and victims_changed(st, touched, backends, now, config):
+                self._resig.add(k)
         boost = config.deadline_boost
         seen = self._seen
         for name in touched:
@@ -501,87 +526,6 @@ class Planner:
         carry_out(self._core, plan, out)
         step.after = frontier_after(plan, frontier)
         return step, core.survey() if plan.stop else room
-
-    def _evict_again(
-        self,
-        prev: Step,
-        b: Backend,
-        frontier: Frontier,
-        room: Room | None,
-        now: float,
-        out: list[Decision],
-    ) -> Step | None:
-        """``b``'s evicting plan worked out again where only its head's
-        overtakes changed since (:func:`overtaken`) and it reads the same of
-        ``frontier``, from the victims it chose (:func:`placement.evict_again`):
-        which option it takes and whom it evicts read the overtakes only through
-        whether the head may still be overtaken, so while that holds only its
-        sentences change. None where planning afresh is needed: it stopped a
-        victim, the head may be overtaken no more, another plan of this round
-        would be told to it, or the plan worked out again evicts otherwise."""
-        plan = prev.plan
-        core = self._core
-        config = core.config
-        head = b.head()
-        if (
-            plan is None
-            or plan.status != Outcome.EVICT
-            or plan.stop
-            or plan.made_room is None
-            or head is None
-            or head is not prev.head
-            or head.urgent != prev.urgent
-            or b.state is not prev.state
-            or head.overtakes >= config.batch_bound
-            or prev.overtakes >= config.batch_bound
-        ):
-            return None
-        if not (frontier is prev.before or frontier.same(prev.before)) and not reads_same(
-            prev, frontier
-        ):
-            return None
-        if room is not None and self._told:
-            known = self._devices.get(b.name)
-            if known is None or known[0] is not core.options(b):
-                return None
-            alone = None if b.profile is not None else failures.step(b)
-            if (frontier, room, known[3], alone, family_of(b, head)) in self._told:
-                return None
-        again = placement.evict_again(plan, head, core.devices, config, now)
-        if (
-            again.key() != plan.key()
-            or again.stop
-            or again.hold_until != plan.hold_until
-            or again.drain != plan.drain
-            or again.pending != plan.pending
-        ):
-            return None
-        step = Step(
-            b,
-            b.state,
-            head,
-            head.urgent,
-            head.overtakes,
-            again,
-            prev.reads,
-            prev.names,
-            prev.claims,
-            prev.books,
-            frontier,
-            None,
-            prev.head_key,
-            prev.why,
-            prev.ordered,
-        )
-        step.latest_start = estimates.swap_latest_start(b, config)
-        step.victims = {
-            name: victim_sig(core.backends[name], b, head, now, config)
-            for name in prev.reads.victims
-        }
-        b.wait_reason = again.reason
-        carry_out(self._core, again, out)
-        step.after = frontier_after(again, frontier)
-        return step
 
     def _replay(self, step: Step, out: list[Decision]) -> None:
         """Carry out a reused evicting plan again (it changes nothing: its

@@ -118,6 +118,7 @@ class Reads:
         request would no longer end before the swap's latest start after it).
     devices: the devices whose memory figures it weighed (their names), and
         those where it asked whether a load runs (:func:`~yard.core.placement.loading` of them).
+    plans: where it evicts, the plan of each option.
     """
 
     refusals: list[tuple[Backend, str | None]] = field(default_factory=list)
@@ -126,6 +127,8 @@ class Reads:
     victims: set[str] = field(default_factory=set)
     until: float = math.inf
     devices: set[str] = field(default_factory=set)
+    plans: list[Plan] = field(default_factory=list)
+    """Evicting: each option's plan (:func:`~yard.core.placement.evict_options_again`)."""
 
     def backends(self) -> frozenset[str]:
         names = {o.name for o, _ in self.refusals}

@@ -1,0 +1,186 @@
+"""Evicting plans worked out again from the victims they chose, not afresh.
+
+:class:`yard.core.planning.Planner` plans an evicting backend again when what
+its plan read changed. Where all that changed is what decides how its chosen
+victims make room (its head's overtakes, a victim busy or idle now, its service
+times), whom each option evicts and in which order holds: only how each victim
+goes (stopped, drained, serving first), the option taken and the sentences can
+differ. These work the plan out again from there (:func:`~yard.core.placement.evict_again`),
+giving what planning afresh gives, and answer None where they cannot vouch for
+that (the round plans afresh then).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from yard.core import estimates, failures, placement
+from yard.core.carry import carry_out
+from yard.core.decisions import Decision
+from yard.core.plan_steps import Frontier, Step, frontier_after, reads_same, victim_sig
+from yard.core.plans import Outcome, Plan, Reads, Room
+from yard.core.queue import Req
+from yard.core.records import Backend
+from yard.core.state import Core
+from yard.core.victims import family_of
+
+Known = dict[str, tuple[object, frozenset[str], frozenset[str], int]]
+"""The planner's options of each backend: (options, claims, books, number)."""
+
+
+def _may(
+    core: Core,
+    told: Collection[tuple[object, ...]],
+    known: Known,
+    prev: Step,
+    b: Backend,
+    head: Req | None,
+    frontier: Frontier,
+    room: Room | None,
+) -> bool:
+    """Whether ``prev``'s plan may be worked out again after ``frontier``: its
+    backend and head are as they were, it reads the same of ``frontier``, and no
+    plan of this round would be told to it instead."""
+    if (
+        head is not prev.head
+        or (head is not None and head.urgent != prev.urgent)
+        or b.state is not prev.state
+    ):
+        return False
+    if not (frontier is prev.before or frontier.same(prev.before)) and not reads_same(
+        prev, frontier
+    ):
+        return False
+    if room is not None and told:
+        mine = known.get(b.name)
+        if mine is None or mine[0] is not core.options(b):
+            return False
+        alone = None if b.profile is not None else failures.step(b)
+        if (frontier, room, mine[3], alone, family_of(b, head)) in told:
+            return False
+    return True
+
+
+def overtaken_again(
+    core: Core,
+    told: Collection[tuple[object, ...]],
+    known: Known,
+    prev: Step,
+    b: Backend,
+    frontier: Frontier,
+    room: Room | None,
+    now: float,
+    out: list[Decision],
+) -> Step | None:
+    """``b``'s evicting plan worked out again where only its head's
+    overtakes changed since (:func:`~yard.core.plan_steps.overtaken`) and it reads the same of
+    ``frontier``, from the victims it chose (:func:`placement.evict_again`):
+    which option it takes and whom it evicts read the overtakes only through
+    whether the head may still be overtaken, so while that holds only its
+    sentences change. None where planning afresh is needed: it stopped a
+    victim, the head may be overtaken no more, another plan of this round
+    would be told to it, or the plan worked out again evicts otherwise."""
+    plan = prev.plan
+    config = core.config
+    head = b.head()
+    if (
+        plan is None
+        or plan.status != Outcome.EVICT
+        or plan.stop
+        or plan.made_room is None
+        or head is None
+        or head.overtakes >= config.batch_bound
+        or prev.overtakes >= config.batch_bound
+        or not _may(core, told, known, prev, b, head, frontier, room)
+    ):
+        return None
+    again = placement.evict_again(plan, head, core.devices, config, now)
+    if (
+        again.key() != plan.key()
+        or again.stop
+        or again.hold_until != plan.hold_until
+        or again.drain != plan.drain
+        or again.pending != plan.pending
+    ):
+        return None
+    step = _step(prev, b, head, again, prev.reads, frontier)
+    step.latest_start = estimates.swap_latest_start(b, config)
+    step.victims = {
+        name: victim_sig(core.backends[name], b, head, now, config) for name in prev.reads.victims
+    }
+    b.wait_reason = again.reason
+    carry_out(core, again, out)
+    step.after = frontier_after(again, frontier)
+    return step
+
+
+def victims_again(
+    core: Core,
+    told: Collection[tuple[object, ...]],
+    known: Known,
+    prev: Step,
+    b: Backend,
+    frontier: Frontier,
+    room: Room | None,
+    now: float,
+    out: list[Decision],
+) -> tuple[Step, Room] | None:
+    """``b``'s evicting plan worked out again where a victim changed only in
+    what decides how it makes room (:func:`~yard.core.plan_steps.victim_sig`;
+    its head's overtakes may have changed too) and it reads the same of
+    ``frontier``: every option from the victims it chose
+    (:func:`placement.evict_options_again`), the best taken as planning afresh
+    takes it, and carried out. With the room after it (surveyed again where it
+    stops a victim). None where planning afresh is needed."""
+    plan = prev.plan
+    config = core.config
+    head = b.head()
+    if (
+        plan is None
+        or plan.status != Outcome.EVICT
+        or plan.stop
+        or not prev.reads.plans
+        or not _may(core, told, known, prev, b, head, frontier, room)
+    ):
+        return None
+    again = placement.evict_options_again(prev.reads.plans, head, core.devices, config, now)
+    if again is None or again[0].status != Outcome.EVICT:
+        return None
+    best, plans, until = again
+    old = prev.reads
+    reads = Reads(old.refusals, old.orders, True, old.victims, until, old.devices, plans)
+    if room is None:
+        room = core.survey()  # as planning afresh does, before it carries out
+    step = _step(prev, b, head, best, reads, frontier)
+    if not best.stop:
+        step.latest_start = estimates.swap_latest_start(b, config)
+        step.victims = {
+            name: victim_sig(core.backends[name], b, head, now, config) for name in reads.victims
+        }
+    b.wait_reason = best.reason
+    carry_out(core, best, out)
+    step.after = frontier_after(best, frontier)
+    return step, core.survey() if best.stop else room
+
+
+def _step(
+    prev: Step, b: Backend, head: Req | None, plan: Plan, reads: Reads, frontier: Frontier
+) -> Step:
+    """``b``'s new step with ``plan``, reading what ``prev`` read."""
+    return Step(
+        b,
+        b.state,
+        head,
+        head.urgent if head is not None else False,
+        head.overtakes if head is not None else 0,
+        plan,
+        reads,
+        prev.names,
+        prev.claims,
+        prev.books,
+        frontier,
+        None,
+        prev.head_key,
+        prev.why,
+        prev.ordered,
+    )
