@@ -131,57 +131,6 @@ def reads_same(step: Step, frontier: Frontier) -> bool:
     return all((name in frontier.taken) == (name in before.taken) for name in step.names)
 
 
-Diff = tuple[set[str], set[str], set[str]]
-"""Where two frontiers differ: the devices claimed in one only, the devices
-with other bookings, the backends taken in one only (:func:`frontier_diff`)."""
-
-
-def frontier_diff(before: Frontier, frontier: Frontier) -> Diff:
-    """What ``frontier`` answers otherwise than ``before``: for the steps
-    planned after ``before``, worked out once (:func:`reads_same_as`)."""
-    booked = {
-        d
-        for d in before.booked.keys() | frontier.booked.keys()
-        if frontier.booked.get(d, 0) != before.booked.get(d, 0)
-    }
-    return frontier.claimed ^ before.claimed, booked, frontier.taken ^ before.taken
-
-
-def reads_same_as(step: Step, diff: Diff) -> bool:
-    """:func:`reads_same` for the frontier whose :func:`frontier_diff` from
-    ``step.before`` is ``diff``."""
-    claimed, booked, taken = diff
-    return (
-        step.claims.isdisjoint(claimed)
-        and step.books.isdisjoint(booked)
-        and step.names.isdisjoint(taken)
-    )
-
-
-class Diffs:
-    """The :func:`frontier_diff` of each step's old frontier from the round's
-    current one, worked out once for the steps that share it."""
-
-    __slots__ = ("_for", "_known")
-
-    _NONE: Diff = (set(), set(), set())
-
-    def __init__(self) -> None:
-        self._for: Frontier | None = None
-        self._known: dict[Frontier, Diff] = {}
-
-    def of(self, before: Frontier, frontier: Frontier) -> Diff:
-        if frontier is before:
-            return self._NONE
-        if self._for is not frontier:
-            self._known.clear()
-            self._for = frontier
-        diff = self._known.get(before)
-        if diff is None:
-            diff = self._known[before] = frontier_diff(before, frontier)
-        return diff
-
-
 def common_tail(a: list[Backend], b: list[Backend]) -> int:
     """How many backends ``a`` and ``b`` end with alike."""
     n = 0

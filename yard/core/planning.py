@@ -75,7 +75,6 @@ from yard.core.decisions import Decision
 from yard.core.lifecycle import BackendState
 from yard.core.plan_steps import (
     EMPTY,
-    Diffs,
     Frontier,
     Key,
     Sig,
@@ -90,7 +89,7 @@ from yard.core.plan_steps import (
     overtaken,
     ranks_no_higher,
     read_sig,
-    reads_same_as,
+    reads_same,
     reuse_after,
     still_reads,
     told_blocked,
@@ -210,7 +209,6 @@ class Planner:
         seen = core.transitions
         order = self._order
         common = -1  # how many backends cands and the old order end with alike (-1: not counted)
-        diffs = Diffs()  # what the frontier answers otherwise than each step's old one
         for i, b in enumerate(cands):
             if core.transitions != seen and not full:
                 # A plan was carried out: the plans after it that read what it
@@ -243,11 +241,7 @@ class Planner:
                 prev = None
             if k is not None and prev is not None:
                 before = prev.before
-                diff = diffs.of(before, frontier)
-                # (a booking of nothing makes frontiers differ, not answer otherwise)
-                same = frontier is before or (
-                    not (diff[0] or diff[1] or diff[2]) and frontier.same(before)
-                )
+                same = frontier is before or frontier.same(before)
                 if same and k > last_dirty:
                     # the rest of the round is the old one's: cands[i:] == order[k:]
                     if cands is order:
@@ -266,7 +260,7 @@ class Planner:
                             frontier = old[e].after or frontier
                     steps.extend(old[k:])
                     break
-                if same or reads_same_as(prev, diff):
+                if same or reads_same(prev, frontier):
                     if not same:
                         reuse_after(prev, frontier)
                     steps.append(prev)
