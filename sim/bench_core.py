@@ -19,7 +19,8 @@ use that comes and goes, loads reported while they run (``BackendLoading``), and
 clients that give up (``RequestCancelled``). Target: median under 50 us and p99
 under 500 us at every queue length.
 
-Run: ``python -m sim bench`` (or ``python -m sim.bench_core``).
+Run: ``python -m sim bench`` (or ``python -m sim.bench_core``);
+``python -m sim.bench_core kinds`` splits the varied mix by event type.
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ class _Bench:
         self.target = queued
         self.timings: list[float] = []  # CPU time of this thread, us
         self.walls: list[float] = []  # wall time, us (includes being preempted)
+        self.kinds: list[str] = []  # the type of each timed event
         self.timing = False
         self.names = list(backends)
         self.weights = [w for (_g, _s, _p, _svc, w) in backends.values()]
@@ -152,6 +154,7 @@ class _Bench:
             out = self.s.handle(event, self.now)
             self.walls.append((time.perf_counter_ns() - t0) / 1000)
             self.timings.append((time.thread_time_ns() - c0) / 1000)
+            self.kinds.append(type(event).__name__)
         else:
             out = self.s.handle(event, self.now)
         for d in out:
@@ -282,13 +285,39 @@ _HEADER = (
 )
 
 
+def by_kind(cpu: list[float], kinds: list[str]) -> list[tuple[str, int, float, float, float, int]]:
+    """Per event type, most CPU time first: (type, events, median us, mean us,
+    share of all the CPU time, events above the p99 of all)."""
+    p99 = statistics.quantiles(cpu, n=100)[98]
+    total = sum(cpu)
+    groups: dict[str, list[float]] = {}
+    for kind, t in zip(kinds, cpu, strict=True):
+        groups.setdefault(kind, []).append(t)
+    rows = [
+        (
+            kind,
+            len(ts),
+            statistics.median(ts),
+            statistics.mean(ts),
+            sum(ts) / total,
+            sum(1 for t in ts if t > p99),
+        )
+        for kind, ts in groups.items()
+    ]
+    return sorted(rows, key=lambda row: -row[4])
+
+
 def main(cases: str = "all") -> None:
     """Print per-event cost of ``Scheduler.handle`` at three queue lengths, then
     for the model zoo at three numbers of backends, then for 40 backends with the
     varied mix at three queue lengths (``cases``: ``all``, ``queue``, ``zoo`` (the
-    zoo and the varied mix) or ``varied``)."""
-    if cases not in ("all", "queue", "zoo", "varied"):
-        raise SystemExit(f"unknown case {cases!r}: all, queue, zoo or varied")
+    zoo and the varied mix), ``varied``, or ``kinds``: the varied mix per event
+    type, which types make the median and which the p99)."""
+    if cases not in ("all", "queue", "zoo", "varied", "kinds"):
+        raise SystemExit(f"unknown case {cases!r}: all, queue, zoo, varied or kinds")
+    if cases == "kinds":
+        _varied_case(per_kind=True)
+        return
     if cases in ("all", "queue"):
         _queue_case()
     if cases in ("all", "zoo"):
@@ -324,7 +353,7 @@ def _zoo_case() -> None:
         print(_row(count, cpu, wall))
 
 
-def _varied_case() -> None:
+def _varied_case(*, per_kind: bool = False) -> None:
     print(
         f"model zoo, varied mix: {VARIED_BACKENDS} backends on two GPUs (one fits per GPU), "
         f"readings of live use {VARIED_READING_SHARE:.0%} of events, "
@@ -337,6 +366,16 @@ def _varied_case() -> None:
         )
         cpu, wall = bench.run()
         print(_row(n, cpu, wall))
+        if per_kind:
+            print(
+                f"{'':>7} {'event':<18} {'events':>7} {'median us':>10} {'mean us':>8} "
+                f"{'CPU share':>9} {'over p99':>8}"
+            )
+            for kind, count, median, mean, share, over in by_kind(cpu, bench.kinds):
+                print(
+                    f"{'':>7} {kind:<18} {count:>7} {median:>10.1f} {mean:>8.1f} "
+                    f"{share:>9.1%} {over:>8}"
+                )
 
 
 if __name__ == "__main__":
