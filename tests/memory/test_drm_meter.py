@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from tests.memory.fake_drm import GIB, KIB, MIB, FakeDrm, fdinfo
-from tests.memory.fake_pynvml import FakeGpu, FakePynvml
 from yard.memory import default_meter
 from yard.memory.drm import (
     DrmMeter,
@@ -28,6 +27,7 @@ from yard.memory.drm import (
 )
 from yard.memory.gpus import recorded_layout, visible_devices_env
 from yard.memory.readings import DeviceDetail
+from yard.testing.gpu import FakeGpu, FakeNvml
 
 AMD_SLOT = "0000:03:00.0"
 XE_SLOT = "0000:04:00.0"
@@ -297,9 +297,7 @@ def test_amdsmi_gives_names_and_figures_where_installed(tmp_path: Path) -> None:
     fake = amd_machine(tmp_path, vram_used=None)
     fake.proc.add(100)
     amdsmi = FakeAmdsmi(total=24 * GIB - 64 * MIB, used=3 * GIB)
-    meter = default_meter(
-        nvml=FakePynvml([]), proc=fake.proc.root, sys_root=fake.sys, amdsmi=amdsmi
-    )
+    meter = default_meter(nvml=FakeNvml([]), proc=fake.proc.root, sys_root=fake.sys, amdsmi=amdsmi)
     assert meter.mode == "drm"
     assert "gpu0 (Radeon RX 7900 XTX, amdgpu, 23.9 GiB)" in meter.mode_detail
     gpu = device(meter.sample({"llm": 100}), "gpu0")
@@ -322,7 +320,7 @@ def mixed_machine(tmp_path: Path) -> FakeDrm:
 
 def test_nvidia_is_named_first_then_the_others_in_pci_order(tmp_path: Path) -> None:
     fake = mixed_machine(tmp_path)
-    nvml = FakePynvml([FakeGpu(), FakeGpu()])
+    nvml = FakeNvml([FakeGpu(), FakeGpu()])
     meter = default_meter(nvml=nvml, proc=fake.proc.root, sys_root=fake.sys, amdsmi=False)
     assert meter.mode == "nvml+drm"
     assert set(meter.device_totals()) == {"host", "gpu0", "gpu1", "gpu2", "gpu3"}
@@ -340,7 +338,7 @@ def test_nvidia_is_named_first_then_the_others_in_pci_order(tmp_path: Path) -> N
 def test_each_vendor_sees_only_the_gpus_a_backend_was_placed_on(tmp_path: Path) -> None:
     fake = mixed_machine(tmp_path)
     default_meter(
-        nvml=FakePynvml([FakeGpu(), FakeGpu()]),
+        nvml=FakeNvml([FakeGpu(), FakeGpu()]),
         proc=fake.proc.root,
         sys_root=fake.sys,
         amdsmi=False,
@@ -376,7 +374,7 @@ def test_without_a_recorded_layout_gpus_are_cuda_devices() -> None:
 def test_a_machine_with_only_an_igpu_is_host_only_and_says_why(tmp_path: Path) -> None:
     fake = FakeDrm(tmp_path)
     fake.card(0, slot=IGPU_SLOT, driver="i915", pci_id="8086:46A6")
-    meter = default_meter(nvml=FakePynvml([]), proc=fake.proc.root, sys_root=fake.sys)
+    meter = default_meter(nvml=FakeNvml([]), proc=fake.proc.root, sys_root=fake.sys)
     assert meter.mode == "host-only"
     assert "NVML sees no GPU" in meter.mode_detail
     assert "not metered: card0" in meter.mode_detail
@@ -392,7 +390,7 @@ def test_the_system_meter_reads_drm_backends_through_their_process_trees(
     fake.proc.add(100, anon_kib=1000)
     fake.proc.add(101, ppid=100)
     fake.open(101, 5, fdinfo("amdgpu-5.19", client=8, pdev=AMD_SLOT, pasid=1, vram_kib=3145728))
-    meter = default_meter(nvml=FakePynvml([]), proc=fake.proc.root, sys_root=fake.sys)
+    meter = default_meter(nvml=FakeNvml([]), proc=fake.proc.root, sys_root=fake.sys)
     details = meter.sample({"llm": 100})
     assert device(details, "gpu0").backends["llm"].held_bytes == 3 * GIB
     assert device(details, "gpu0").backends["llm"].pids == (101,)
@@ -418,7 +416,7 @@ def test_gtt_and_system_regions_count_on_the_host_not_the_gpu(tmp_path: Path) ->
     }
     fake.open(100, 5, _text(apu_like))
     fake.open(100, 6, fdinfo("i915-igpu", client=2, pdev=IGPU_SLOT))  # 6044 KiB, unmetered card
-    meter = default_meter(nvml=FakePynvml([]), proc=fake.proc.root, sys_root=fake.sys)
+    meter = default_meter(nvml=FakeNvml([]), proc=fake.proc.root, sys_root=fake.sys)
     details = meter.sample({"llm": 100})
     assert device(details, "gpu0").backends["llm"].held_bytes == 512 * MIB
     host = device(details, "host").backends["llm"]

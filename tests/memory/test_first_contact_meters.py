@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.memory.fake_drm import FakeDrm
-from tests.memory.fake_pynvml import FakeGpu, FakePynvml
 from tests.memory.test_apple_meter import FakeMac
 from tests.memory.test_drm_meter import AMD_SLOT
 from yard.core import BackendSpec, MemoryMeasured, RequestArrived, Scheduler, StartBackend
 from yard.demo.tinymodel import write_tiny_llama
 from yard.memory import AppleMeter, default_meter
 from yard.memory.prior import prior_for
+from yard.testing.gpu import FakeGpu, FakeNvml
 
 GIB = 1 << 30
 
@@ -72,7 +72,7 @@ async def first_start(meter: object, model: Path, *, unified: bool = False) -> S
 
 async def test_nvml_a_foreign_process_leaves_2_gib(model: Path) -> None:
     gpu = FakeGpu(total=24 * GIB, reserved=0, used=22 * GIB)
-    meter = default_meter(nvml=FakePynvml([gpu]), amdsmi=False, sys_root=Path("/nonexistent"))
+    meter = default_meter(nvml=FakeNvml([gpu]), amdsmi=False, sys_root=Path("/nonexistent"))
     start = await first_start(meter, model)
     assert 60_000 < start.context < 131072  # type: ignore[operator]
 
@@ -83,10 +83,10 @@ async def test_drm_a_foreign_process_leaves_2_gib(tmp_path: Path, model: Path) -
         1, slot=AMD_SLOT, driver="amdgpu", pci_id="1002:744C", render=128,
         vram_total=24 * GIB, vram_used=22 * GIB, unique_id="f980f88ef31631a2",
     )  # fmt: skip
-    meter = default_meter(nvml=FakePynvml([]), proc=fake.proc.root, sys_root=fake.sys)
+    meter = default_meter(nvml=FakeNvml([]), proc=fake.proc.root, sys_root=fake.sys)
     start = await first_start(meter, model)
     nvml_meter = default_meter(
-        nvml=FakePynvml([FakeGpu(total=24 * GIB, reserved=0, used=22 * GIB)]),
+        nvml=FakeNvml([FakeGpu(total=24 * GIB, reserved=0, used=22 * GIB)]),
         amdsmi=False,
         sys_root=Path("/nonexistent"),
     )

@@ -11,7 +11,6 @@ import trio
 import trio.testing
 
 from tests.memory.fake_proc import FakeProc
-from tests.memory.fake_pynvml import NVML_ERROR_NOT_SUPPORTED, FakeGpu, FakePynvml
 from yard.app.probe import fit_report
 from yard.core.spec import Profile
 from yard.memory import default_meter
@@ -19,6 +18,7 @@ from yard.memory.measure import Measurement, measure_profile
 from yard.memory.meter import MachineMeter
 from yard.memory.readings import DeviceDetail
 from yard.ports import BackendStartError, ExitStatus
+from yard.testing.gpu import NVML_ERROR_NOT_SUPPORTED, FakeGpu, FakeNvml
 from yard.testing.ports import FakeLauncher, FakeMeter, Script
 
 MIB = 1 << 20
@@ -243,7 +243,7 @@ async def test_without_per_process_figures_a_lone_load_is_measured_by_device_del
     proc = FakeProc(tmp_path / "proc")
     proc.add(100, anon_kib=1024)
     board = FakeGpu(used=1 << 30, process_error=NVML_ERROR_NOT_SUPPORTED)  # 1 GiB foreign
-    meter = default_meter(nvml=FakePynvml([board]), proc=proc.root)
+    meter = default_meter(nvml=FakeNvml([board]), proc=proc.root)
     process = GpuLoader(board)
 
     async def worst_case(base_url: str) -> None:

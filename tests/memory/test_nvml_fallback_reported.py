@@ -12,18 +12,18 @@ import pytest
 
 from tests.core.harness import Harness, gpu, host
 from tests.memory.fake_proc import FakeProc
-from tests.memory.fake_pynvml import (
-    GIB,
-    NVML_ERROR_NO_PERMISSION,
-    FakeGpu,
-    FakePynvml,
-    ProcessInfo,
-)
 from yard.core import BackendSpec, Flag, MemoryMeasured, StartBackend, StopBackend
 from yard.core.events import Event
 from yard.engine.metering import Metering
 from yard.memory import NvmlMeter, open_nvml
 from yard.ports import DeviceReading
+from yard.testing.gpu import (
+    GIB,
+    NVML_ERROR_NO_PERMISSION,
+    FakeGpu,
+    FakeNvml,
+    ProcessInfo,
+)
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_a_reading_says_when_the_gpu_fell_back_even_with_no_backend_on_it(
     proc: FakeProc,
 ) -> None:
     board = FakeGpu(used=3 * GIB, compute=[ProcessInfo(100, 2 * GIB)])
-    meter = NvmlMeter(open_nvml(FakePynvml([board])), proc=proc.root)
+    meter = NvmlMeter(open_nvml(FakeNvml([board])), proc=proc.root)
     assert not gpu0([d.reading() for d in meter.sample({"known": 100})]).by_delta
     board.process_error = NVML_ERROR_NO_PERMISSION
     assert gpu0([d.reading() for d in meter.sample({"known": 100})]).by_delta
@@ -77,7 +77,7 @@ def test_the_fallback_is_logged_once_and_first_loads_there_then_go_alone(
     h.load("known", "r1")
     h.finish("r1", at=1)
     board = FakeGpu(used=3 * GIB, compute=[ProcessInfo(100, 2 * GIB)])
-    meter = NvmlMeter(open_nvml(FakePynvml([board])), proc=proc.root)
+    meter = NvmlMeter(open_nvml(FakeNvml([board])), proc=proc.root)
     sent: list[Event] = []
     engine_side = metering(h, sent)
     with caplog.at_level(logging.WARNING, logger="yard.engine"):

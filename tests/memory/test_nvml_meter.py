@@ -3,28 +3,32 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.memory.fake_proc import FakeProc
-from tests.memory.fake_pynvml import (
+from yard.memory import NvmlMeter, NvmlUnavailable, default_meter, open_nvml
+from yard.memory.readings import DeviceDetail
+from yard.testing.gpu import (
     GIB,
     NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_LIBRARY_NOT_FOUND,
     NVML_ERROR_NO_PERMISSION,
     NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_UNINITIALIZED,
     FakeGpu,
-    FakePynvml,
+    FakeNvml,
     ProcessInfo,
+    SharedGpu,
 )
-from yard.memory import NvmlMeter, NvmlUnavailable, default_meter, open_nvml
-from yard.memory.readings import DeviceDetail
 
 MIB = 1 << 20
 
 
-def meter(nvml: FakePynvml, proc: FakeProc) -> NvmlMeter:
+def meter(nvml: FakeNvml, proc: FakeProc) -> NvmlMeter:
     return NvmlMeter(open_nvml(nvml), proc=proc.root)
 
 
@@ -46,7 +50,7 @@ def test_per_process_memory_is_summed_over_the_backend_tree(proc: FakeProc) -> N
         used=5 * GIB,
         compute=[ProcessInfo(100, 1 * GIB), ProcessInfo(101, GIB // 2), ProcessInfo(200, 2 * GIB)],
     )
-    detail = gpu(meter(FakePynvml([board]), proc).sample({"llm": 100}))
+    detail = gpu(meter(FakeNvml([board]), proc).sample({"llm": 100}))
     assert detail.attribution == "per-process"
     assert detail.backends["llm"].held_bytes == 3 * GIB // 2
     assert detail.backends["llm"].pids == (100, 101)
@@ -55,9 +59,38 @@ def test_per_process_memory_is_summed_over_the_backend_tree(proc: FakeProc) -> N
     assert detail.reading().backends == {"llm": 3 * GIB // 2}
 
 
+def test_a_card_shared_by_processes_is_metered_as_a_board_is(
+    tmp_path: Path, proc: FakeProc
+) -> None:
+    card = SharedGpu.create(
+        tmp_path / "gpu0.json",
+        total_bytes=24 * GIB,
+        foreign_bytes=2 * GIB,
+        reserved_bytes=256 * MIB,
+    )
+    me = os.getpid()
+    proc.add(me, anon_kib=1000)
+    card.allocate(me, 3 * GIB)
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    card.allocate(exited.pid, GIB)  # the driver frees it: it is gone from the next read
+    nvml = FakeNvml([card])
+    m = meter(nvml, proc)
+    detail = gpu(m.sample({"llm": me}))
+    assert detail.attribution == "per-process"
+    assert detail.total_bytes == 24 * GIB - 256 * MIB
+    assert detail.used_bytes == 5 * GIB
+    assert detail.backends["llm"].held_bytes == 3 * GIB
+    assert detail.foreign_bytes == 2 * GIB
+    m.close()
+    with pytest.raises(nvml.NVMLError) as refused:
+        nvml.nvmlDeviceGetMemoryInfo(card)
+    assert refused.value.value == NVML_ERROR_UNINITIALIZED
+
+
 def test_capacity_excludes_the_driver_reserve(proc: FakeProc) -> None:
     board = FakeGpu(total=80 * GIB, reserved=512 * MIB, used=10 * GIB)
-    m = meter(FakePynvml([board]), proc)
+    m = meter(FakeNvml([board]), proc)
     assert m.device_totals() == {"gpu0": 80 * GIB - 512 * MIB}
     detail = gpu(m.sample({}))
     assert (detail.total_bytes, detail.used_bytes, detail.reserved_bytes) == (
@@ -73,7 +106,7 @@ def test_gpus_are_named_by_nvml_index_and_credited_separately(proc: FakeProc) ->
         FakeGpu(used=GIB, compute=[ProcessInfo(200, GIB)]),
         FakeGpu(used=3 * GIB, compute=[ProcessInfo(101, 3 * GIB)]),
     ]
-    details = meter(FakePynvml(boards), proc).sample({"llm": 100})
+    details = meter(FakeNvml(boards), proc).sample({"llm": 100})
     assert [d.device for d in details] == ["gpu0", "gpu1"]
     assert gpu(details, "gpu0").backends["llm"].held_bytes == 0
     assert gpu(details, "gpu1").backends["llm"].held_bytes == 3 * GIB
@@ -85,13 +118,13 @@ def test_a_process_in_both_lists_counts_once(proc: FakeProc) -> None:
         compute=[ProcessInfo(100, 2 * GIB)],
         graphics=[ProcessInfo(100, 2 * GIB)],
     )
-    assert gpu(meter(FakePynvml([board]), proc).sample({"llm": 100})).backends[
-        "llm"
-    ].held_bytes == (2 * GIB)
+    assert gpu(meter(FakeNvml([board]), proc).sample({"llm": 100})).backends["llm"].held_bytes == (
+        2 * GIB
+    )
 
 
 def test_old_driver_without_v3_lists_falls_back_to_v2(proc: FakeProc) -> None:
-    nvml = FakePynvml([FakeGpu(used=GIB, compute=[ProcessInfo(100, GIB)])], has_v3=False)
+    nvml = FakeNvml([FakeGpu(used=GIB, compute=[ProcessInfo(100, GIB)])], has_v3=False)
     detail = gpu(meter(nvml, proc).sample({"llm": 100}))
     assert detail.backends["llm"].held_bytes == GIB
     assert "compute_v2" in nvml.calls
@@ -99,7 +132,7 @@ def test_old_driver_without_v3_lists_falls_back_to_v2(proc: FakeProc) -> None:
 
 def test_old_driver_without_v2_memory_info_reports_the_reserve_as_used(proc: FakeProc) -> None:
     board = FakeGpu(total=16 * GIB, reserved=256 * MIB, used=GIB)
-    detail = gpu(meter(FakePynvml([board], has_memory_v2=False), proc).sample({}))
+    detail = gpu(meter(FakeNvml([board], has_memory_v2=False), proc).sample({}))
     assert (detail.total_bytes, detail.used_bytes, detail.reserved_bytes) == (
         16 * GIB,
         GIB + 256 * MIB,
@@ -118,22 +151,23 @@ def test_pids_are_mapped_through_nspid_when_yard_runs_in_a_pid_namespace(
     proc.add(5013, ppid=5012, nspid=(5013, 13), anon_kib=1024)
     proc.add(12, anon_kib=999_999)  # an unrelated outer process that happens to be 12
     board = FakeGpu(used=3 * GIB, compute=[ProcessInfo(5012, GIB), ProcessInfo(5013, 2 * GIB)])
-    nvml = FakePynvml([board])
+    nvml = FakeNvml([board])
     detail = gpu(meter(nvml, proc).sample({"llm": 12}))
     assert detail.attribution == "per-process"
     assert detail.backends["llm"].held_bytes == 3 * GIB
 
-    host = default_meter(nvml=FakePynvml([board]), proc=proc.root).sample({"llm": 12})
+    host = default_meter(nvml=FakeNvml([board]), proc=proc.root).sample({"llm": 12})
     assert host[0].device == "host"
     assert host[0].backends["llm"].held_bytes == 3072 * 1024
     assert host[0].backends["llm"].pids == (5012, 5013)
 
 
-def _delta_walk(nvml: FakePynvml, proc: FakeProc) -> list[DeviceDetail]:
+def _delta_walk(nvml: FakeNvml, proc: FakeProc) -> list[DeviceDetail]:
     """Foreign 1 GiB; llm loads to 4 GiB; tts loads alongside (+2 GiB);
     llm stops. Returns each step's gpu0 detail."""
     proc.add(300)
     board = nvml.gpus[0]
+    assert isinstance(board, FakeGpu)  # a board in memory, whose figures we set
     m = meter(nvml, proc)
     steps = []
     board.used = GIB
@@ -162,7 +196,7 @@ def test_refused_process_lists_fall_back_to_device_deltas(
 ) -> None:
     board = FakeGpu(process_error=code)
     with caplog.at_level(logging.WARNING):
-        steps = _delta_walk(FakePynvml([board]), proc)
+        steps = _delta_walk(FakeNvml([board]), proc)
     assert [s.attribution for s in steps] == ["none"] + ["device-delta"] * 5
     assert why in steps[1].note
     assert steps[1].backends["llm"].held_bytes == 200 * MIB
@@ -179,7 +213,7 @@ def test_refused_process_lists_fall_back_to_device_deltas(
 
 def test_unavailable_per_process_figures_fall_back_to_device_deltas(proc: FakeProc) -> None:
     board = FakeGpu(compute=[ProcessInfo(100, None)])
-    steps = _delta_walk(FakePynvml([board]), proc)
+    steps = _delta_walk(FakeNvml([board]), proc)
     assert steps[2].attribution == "device-delta"
     assert steps[2].backends["llm"].held_bytes == 3 * GIB
     assert "not available" in steps[2].note
@@ -189,7 +223,7 @@ def test_a_figure_above_the_device_total_is_garbage_and_stays_distrusted(
     proc: FakeProc,
 ) -> None:
     board = FakeGpu(used=GIB, compute=[ProcessInfo(100, 2**63)])
-    m = meter(FakePynvml([board]), proc)
+    m = meter(FakeNvml([board]), proc)
     first = gpu(m.sample({"llm": 100}))
     assert first.attribution == "device-delta"
     assert "implausible" in first.note
@@ -204,26 +238,24 @@ def test_a_figure_above_the_device_total_is_garbage_and_stays_distrusted(
 
 def test_a_sum_above_what_the_device_uses_is_garbage(proc: FakeProc) -> None:
     board = FakeGpu(used=GIB, compute=[ProcessInfo(100, 3 * GIB), ProcessInfo(200, 3 * GIB)])
-    assert gpu(meter(FakePynvml([board]), proc).sample({"llm": 100})).attribution == (
-        "device-delta"
-    )
+    assert gpu(meter(FakeNvml([board]), proc).sample({"llm": 100})).attribution == ("device-delta")
 
 
 def test_impossible_pids_are_garbage(proc: FakeProc) -> None:
     board = FakeGpu(used=GIB, compute=[ProcessInfo(0, GIB // 2), ProcessInfo(1 << 31, 1)])
-    detail = gpu(meter(FakePynvml([board]), proc).sample({}))
+    detail = gpu(meter(FakeNvml([board]), proc).sample({}))
     assert "implausible" in detail.note
 
 
 def test_hidden_pids_force_deltas_only_when_a_backend_matched_nothing(proc: FakeProc) -> None:
     # NVML lists pid 9999, which this /proc cannot see (another namespace).
     hidden = FakeGpu(used=2 * GIB, compute=[ProcessInfo(9999, 2 * GIB)])
-    detail = gpu(meter(FakePynvml([hidden]), proc).sample({"llm": 100}))
+    detail = gpu(meter(FakeNvml([hidden]), proc).sample({"llm": 100}))
     assert detail.attribution == "device-delta"
     assert "pid namespace" in detail.note
     # Our backend is matched: the hidden pid is just somebody else.
     seen = FakeGpu(used=3 * GIB, compute=[ProcessInfo(9999, 2 * GIB), ProcessInfo(100, GIB)])
-    detail = gpu(meter(FakePynvml([seen]), proc).sample({"llm": 100}))
+    detail = gpu(meter(FakeNvml([seen]), proc).sample({"llm": 100}))
     assert detail.attribution == "per-process"
     assert detail.backends["llm"].held_bytes == GIB
     assert detail.foreign_bytes == 2 * GIB
@@ -231,7 +263,7 @@ def test_hidden_pids_force_deltas_only_when_a_backend_matched_nothing(proc: Fake
 
 def test_entering_the_fallback_keeps_the_last_per_process_figures(proc: FakeProc) -> None:
     board = FakeGpu(used=3 * GIB, compute=[ProcessInfo(100, 2 * GIB)])
-    m = meter(FakePynvml([board]), proc)
+    m = meter(FakeNvml([board]), proc)
     assert gpu(m.sample({"llm": 100})).backends["llm"].held_bytes == 2 * GIB
     board.process_error = NVML_ERROR_NO_PERMISSION
     detail = gpu(m.sample({"llm": 100}))
@@ -247,7 +279,7 @@ def test_cuda_visible_devices_keeps_delta_credit_off_other_gpus(tmp_path: Path) 
         FakeGpu(process_error=NVML_ERROR_NOT_SUPPORTED, uuid="GPU-aaaa"),
         FakeGpu(process_error=NVML_ERROR_NOT_SUPPORTED, uuid="GPU-bbbb"),
     ]
-    m = meter(FakePynvml(boards), proc)
+    m = meter(FakeNvml(boards), proc)
     m.sample({})
     boards[0].used = GIB  # somebody else grows on gpu0 meanwhile
     boards[1].used = 2 * GIB
@@ -257,7 +289,7 @@ def test_cuda_visible_devices_keeps_delta_credit_off_other_gpus(tmp_path: Path) 
     assert gpu(details, "gpu1").backends["llm"].held_bytes == 2 * GIB
 
     proc.add(100, environ={"CUDA_VISIBLE_DEVICES": "GPU-bbbb"})
-    m2 = meter(FakePynvml(boards), proc)
+    m2 = meter(FakeNvml(boards), proc)
     assert "llm" not in gpu(m2.sample({"llm": 100}), "gpu0").backends
 
 
@@ -272,10 +304,10 @@ def test_no_driver_means_host_only_mode_said_once(
     tmp_path: Path, code: int, why: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with pytest.raises(NvmlUnavailable, match=why):
-        open_nvml(FakePynvml(init_error=code))
+        open_nvml(FakeNvml(init_error=code))
     proc = FakeProc(tmp_path / "proc")
     with caplog.at_level(logging.WARNING):
-        m = default_meter(nvml=FakePynvml(init_error=code), proc=proc.root)
+        m = default_meter(nvml=FakeNvml(init_error=code), proc=proc.root)
     assert m.mode == "host-only"
     assert why in m.mode_detail
     assert list(m.device_totals()) == ["host"]
@@ -284,13 +316,13 @@ def test_no_driver_means_host_only_mode_said_once(
 
 
 def test_no_gpu_at_all_is_host_only(tmp_path: Path) -> None:
-    m = default_meter(nvml=FakePynvml([]), proc=FakeProc(tmp_path / "proc").root)
+    m = default_meter(nvml=FakeNvml([]), proc=FakeProc(tmp_path / "proc").root)
     assert m.mode == "host-only"
     assert "no GPU" in m.mode_detail
 
 
 def test_default_meter_with_gpus_reads_host_and_gpus(tmp_path: Path) -> None:
-    nvml = FakePynvml([FakeGpu(name="NVIDIA H200")])
+    nvml = FakeNvml([FakeGpu(name="NVIDIA H200")])
     m = default_meter(nvml=nvml, proc=FakeProc(tmp_path / "proc").root)
     assert m.mode == "nvml"
     assert "gpu0 (NVIDIA H200, 79.5 GiB)" in m.mode_detail
@@ -301,7 +333,7 @@ def test_default_meter_with_gpus_reads_host_and_gpus(tmp_path: Path) -> None:
 
 async def test_read_returns_engine_readings(proc: FakeProc) -> None:
     board = FakeGpu(used=2 * GIB, compute=[ProcessInfo(100, GIB)])
-    m = default_meter(nvml=FakePynvml([board]), proc=proc.root)
+    m = default_meter(nvml=FakeNvml([board]), proc=proc.root)
     readings = {r.device: r for r in await m.read({"llm": 100})}
     assert readings["gpu0"].backends == {"llm": GIB}
     assert readings["gpu0"].used_bytes == 2 * GIB

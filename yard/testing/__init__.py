@@ -18,7 +18,8 @@
   holds real memory and fails on demand; ``yard.testing.backend.backend_command``
   builds its argv, and ``yard.testing.process.running_backend`` runs it.
 - ``yard.testing.gpu``: a GPU shared by real processes (``SharedGpu``) and
-  ``pynvml`` over it (``FakeNvml``).
+  the one fake ``pynvml`` (``FakeNvml``), with the driver's error codes, over
+  such cards or over boards in memory (``FakeGpu``) for the meter's own tests.
 - ``yard.testing.payloads``: what they send (PNG, WAV, embeddings,
   completions, bytes).
 

@@ -1,4 +1,5 @@
-"""A busy GPU for tests: a shared fake device, its allocator, and NVML over it.
+"""A busy GPU for tests: a shared fake device, its allocator, and the one fake
+``pynvml``, over that device or over GPUs in memory.
 
 A real card is shared by processes that do not know each other: a desktop or
 another app holds memory yard does not own, each backend process allocates
@@ -11,14 +12,20 @@ that real processes share it:
   used, in no process list yard can attribute, as on a desktop);
 - :meth:`SharedGpu.allocate` takes bytes for a pid, or raises
   :class:`CudaOutOfMemory` when they do not fit, as ``cudaMalloc`` does; a
-  pid that has exited holds nothing (the driver's clean-up);
-- :class:`FakeNvml` is a ``pynvml``-shaped module over the file, for
-  :class:`yard.memory.NvmlMeter` (``yard serve`` takes it from
-  ``$YARD_TESTING_FAKE_GPU``: :func:`yard.memory.meter.default_meter`).
+  pid that has exited holds nothing (the driver's clean-up).
+
+:class:`FakeNvml` is the ``pynvml`` module as the NVML meter
+(:class:`yard.memory.NvmlMeter`) uses it, with the driver's error codes
+(``NVMLError(code)`` builds ``NVMLError_NotSupported`` and its kin, calls
+before ``nvmlInit`` fail, old drivers lack the ``_v3`` process lists or the
+v2 memory info). Its GPUs are :class:`SharedGpu` cards (``yard serve`` takes
+one from ``$YARD_TESTING_FAKE_GPU``: :func:`nvml_from_env`) or
+:class:`FakeGpu` boards in memory, whose figures and failures a test sets
+(the meter's own tests).
 
 The fake backend (:mod:`yard.testing.backend`, ``--gpu-file``) allocates from
-it by its context as llama-server would, and fails with llama.cpp's own lines.
-"""
+a card by its context as llama-server would, and fails with llama.cpp's own
+lines."""
 
 from __future__ import annotations
 
@@ -26,18 +33,30 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-__all__ = ["ENV_VAR", "CudaOutOfMemory", "FakeNvml", "SharedGpu", "llama_oom_lines"]
+__all__ = [
+    "ENV_VAR",
+    "CudaOutOfMemory",
+    "FakeGpu",
+    "FakeNvml",
+    "NVMLError",
+    "NVMLLibraryMismatchError",
+    "ProcessInfo",
+    "SharedGpu",
+    "llama_oom_lines",
+    "nvml_from_env",
+]
 
 ENV_VAR = "YARD_TESTING_FAKE_GPU"
 """A :class:`SharedGpu` file: ``yard serve`` meters it as ``gpu0`` instead of
 the machine's NVIDIA GPUs (tests only)."""
 
 MIB = 1 << 20
+GIB = 1 << 30
 
 
 class CudaOutOfMemory(Exception):
@@ -141,14 +160,67 @@ def llama_oom_lines(wanted: int, model: str) -> list[str]:
     ]
 
 
+# -- pynvml ------------------------------------------------------------------
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
+
+
+class NVMLError(Exception):
+    """``pynvml.NVMLError``: ``NVMLError(code)`` builds the subclass for the
+    code (``NVMLError_NotSupported``, ...), which carries ``.value``."""
+
+    _by_code: ClassVar[dict[int, type[NVMLError]]] = {}
+    value: int
+
+    def __new__(cls, value: int) -> NVMLError:
+        target = NVMLError._by_code.get(value, cls) if cls is NVMLError else cls
+        obj = Exception.__new__(target)
+        obj.value = value
+        return obj
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+
+    def __str__(self) -> str:
+        return f"NVML error {self.value}"
+
+
+def _subclass(name: str, code: int) -> type[NVMLError]:
+    cls = type(name, (NVMLError,), {})
+    NVMLError._by_code[code] = cls
+    return cls
+
+
+NVMLError_Uninitialized = _subclass("NVMLError_Uninitialized", NVML_ERROR_UNINITIALIZED)
+NVMLError_InvalidArgument = _subclass("NVMLError_InvalidArgument", NVML_ERROR_INVALID_ARGUMENT)
+NVMLError_NotSupported = _subclass("NVMLError_NotSupported", NVML_ERROR_NOT_SUPPORTED)
+NVMLError_NoPermission = _subclass("NVMLError_NoPermission", NVML_ERROR_NO_PERMISSION)
+NVMLError_DriverNotLoaded = _subclass("NVMLError_DriverNotLoaded", NVML_ERROR_DRIVER_NOT_LOADED)
+NVMLError_LibraryNotFound = _subclass("NVMLError_LibraryNotFound", NVML_ERROR_LIBRARY_NOT_FOUND)
+NVMLError_FunctionNotFound = _subclass("NVMLError_FunctionNotFound", NVML_ERROR_FUNCTION_NOT_FOUND)
+NVMLError_GpuIsLost = _subclass("NVMLError_GpuIsLost", NVML_ERROR_GPU_IS_LOST)
+
+
+class NVMLLibraryMismatchError(Exception):
+    """``pynvml``'s answer when a plain call's newest version is missing."""
+
+
 @dataclass
-class _Process:
+class ProcessInfo:
     pid: int
-    usedGpuMemory: int | None  # pynvml's spelling
+    usedGpuMemory: int | None  # pynvml's spelling; None: NVML_VALUE_NOT_AVAILABLE
 
 
 @dataclass
-class _Memory:
+class MemoryInfo:
     total: int
     free: int
     used: int
@@ -156,61 +228,186 @@ class _Memory:
     version: int = 0
 
 
-class _NVMLError(Exception):
-    def __init__(self, value: int) -> None:
-        super().__init__(value)
-        self.value = value
+@dataclass
+class FakeGpu:
+    """One GPU in memory, whose figures the test sets. ``used`` is what the
+    device reports in use (excluding the reserve), whatever the process lists
+    say; ``process_error`` is the code the process lists fail with."""
+
+    name: str = "NVIDIA H100 80GB HBM3"
+    uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
+    total: int = 80 * GIB
+    reserved: int = 512 << 20
+    used: int = 0
+    compute: list[ProcessInfo] = field(default_factory=list)
+    graphics: list[ProcessInfo] = field(default_factory=list)
+    process_error: int | None = None
+
+
+def _board(handle: FakeGpu | SharedGpu) -> FakeGpu:
+    """The GPU now: a :class:`FakeGpu` as it is, a :class:`SharedGpu` read
+    from its file (its foreign memory used but in no process list)."""
+    if isinstance(handle, FakeGpu):
+        return handle
+    s = handle.state()
+    return FakeGpu(
+        name=str(s["name"]),
+        uuid="GPU-fake-0000",
+        total=s["total"],
+        reserved=s["reserved"],
+        used=s["foreign"] + sum(s["allocations"].values()),
+        compute=[ProcessInfo(int(pid), n) for pid, n in s["allocations"].items()],
+    )
 
 
 class FakeNvml:
-    """The subset of ``pynvml`` the NVML meter reads, over one :class:`SharedGpu`."""
+    """The ``pynvml`` module (``nvidia-ml-py`` 12/13) as the NVML meter uses
+    it, over GPUs in memory (:class:`FakeGpu`) or shared card files
+    (:class:`SharedGpu`): pass an instance where ``pynvml`` would go.
 
-    NVMLError = _NVMLError
-    NVML_ERROR_NOT_SUPPORTED = 3
-    NVML_ERROR_NO_PERMISSION = 4
-    NVML_ERROR_DRIVER_NOT_LOADED = 9
-    NVML_ERROR_LIBRARY_NOT_FOUND = 12
-    NVML_ERROR_FUNCTION_NOT_FOUND = 13
+    It fails as the real one does: every call before ``nvmlInit`` or after
+    the last ``nvmlShutdown`` raises ``NVMLError_Uninitialized``; a bad index
+    ``NVMLError_InvalidArgument``; ``init_error`` makes ``nvmlInit`` fail
+    with that code; without ``has_v3`` the ``_v3`` process lists raise
+    ``NVMLError_FunctionNotFound`` and the plain ones
+    ``NVMLLibraryMismatchError``; without ``has_memory_v2`` the v2 memory
+    info raises ``NVMLError_FunctionNotFound``. ``calls`` records the process
+    lists read (``"compute_v2"``, ...).
+    """
+
+    NVMLError = NVMLError
+    NVMLLibraryMismatchError = NVMLLibraryMismatchError
+    NVML_ERROR_UNINITIALIZED = NVML_ERROR_UNINITIALIZED
+    NVML_ERROR_INVALID_ARGUMENT = NVML_ERROR_INVALID_ARGUMENT
+    NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_NO_PERMISSION = NVML_ERROR_NO_PERMISSION
+    NVML_ERROR_DRIVER_NOT_LOADED = NVML_ERROR_DRIVER_NOT_LOADED
+    NVML_ERROR_LIBRARY_NOT_FOUND = NVML_ERROR_LIBRARY_NOT_FOUND
+    NVML_ERROR_FUNCTION_NOT_FOUND = NVML_ERROR_FUNCTION_NOT_FOUND
+    NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
     nvmlMemory_v2 = 0x02000028
 
-    def __init__(self, gpu: SharedGpu) -> None:
-        self.gpu = gpu
+    def __init__(
+        self,
+        gpus: Sequence[FakeGpu | SharedGpu] | None = None,
+        *,
+        init_error: int | None = None,
+        has_v3: bool = True,
+        has_memory_v2: bool = True,
+    ) -> None:
+        self.gpus = list(gpus) if gpus is not None else [FakeGpu()]
+        self.init_error = init_error
+        self.has_v3 = has_v3
+        self.has_memory_v2 = has_memory_v2
+        self.initialised = 0
+        self.calls: list[str] = []
+
+    # -- life ----------------------------------------------------------------
 
     def nvmlInit(self) -> None:
-        pass
+        if self.init_error is not None:
+            raise NVMLError(self.init_error)
+        self.initialised += 1
 
     def nvmlShutdown(self) -> None:
-        pass
+        self._check()
+        self.initialised -= 1
+
+    def _check(self) -> None:
+        if self.initialised <= 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+
+    # -- devices -------------------------------------------------------------
 
     def nvmlDeviceGetCount(self) -> int:
-        return 1
+        self._check()
+        return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> SharedGpu:
-        if index != 0:
-            raise _NVMLError(2)
-        return self.gpu
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu | SharedGpu:
+        self._check()
+        if not 0 <= index < len(self.gpus):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return self.gpus[index]
 
-    def nvmlDeviceGetName(self, handle: SharedGpu) -> str:
-        return str(handle.state()["name"])
+    def nvmlDeviceGetName(self, handle: FakeGpu | SharedGpu) -> str:
+        self._check()
+        return _board(handle).name
 
-    def nvmlDeviceGetUUID(self, handle: SharedGpu) -> str:
-        return "GPU-fake-0000"
+    def nvmlDeviceGetUUID(self, handle: FakeGpu | SharedGpu) -> str:
+        self._check()
+        return _board(handle).uuid
 
-    def nvmlDeviceGetMemoryInfo(self, handle: SharedGpu, version: int | None = None) -> _Memory:
-        s = handle.state()
-        used = s["foreign"] + sum(s["allocations"].values())
-        free = s["total"] - s["reserved"] - used
-        if version is None:  # v1: the reserve counts as used
-            return _Memory(total=s["total"], free=free, used=used + s["reserved"])
-        return _Memory(
-            total=s["total"], free=free, used=used, reserved=s["reserved"], version=version
-        )
+    def nvmlDeviceGetMemoryInfo(
+        self, handle: FakeGpu | SharedGpu, version: int | None = None
+    ) -> MemoryInfo:
+        self._check()
+        board = _board(handle)
+        if version is not None:
+            if not self.has_memory_v2:
+                raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+            free = board.total - board.reserved - board.used
+            return MemoryInfo(
+                total=board.total,
+                free=free,
+                used=board.used,
+                reserved=board.reserved,
+                version=version,
+            )
+        # v1: the reserve counts as used.
+        used = board.used + board.reserved
+        return MemoryInfo(total=board.total, free=board.total - used, used=used)
 
-    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: SharedGpu) -> list[_Process]:
-        return [_Process(int(p), n) for p, n in handle.state()["allocations"].items()]
+    # -- processes -----------------------------------------------------------
 
-    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: SharedGpu) -> list[_Process]:
-        return []
+    def _list(self, handle: FakeGpu | SharedGpu, which: str, version: str) -> list[ProcessInfo]:
+        self._check()
+        self.calls.append(f"{which}{version}")
+        if version == "_v3" and not self.has_v3:
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+        board = _board(handle)
+        if board.process_error is not None:
+            raise NVMLError(board.process_error)
+        source = board.compute if which == "compute" else board.graphics
+        return [ProcessInfo(p.pid, p.usedGpuMemory) for p in source]
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(
+        self, handle: FakeGpu | SharedGpu
+    ) -> list[ProcessInfo]:
+        return self._list(handle, "compute", "_v3")
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(
+        self, handle: FakeGpu | SharedGpu
+    ) -> list[ProcessInfo]:
+        return self._list(handle, "compute", "_v2")
+
+    def nvmlDeviceGetComputeRunningProcesses(
+        self, handle: FakeGpu | SharedGpu
+    ) -> list[ProcessInfo]:
+        return self._unversioned(self.nvmlDeviceGetComputeRunningProcesses_v3, handle)
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(
+        self, handle: FakeGpu | SharedGpu
+    ) -> list[ProcessInfo]:
+        return self._list(handle, "graphics", "_v3")
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(
+        self, handle: FakeGpu | SharedGpu
+    ) -> list[ProcessInfo]:
+        return self._list(handle, "graphics", "_v2")
+
+    def nvmlDeviceGetGraphicsRunningProcesses(
+        self, handle: FakeGpu | SharedGpu
+    ) -> list[ProcessInfo]:
+        return self._unversioned(self.nvmlDeviceGetGraphicsRunningProcesses_v3, handle)
+
+    @staticmethod
+    def _unversioned(
+        call: Callable[[FakeGpu | SharedGpu], list[ProcessInfo]], handle: FakeGpu | SharedGpu
+    ) -> list[ProcessInfo]:
+        try:
+            return call(handle)
+        except NVMLError_FunctionNotFound as exc:
+            raise NVMLLibraryMismatchError("unversioned call, mismatched library") from exc
 
 
 def nvml_from_env() -> FakeNvml | None:
@@ -218,4 +415,4 @@ def nvml_from_env() -> FakeNvml | None:
     module for :func:`yard.memory.default_meter` (tests only: ``yard serve``
     reads it so that real processes share one busy card); None when unset."""
     path = os.environ.get(ENV_VAR)
-    return FakeNvml(SharedGpu(Path(path))) if path else None
+    return FakeNvml([SharedGpu(Path(path))]) if path else None
