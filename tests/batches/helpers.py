@@ -8,6 +8,10 @@ from typing import Any
 import httpx
 import trio
 
+from yard.batches.records import LineRecord
+from yard.batches.rows import LINE_COLUMNS, line_from_row
+from yard.batches.store import BatchStore
+
 ENDPOINT = "/v1/chat/completions"
 
 
@@ -66,3 +70,12 @@ async def lines_of(client: httpx.AsyncClient, file_id: str | None) -> list[dict[
     response = await client.get(f"/v1/files/{file_id}/content")
     assert response.status_code == 200, response.text
     return [json.loads(line) for line in response.content.splitlines()]
+
+
+async def stored_lines(store: BatchStore, batch_id: str) -> list[LineRecord]:
+    """A batch's lines as its store keeps them, in submission order (without
+    bodies): what a test looks at; yard itself reads them a page at a time."""
+    rows = await store.jobs.database.fetchall(
+        f"SELECT {LINE_COLUMNS} FROM batch_lines WHERE batch_id = ? ORDER BY idx", (batch_id,)
+    )
+    return [line_from_row(row) for row in rows]

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from tests.batches.helpers import stored_lines
 from yard.batches.records import BatchError, ParsedLine
 from yard.batches.store import FileLimit
 from yard.cluster.batches import ClusterBatchStore
@@ -120,7 +121,7 @@ async def test_a_line_becomes_one_claimable_job_and_its_outcome_is_written_once(
     batch = await b.batch("batch_1")
     assert batch is not None and batch.status == "in_progress" and batch.total == 2
     assert batch.metadata == {"k": "v"}
-    first, second = await a.lines("batch_1")
+    first, second = await stored_lines(a, "batch_1")
     job = await a.submit(
         first,
         job_id="job_1_0",
@@ -156,7 +157,7 @@ async def test_a_line_becomes_one_claimable_job_and_its_outcome_is_written_once(
     result = StoredResult(status=200, headers=((b"content-type", b"application/json"),), body=b"{}")
     assert await b.jobs.finish("job_1_0", "succeeded", at=23.0, result=result)
     assert await b.service_times("chat") == [1.0]
-    (first,) = [line for line in await a.lines("batch_1") if line.idx == 0]
+    (first,) = [line for line in await stored_lines(a, "batch_1") if line.idx == 0]
     assert first.job_id == "job_1_0"
     assert await a.record(first, outcome="ok", output='{"custom_id": "c0"}')
     assert not await b.record(first, outcome="error", output="late")
@@ -174,7 +175,7 @@ async def test_a_line_becomes_one_claimable_job_and_its_outcome_is_written_once(
     assert (done.completed, done.failed, done.output_file_id) == (1, 1, "file-o")
     assert await b.content("file-o") == b'{"custom_id": "c0"}\n'
     assert await b.content("file-e") == b'{"custom_id": "c1"}\n'
-    assert await a.lines("batch_1") == []
+    assert await stored_lines(a, "batch_1") == []
 
 
 async def test_one_driver_until_it_is_gone_then_another_adopts(stores: Stores) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.batches.helpers import chat_line, jsonl
+from tests.batches.helpers import chat_line, jsonl, stored_lines
 from yard.batches.records import BatchRecord
 from yard.batches.service import Batches
 from yard.cluster.batches import ClusterBatchStore
@@ -103,7 +103,7 @@ async def _until(node: Batches, batch_id: str, *statuses: str) -> BatchRecord:
 async def _jobs_of(node: Batches, batch_id: str, count: int) -> list[str]:
     """The job ids of the batch's lines, once ``count`` of them are jobs."""
     while True:
-        ids = [line.job_id for line in await node.store.lines(batch_id) if line.job_id]
+        ids = [line.job_id for line in await stored_lines(node.store, batch_id) if line.job_id]
         if len(ids) >= count:
             return ids
         await trio.sleep(0.02)

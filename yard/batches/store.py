@@ -354,20 +354,6 @@ class BatchStore:
 
     # -- lines ---------------------------------------------------------------
 
-    async def lines(self, batch_id: str) -> list[LineRecord]:
-        """A batch's lines in submission order (without bodies)."""
-
-        def _lines(tx: Tx) -> list[LineRecord]:
-            # The records are made here, off the event loop: 50,000 of them
-            # held it for about 100 ms.
-            rows = tx.execute(
-                f"SELECT {LINE_COLUMNS} FROM batch_lines WHERE batch_id = ? ORDER BY idx",
-                (batch_id,),
-            ).fetchall()
-            return [line_from_row(row) for row in rows]
-
-        return await self._db.transaction(_lines)
-
     async def unended_lines(self, batch_id: str, *, after: int, limit: int) -> list[LineRecord]:
         """Up to ``limit`` of a batch's lines that have not ended, after
         submission place ``after`` (-1: from the first), in submission order
