@@ -31,6 +31,7 @@ import psutil
 
 from bench.context_model import YARD
 from yard.memory.llama import find_llama_server
+from yard.supervisor.launcher import free_port
 
 FREE_GIB = 2.5
 LIMIT = str(3 * 2**30)  # bytes: prlimit reads "3GiB" as 3
@@ -61,15 +62,6 @@ fill_context = false
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.first_contact_host", description=__doc__)
     parser.parse_args(argv)
@@ -87,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         vm = psutil.virtual_memory()
         # yard's host: total minus available is in use; keep FREE_GIB usable.
         reserve = max(0, int(vm.total - (vm.total - vm.available) - FREE_GIB * 2**30))
-        port = _free_port()
+        port = free_port()
         config = work / "yard.toml"
         config.write_text(
             CONFIG.format(port=port, data=work / "data", reserve=reserve, limit=LIMIT, model=model)

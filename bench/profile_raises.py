@@ -19,7 +19,6 @@ import argparse
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,16 +28,11 @@ from pathlib import Path
 
 import httpx
 
+from bench.context_model import YARD
+from yard.supervisor.launcher import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-YARD = "import sys; from yard.cli import main; sys.exit(main())"
 KEY = {"Authorization": "Bearer sk-announcer"}
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
              str(work / "data" / "models" / "tiny-llama.gguf"), "--size-mb", "5", "--layers", "4"],
             check=True, capture_output=True,
         )  # fmt: skip
-        port = _port()
+        port = free_port()
         text = (ROOT / "config" / "demo.toml").read_text()
         text = text.replace('listen = "127.0.0.1:8080"', f'listen = "127.0.0.1:{port}"')
         text = text.replace('data_dir = "../.data"', f'data_dir = "{work / "data"}"')
