@@ -147,17 +147,14 @@ class Observer:
     ) -> Observer:
         """The observer of a yard run with ``config`` (the other arguments are
         the fields of the same names)."""
-        return cls(
+        observer = cls(
             engine=engine,
             admin_key=config.server.admin_key,
-            models={name: tuple(b.models) for name, b in config.backends.items()},
-            placements={name: tuple(b.gpus) for name, b in config.backends.items()},
             profile_margin=config.scheduler.profile_margin,
             started_at=started_at,
             profiles=profiles,
             shutdown=shutdown,
             meter_info=meter_info,
-            apps=_apps_json(config),
             session_ttl_s=config.server.dashboard_session_ttl_s,
             login_max_bytes=config.server.dashboard_login_max_bytes,
             failures_before_delay=config.server.admin_failures_before_delay,
@@ -167,6 +164,9 @@ class Observer:
             cluster=cluster,
             http=http,
         )
+        # What a reload changes is read from ``config`` in one place.
+        observer.use_config(config)
+        return observer
 
     def stopping(self) -> bool:
         """Whether yard is shutting down (streams should end)."""
