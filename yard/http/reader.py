@@ -84,19 +84,17 @@ class RequestReader:
     """
 
     def __init__(self, config: Config, engine: Engine, router: Router[Any] | None) -> None:
-        self.config = config
         self.engine = engine
-        self._max_body = config.server.max_body_bytes
-        # Without app keys every request is the local app's: built once, not
-        # per request (a dataclass per request was 0.6% of yard's CPU).
-        self._local_app = local_app(config) if not config.apps else None
         # A cluster node forwards requests another node should serve.
         self._router = router
+        self.use_config(config)
 
     def use_config(self, config: Config) -> None:
         """Read requests with ``config`` from the next one on (``yard reload``)."""
         self.config = config
         self._max_body = config.server.max_body_bytes
+        # Without app keys every request is the local app's: built once, not
+        # per request (a dataclass per request was 0.6% of yard's CPU).
         self._local_app = local_app(config) if not config.apps else None
 
     async def read(
