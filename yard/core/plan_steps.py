@@ -141,44 +141,6 @@ def common_tail(a: list[Backend], b: list[Backend]) -> int:
     return n
 
 
-def told_blocked(
-    b: Backend,
-    head: Req | None,
-    told: Told,
-    claims: frozenset[str],
-    books: frozenset[str],
-    frontier: Frontier,
-    head_key: Key | None,
-) -> Step:
-    """``b``'s step where the blocked plan ``told`` is told to it again (see
-    :mod:`yard.core.planning`). It carries nothing out and nobody reads its
-    plan but its step: it shares the plan, and its sentence is made when it is
-    read (:attr:`~yard.core.records.Backend.wait_reason`)."""
-    plan = told.plan
-    assert plan is not None and plan.retell is not None
-    urgent = head.urgent if head is not None else False
-    overtakes = head.overtakes if head is not None else 0
-    step = Step(
-        b,
-        b.state,
-        head,
-        urgent,
-        overtakes,
-        plan,
-        told.reads,
-        told.names,
-        claims,
-        frozenset() if told.at_once else books,
-        frontier,
-        None,
-        head_key,
-        told.why,
-        told.ordered,
-    )
-    b.waiting_why = plan.retell
-    return step
-
-
 def reuse_after(step: Step, frontier: Frontier) -> None:
     """Reuse ``step``'s plan after ``frontier`` (see :func:`reads_same`)."""
     step.before = frontier

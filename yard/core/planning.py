@@ -67,7 +67,7 @@ against a scheduler made with ``replan_everything=True``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from yard.core import estimates, failures, placement, reasons
 from yard.core.carry import carry_out, reprieve
@@ -92,7 +92,6 @@ from yard.core.plan_steps import (
     reads_same,
     reuse_after,
     still_reads,
-    told_blocked,
     victim_sig,
     victims_changed,
     waits_for_load,
@@ -447,21 +446,29 @@ class Planner:
         key = (frontier, room, sig, alone, family_of(b, head))  # siblings refuse their own
         told = self._told.get(key)
         plan: Plan | None
+        retold: Callable[[str], str] | None = None  # a blocked plan told again: its sentence
         if told is not None and (told.at_once or ranks_no_higher(head_key, told.head_key)):
             best = told.plan
             assert best is not None and best.retell is not None
             if best.status is _BLOCKED:
-                return told_blocked(b, head, told, claims, books, frontier, head_key), room
-            need = options[told.option][1]
-            # blocked or waiting, it has no victims: it shares the empty lists
-            k = self._index.get(b.name)
-            last = self._steps[k].plan if k is not None and k < len(self._steps) else None
-            if last is not None and last.backend is b and last.retell == best.retell:
-                text = last.reason  # told the same before: the same sentence
+                # It carries nothing out and nobody reads its plan but its
+                # step: it shares the plan, and its sentence is made when it is
+                # read (:attr:`~yard.core.records.Backend.wait_reason`).
+                plan = best
+                retold = best.retell
             else:
-                text = best.retell(b.name)
-            plan = Plan(b, best.gpus, best.status, text, need, best.stop, best.drain, best.pending)
-            plan.retell = best.retell
+                need = options[told.option][1]
+                # blocked or waiting, it has no victims: it shares the empty lists
+                k = self._index.get(b.name)
+                last = self._steps[k].plan if k is not None and k < len(self._steps) else None
+                if last is not None and last.backend is b and last.retell == best.retell:
+                    text = last.reason  # told the same before: the same sentence
+                else:
+                    text = best.retell(b.name)
+                plan = Plan(
+                    b, best.gpus, best.status, text, need, best.stop, best.drain, best.pending
+                )
+                plan.retell = best.retell
         else:
             reads = Reads()
             plan = placement.blocked_at_once(b, options, frontier.claimed, room, reads)
@@ -500,6 +507,9 @@ class Planner:
         )
         if plan is None:
             b.wait_reason = reasons.no_place(b.name)
+            return step, room
+        if retold is not None:
+            b.waiting_why = retold
             return step, room
         if plan.status == Outcome.EVICT and not plan.stop:
             # As it read them, before it is carried out. (A plan that starts,
