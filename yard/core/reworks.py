@@ -103,15 +103,7 @@ def overtaken_again(
         or again.pending != plan.pending
     ):
         return None
-    step = _step(prev, b, head, again, prev.reads, frontier)
-    step.latest_start = estimates.swap_latest_start(b, config)
-    step.victims = {
-        name: victim_sig(core.backends[name], b, head, now, config) for name in prev.reads.victims
-    }
-    b.wait_reason = again.reason
-    carry_out(core, again, out)
-    step.after = frontier_after(again, frontier)
-    return step
+    return _carried(core, prev, b, head, again, prev.reads, frontier, now, out)
 
 
 def victims_again(
@@ -151,23 +143,26 @@ def victims_again(
     reads = Reads(old.refusals, old.orders, True, old.victims, until, old.devices, plans)
     if room is None:
         room = core.survey()  # as planning afresh does, before it carries out
-    step = _step(prev, b, head, best, reads, frontier)
-    if not best.stop:
-        step.latest_start = estimates.swap_latest_start(b, config)
-        step.victims = {
-            name: victim_sig(core.backends[name], b, head, now, config) for name in reads.victims
-        }
-    b.wait_reason = best.reason
-    carry_out(core, best, out)
-    step.after = frontier_after(best, frontier)
+    step = _carried(core, prev, b, head, best, reads, frontier, now, out)
     return step, core.survey() if best.stop else room
 
 
-def _step(
-    prev: Step, b: Backend, head: Req | None, plan: Plan, reads: Reads, frontier: Frontier
+def _carried(
+    core: Core,
+    prev: Step,
+    b: Backend,
+    head: Req | None,
+    plan: Plan,
+    reads: Reads,
+    frontier: Frontier,
+    now: float,
+    out: list[Decision],
 ) -> Step:
-    """``b``'s new step with ``plan``, reading what ``prev`` read."""
-    return Step(
+    """``b``'s new step with the evicting ``plan`` worked out again, reading
+    ``reads`` and otherwise what ``prev`` read, with what it read of its victims
+    where it stops none (as :meth:`yard.core.planning.Planner._plan` keeps it);
+    ``plan`` carried out."""
+    step = Step(
         b,
         b.state,
         head,
@@ -184,3 +179,13 @@ def _step(
         prev.why,
         prev.ordered,
     )
+    if not plan.stop:
+        config = core.config
+        step.latest_start = estimates.swap_latest_start(b, config)
+        step.victims = {
+            name: victim_sig(core.backends[name], b, head, now, config) for name in reads.victims
+        }
+    b.wait_reason = plan.reason
+    carry_out(core, plan, out)
+    step.after = frontier_after(plan, frontier)
+    return step
