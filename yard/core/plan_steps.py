@@ -246,7 +246,7 @@ def evicting_changed(st: Step, touched: set[str], now: float, config: SchedulerC
     is due (its reason counts down), its head or its latest start changed
     (:func:`~yard.core.estimates.swap_latest_start`), or it took no account of
     its victims (it stops one) and one is touched. Its head's overtakes alone
-    are not asked here (:func:`overtaken`), nor its victims (:func:`victims_changed`)."""
+    are not asked here (:func:`head_moved`), nor its victims (:func:`victims_changed`)."""
     swap = st.backend
     if now >= st.reads.until - CLOCK_MARGIN_S:
         return True
@@ -264,29 +264,21 @@ def evicting_changed(st: Step, touched: set[str], now: float, config: SchedulerC
 def head_changed(b: Backend, step: Step) -> bool:
     """Whether ``b``'s own step is stale: its state, its head or the head's
     urgency or overtakes changed."""
-    if b.state is not step.state:
+    if head_moved(b, step):
         return True
-    head = b.head()
-    if head is not step.head:
-        return True
-    return head is not None and (head.urgent != step.urgent or head.overtakes != step.overtakes)
+    head = step.head  # b's head still
+    return head is not None and head.overtakes != step.overtakes
 
 
 def head_moved(b: Backend, step: Step) -> bool:
     """:func:`head_changed` but for the head's overtakes: its state, its head or
-    the head's urgency changed."""
+    the head's urgency changed. Where only the overtakes changed (a request for
+    a victim of its swap went first), an evicting plan is worked out again from
+    the victims it chose (:func:`yard.core.reworks.overtaken_again`)."""
     if b.state is not step.state:
         return True
     head = b.head()
     return head is not step.head or (head is not None and head.urgent != step.urgent)
-
-
-def overtaken(b: Backend, step: Step) -> bool:
-    """Whether of ``b``'s own step only its head's overtakes changed (a request
-    for a victim of its swap went first): an evicting plan is then worked out
-    again from the victims it chose (:meth:`yard.core.planning.Planner._evict_again`)."""
-    head = b.head()
-    return head is not None and not head_moved(b, step) and head.overtakes != step.overtakes
 
 
 def waits_for_load(b: Backend) -> bool:

@@ -86,7 +86,6 @@ from yard.core.plan_steps import (
     head_changed,
     head_moved,
     only_key,
-    overtaken,
     ranks_no_higher,
     read_sig,
     reads_same,
@@ -154,7 +153,7 @@ class Planner:
         # per backend: what plans may read of it (:func:`read_sig`) when the
         # steps were last known to agree with it
         self._seen: dict[str, Sig] = {}
-        # this round's steps of which only the head's overtakes changed (:func:`overtaken`)
+        # this round's steps of which only the head's overtakes changed (:func:`head_moved`)
         self._overtaken: set[int] = set()
         # this round's evicting steps of which a victim changed only in how it
         # makes room (:func:`victims_changed`; see yard.core.reworks)
@@ -404,8 +403,8 @@ class Planner:
                 st = steps[own]
                 if head_moved(st.backend, st):
                     dirty.add(own)
-                elif overtaken(st.backend, st):
-                    self._overtaken.add(own)
+                elif st.head is not None and st.head.overtakes != st.overtakes:
+                    self._overtaken.add(own)  # only its head's overtakes changed
         return dirty
 
     def _plan(

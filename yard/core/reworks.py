@@ -73,7 +73,7 @@ def overtaken_again(
     out: list[Decision],
 ) -> Step | None:
     """``b``'s evicting plan worked out again where only its head's
-    overtakes changed since (:func:`~yard.core.plan_steps.overtaken`) and it reads the same of
+    overtakes changed since (:func:`~yard.core.plan_steps.head_moved`) and it reads the same of
     ``frontier``, from the victims it chose (:func:`placement.evict_again`):
     which option it takes and whom it evicts read the overtakes only through
     whether the head may still be overtaken, so while that holds only its
