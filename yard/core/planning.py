@@ -220,21 +220,14 @@ class Planner:
                 )
             k = index.get(b.name)
             prev = old[k] if k is not None and k not in dirty else None
-            if k is not None and prev is not None and k in resig:
-                worked = victims_again(core, told, known, prev, b, frontier, room, now, out)
+            if prev is not None and (k in resig or k in overtaken_):
+                rework = victims_again if k in resig else overtaken_again
+                worked = rework(core, told, known, prev, b, frontier, room, now, out)
                 if worked is not None:
                     step, room = worked
                     steps.append(step)
                     fresh.append(i)
                     frontier = step.after or frontier
-                    continue
-                prev = None
-            if k is not None and prev is not None and k in overtaken_:
-                again = overtaken_again(core, told, known, prev, b, frontier, room, now, out)
-                if again is not None:
-                    steps.append(again)
-                    fresh.append(i)
-                    frontier = again.after or frontier
                     continue
                 prev = None
             if k is not None and prev is not None:

@@ -71,7 +71,7 @@ def overtaken_again(
     room: Room | None,
     now: float,
     out: list[Decision],
-) -> Step | None:
+) -> tuple[Step, Room | None] | None:
     """``b``'s evicting plan worked out again where only its head's
     overtakes changed since (:func:`~yard.core.plan_steps.head_moved`) and it reads the same of
     ``frontier``, from the victims it chose (:func:`placement.evict_again`):
@@ -79,7 +79,8 @@ def overtaken_again(
     whether the head may still be overtaken, so while that holds only its
     sentences change. None where planning afresh is needed: it stopped a
     victim, the head may be overtaken no more, another plan of this round
-    would be told to it, or the plan worked out again evicts otherwise."""
+    would be told to it, or the plan worked out again evicts otherwise. With
+    the room (it stops no victim: unchanged)."""
     plan = prev.plan
     config = core.config
     head = b.head()
@@ -103,7 +104,7 @@ def overtaken_again(
         or again.pending != plan.pending
     ):
         return None
-    return _carried(core, prev, b, head, again, prev.reads, frontier, now, out)
+    return _carried(core, prev, b, head, again, prev.reads, frontier, now, out), room
 
 
 def victims_again(
