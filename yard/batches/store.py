@@ -82,7 +82,7 @@ class BatchStore:
         app already keeps that many files of this purpose (checked under a
         per-app lock, so two nodes cannot both squeeze past it)."""
 
-        def _add(tx: Tx) -> None:
+        def _add(tx: Tx) -> FileRecord:
             if max_files is not None:
                 tx.lock(f"yard files {app}")
                 (count,) = tx.execute(
@@ -90,12 +90,9 @@ class BatchStore:
                 ).fetchall()[0]
                 if int(count) >= max_files:
                     raise FileLimit(int(count))
-            _insert_file(tx, file_id, app, purpose, filename, content, created_at)
+            return _insert_file(tx, file_id, app, purpose, filename, content, created_at)
 
-        await self._db.transaction(_add, durable=True)
-        record = await self.file(file_id)
-        assert record is not None
-        return record
+        return await self._db.transaction(_add, durable=True)
 
     async def file(self, file_id: str) -> FileRecord | None:
         row = await self._db.fetchone(f"SELECT {FILE_COLUMNS} FROM files WHERE id = ?", (file_id,))
@@ -501,7 +498,13 @@ def _insert_file(
     filename: str,
     content: bytes,
     created_at: float,
-) -> None:
+) -> FileRecord:
     values = {"id": file_id, "app": app, "purpose": purpose, "filename": filename}
-    insert(tx, "files", {**values, "bytes": len(content), "created_at": created_at})
+    row = insert(
+        tx,
+        "files",
+        {**values, "bytes": len(content), "created_at": created_at},
+        returning=FILE_COLUMNS,
+    ).fetchall()[0]
     insert(tx, "file_contents", {"file_id": file_id, "body": content})
+    return file_from_row(row)
