@@ -29,7 +29,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,14 +40,9 @@ import httpx
 import trio
 
 from yard.demo.tinymodel import write_sized_llama
+from yard.supervisor.launcher import free_port
 
 KEEP_ALIVE_S = 5.0  # cpp-httplib's default, which llama-server keeps
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _config(root: Path, slots: int) -> Path:
@@ -156,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="yard-keepalive-") as tmp:
         root = Path(tmp)
         config = _config(root, args.wave)
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         serve = ["serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"]
         with (root / "yard.log").open("wb") as log:
