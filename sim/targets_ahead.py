@@ -147,17 +147,8 @@ def instances_floor(seed: int, gpus: int) -> float:
 def queueing_floor(arrivals: Sequence[Arrival], slots: Mapping[str, int]) -> float:
     """The p95 wait of the high-class ``arrivals`` for the backends in ``slots``
     (backend: slots) when each backend is always loaded and serves first come,
-    first served on its one instance."""
-    waits: list[float] = []
-    for backend, count in slots.items():
-        free = [0.0] * count
-        mine = (a for a in arrivals if a.cls == "high" and a.backend == backend)
-        for a in sorted(mine, key=lambda a: a.at):
-            slot = min(range(count), key=lambda k: free[k])
-            start = max(a.at, free[slot])
-            waits.append(start - a.at)
-            free[slot] = start + a.service_s
-    return percentile(waits, 0.95)
+    first served on its one instance (:func:`order_waits`, ``"first come"``)."""
+    return order_waits(arrivals, slots, "first come")
 
 
 def clairvoyant_bound(arrivals: Sequence[Arrival], slots: Mapping[str, int]) -> float:
