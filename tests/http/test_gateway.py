@@ -277,6 +277,38 @@ async def test_models_lists_every_configured_model_with_its_backend_state(gw: Ga
     assert (await gw.client.get("/v1/models/nope")).status_code == 404
 
 
+async def test_an_unknown_model_path_says_which_model_was_meant(gw: Gateway) -> None:
+    # The same answer as a request naming that model: the 404 says what to use.
+    near = await gw.client.get("/v1/models/whisper-2")
+    assert near.status_code == 404
+    assert near.json()["error"] == {
+        "message": "the model 'whisper-2' does not exist in this yard; did you mean "
+        "'whisper-1'? GET /v1/models lists them",
+        "type": "not_found_error",
+        "code": "model_not_found",
+        "param": None,
+    }
+
+
+async def test_a_refusal_that_names_the_field_at_fault_keeps_it_on_the_data_plane(
+    gateway_factory: GatewayFactory,
+) -> None:
+    class Refusing:
+        async def submit(self, request: object, *, rerun_safe: bool) -> dict[str, object]:
+            raise Rejected(400, "invalid_value", "'n' must be 1 for a job", param="n")
+
+    gw = await gateway_factory(jobs=Refusing())
+    async with gw.client:
+        refused = await gw.client.post(
+            "/v1/chat/completions",
+            json={"model": "tiny", "messages": [], "n": 2},
+            headers={"prefer": "respond-async"},
+        )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "n"
+    assert refused.headers["x-should-retry"] == "false"
+
+
 async def test_healthz_answers_once_serving(gw: Gateway) -> None:
     response = await gw.client.get("/healthz")
     assert response.status_code == 200

@@ -41,6 +41,7 @@ import trio
 
 from yard.admission import Assignment, ResponseCut, UpstreamLost, run_turn
 from yard.api.intake import authenticate, new_request_id, without_connection_options
+from yard.api.routes import unknown_model
 from yard.config import Config
 from yard.core.spec import instance_name
 from yard.engine import Engine
@@ -150,9 +151,7 @@ class Gateway:
         try:
             request, is_async, rerun_safe, arrived_at = await self._read(scope, receive, request_id)
         except Rejected as exc:
-            return await _send_error(
-                send, exc.status, exc.code, exc.message, request_id, None, exc.retry_after_s
-            )
+            return await _send_rejected(send, exc, request_id, None)
         except ClientGone:
             return None
         except Forward as forward:
@@ -181,9 +180,7 @@ class Gateway:
                     queued_s=None,
                     latency_s=None,
                 )
-            return await _send_error(
-                send, exc.status, exc.code, exc.message, request_id, None, exc.retry_after_s
-            )
+            return await _send_rejected(send, exc, request_id, None)
         finished = False
         disconnect = (scope.get("extensions") or {}).get("yard.disconnect")
         try:
@@ -257,15 +254,7 @@ class Gateway:
                 outcome = await run_turn(admission, attempt)
             except Rejected as exc:
                 outcome = exc.code
-                return await _send_error(
-                    send,
-                    exc.status,
-                    exc.code,
-                    exc.message,
-                    request.request_id,
-                    admission.queued_s,
-                    exc.retry_after_s,
-                )
+                return await _send_rejected(send, exc, request.request_id, admission.queued_s)
             if outcome == "error":
                 return None
             # The backend's connection is back in its pool and the request is
@@ -318,9 +307,7 @@ class Gateway:
         try:
             job = await jobs.submit(request, rerun_safe=rerun_safe)
         except Rejected as exc:
-            return await _send_error(
-                send, exc.status, exc.code, exc.message, request.request_id, None, exc.retry_after_s
-            )
+            return await _send_rejected(send, exc, request.request_id, None)
         body = json.dumps(job).encode()
         headers = [
             (b"content-type", _JSON_CT),
@@ -367,7 +354,7 @@ class Gateway:
             authorization = next((v for n, v in scope["headers"] if n == b"authorization"), None)
             app, _ = authenticate(config, authorization)
         except Rejected as exc:
-            return await _send_error(send, exc.status, exc.code, exc.message, request_id, None)
+            return await _send_rejected(send, exc, request_id, None)
         states = {b.name: b for b in self.engine.snapshot(limit=0).backends}
         created = int(self.started_at)
         entries = []
@@ -401,14 +388,8 @@ class Gateway:
             wanted = path[len("/v1/models/") :]
             payload = next((e for e in entries if e["id"] == wanted), None)
             if payload is None:
-                return await _send_error(
-                    send,
-                    404,
-                    "model_not_found",
-                    f"the model {wanted!r} does not exist in this yard",
-                    request_id,
-                    None,
-                )
+                refused = unknown_model(config, app, wanted)
+                return await _send_rejected(send, refused, request_id, None)
         body = json.dumps(payload).encode()
         headers = [
             (b"content-type", _JSON_CT),
@@ -447,6 +428,23 @@ async def _send_json(send: Send, status: int, payload: object) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+async def _send_rejected(
+    send: Send, exc: Rejected, request_id: str, queued_s: float | None
+) -> None:
+    """Answer ``exc`` in the OpenAI error shape, its ``param`` and
+    ``Retry-After`` included, as the control plane's answers are."""
+    await _send_error(
+        send,
+        exc.status,
+        exc.code,
+        exc.message,
+        request_id,
+        queued_s,
+        exc.retry_after_s,
+        param=exc.param,
+    )
+
+
 async def _send_error(
     send: Send,
     status: int,
@@ -455,8 +453,10 @@ async def _send_error(
     request_id: str,
     queued_s: float | None,
     retry_after_s: float | None = None,
+    *,
+    param: str | None = None,
 ) -> None:
-    body = error_body(status, code, message)
+    body = error_body(status, code, message, param)
     headers = error_headers(body, retry_after_s)
     headers.append((b"x-yard-request-id", request_id.encode()))
     if queued_s is not None:
