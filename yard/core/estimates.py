@@ -1,4 +1,4 @@
-"""What the core expects: load and service times, a backend's credit, the time
+"""What the core expects: load and service times, a backend's reload cost, the time
 until a request could start, and whether swap batching still leaves the swap's
 deadlines their slack.
 
@@ -42,13 +42,11 @@ def service_hi(b: Backend, config: SchedulerConfig) -> float:
     return max(b.service_recent_max, service_est(b, config))
 
 
-def credit(b: Backend, inflation: float, need: Mapping[str, int], config: SchedulerConfig) -> float:
-    """GreedyDual-Size credit on use: reload seconds per GiB held (its reservation,
-    else ``need``), on top of the inflation. A backend used recently, slow to
-    reload or small keeps its place; the least needed and cheapest to reload per
-    byte goes first."""
+def reload_per_gib(b: Backend, need: Mapping[str, int], config: SchedulerConfig) -> float:
+    """Seconds a reload of ``b`` takes per GiB it holds (its reservation, else
+    ``need``; at least one GiB counted)."""
     held = sum(b.reserved.values()) or sum(need.values())
-    return inflation + load_s(b, config) / max(1.0, held / _GIB)
+    return load_s(b, config) / max(1.0, held / _GIB)
 
 
 def swap_latest_start(swap: Backend, config: SchedulerConfig) -> float | None:

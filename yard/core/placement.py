@@ -31,11 +31,18 @@ Rules
   instance of the backend being loaded (:mod:`yard.core.victims`), no more
   than needed. The
   least needed and cheapest to reload go first: those nobody waits for, then
-  by GreedyDual-Size credit (Cao & Irani, 1997): on each use a backend gets
-  ``L + load_s / GiB held``, where ``L`` is the credit of the last one
-  evicted, so the cheapest to reload per byte goes first, yet a backend used
-  since the last evictions outlives one idle for long. (Ranking by load time
-  alone kept evicting the popular small model: twice the loads in the sim's
+  the least expected reload time per GiB freed: its recent arrival rate
+  (arrivals decayed over ten minutes) times its reload seconds per GiB held
+  (:func:`yard.core.victims.demand`), so that a backend in use every few
+  seconds goes after one idle for twenty minutes, however cheap it is to
+  reload. (GreedyDual-Size alone, below, ranked by reload cost per GiB
+  wherever evictions are an hour apart: chat, in use every second, went
+  before news-llm idle since the last news.) A backend that may load on
+  another GPU too goes first among them, by GreedyDual-Size credit (Cao &
+  Irani, 1997) alone: on each use it gets ``L + load_s / GiB held``, where
+  ``L`` is the credit of the last one evicted; its eviction may be a move
+  that evicts nothing where it goes. (Ranking by load time alone kept
+  evicting the popular small model: twice the loads in the sim's
   memory-pressure sweep.) A busy one is never killed: it is *drained* (no new
   work) and stopped once idle. A backend loaded for waiting requests serves
   one of them before it can be evicted, so no load is wasted.

@@ -16,6 +16,10 @@ from yard.core.lifecycle import BackendState
 from yard.core.queue import Req, RequestQueue, order_key
 from yard.core.spec import HOST, BackendSpec, DeviceSpec, Profile
 
+ARRIVAL_MEMORY_S = 600.0
+"""The time constant of a backend's decayed arrival count (:attr:`Backend.heat`):
+an arrival counts ``exp(-age / ARRIVAL_MEMORY_S)``, so the count over this time is
+its recent arrival rate."""
 SERVICE_WINDOW = 64
 """How many recent service times the high estimate is the maximum of."""
 
@@ -66,7 +70,17 @@ class Backend:
     served: int = 0
     dispatched_since_ready: int = 0
     last_used: float = -math.inf
-    credit: float = 0.0  # GreedyDual-Size: evicted lowest first
+    credit: float = 0.0  # GreedyDual-Size: evicted lowest first (where it may move)
+    # its arrivals, each decayed by exp(-t / ARRIVAL_MEMORY_S) to time 0, as a
+    # log (note_arrival): the log of its arrival rate at any time t plus t /
+    # ARRIVAL_MEMORY_S, so that the order of two backends' rates does not move
+    # with the clock, only with their arrivals
+    heat: float = -math.inf
+    # log of its reload seconds per GiB held, as of its last start or dispatch
+    reload_log: float = 0.0
+    # how many GPU sets it may take on this machine (yard.core.state.Core.options):
+    # with more than one, its eviction may be a move elsewhere
+    places: int = 1
     idle_since: float | None = None
     idle_token: int = 0
     drain_reason: str | None = None
@@ -125,6 +139,17 @@ class Backend:
             self.service_recent_max = max(recent)  # the longest one left the window
         elif seconds > self.service_recent_max:
             self.service_recent_max = seconds
+
+    def note_arrival(self, now: float) -> None:
+        """Count an arrival at ``now`` in :attr:`heat` (one add, one log)."""
+        x = now / ARRIVAL_MEMORY_S
+        h = self.heat
+        if h == -math.inf:
+            self.heat = x
+        elif h >= x:
+            self.heat = h + math.log1p(math.exp(x - h))
+        else:
+            self.heat = x + math.log1p(math.exp(h - x))
 
     @property
     def wait_reason(self) -> str:

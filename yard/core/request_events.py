@@ -127,6 +127,7 @@ def enter(core: Core, ev: RequestArrived, now: float, out: list[Decision]) -> No
         req.rank -= points
     core.requests[rid] = req
     b.queue.push(req)
+    b.note_arrival(now)  # its place in the eviction order (victims.demand)
     core.touched.add(b.name)
     core.queued += 1
 

@@ -410,7 +410,7 @@ class Scheduler:
                     core.shares.dispatched(req.share_tag)
                 b.dispatched_since_ready += 1
                 b.last_used = now
-                b.credit = core.credit(b)
+                core.note_use(b)
                 b.idle_since = None
                 eff = req.effective(now, c.aging_rate, c.deadline_boost)
                 reason = reasons.dispatched(

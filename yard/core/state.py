@@ -11,6 +11,7 @@ state. It does no I/O; the clock comes in as ``now``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -191,6 +192,7 @@ class Core:
             m = self.config.profile_margin
             options = [(g, _need(b, g, m)) for g in placement.gpu_sets(b, self.devices)]
             self.options_cache[b.name] = options
+            b.places = len(options)
         return options
 
     def forget_fit(self, b: Backend) -> None:
@@ -212,8 +214,13 @@ class Core:
     def service_est(self, b: Backend) -> float:
         return estimates.service_est(b, self.config)
 
-    def credit(self, b: Backend) -> float:
-        return estimates.credit(b, self.inflation, self.need(b, b.gpus), self.config)
+    def note_use(self, b: Backend) -> None:
+        """``b`` starts or serves: its GreedyDual-Size credit and its reload
+        cost per GiB (:func:`yard.core.victims.demand`) as of now."""
+        need = self.need(b, b.gpus)
+        per_gib = estimates.reload_per_gib(b, need, self.config)
+        b.credit = self.inflation + per_gib
+        b.reload_log = math.log(max(per_gib, 1e-9))
 
     def start_cost(self, b: Backend, now: float) -> tuple[float, str]:
         def free_wait() -> float:
@@ -303,7 +310,7 @@ class Core:
         b.started_at = now
         b.ready_at = None
         b.want_load = False
-        b.credit = self.credit(b)
+        self.note_use(b)
         b.overcommit = None
         for d in b.devices:
             for o in self.occupants(d):

@@ -13,6 +13,8 @@ request where it would, and a wish to load or an announcement does not either).
 
 from __future__ import annotations
 
+import math
+
 from yard.core import reasons
 from yard.core.lifecycle import LOADED
 from yard.core.queue import Req, order_key
@@ -22,10 +24,27 @@ Key = tuple[float, float, str]
 """A request's :func:`~yard.core.queue.order_key`."""
 
 
-def evict_key(o: Backend) -> tuple[bool, bool, float, float, str]:
+def evict_key(o: Backend) -> tuple[bool, bool, float, float, float, str]:
     """Eviction order: idle before busy, nobody waiting before waited for, then
+    the least reload time its requests cost per GiB freed (:func:`demand`), then
     the lowest GreedyDual-Size credit, the longest unused, the name."""
-    return (o.busy(), o.queue.size > 0 or o.ahead is not None, o.credit, o.last_used, o.name)
+    waited = o.queue.size > 0 or o.ahead is not None
+    return (o.busy(), waited, demand(o), o.credit, o.last_used, o.name)
+
+
+def demand(o: Backend) -> float:
+    """What evicting ``o`` is expected to cost, per GiB it frees, as a log that
+    orders backends alike at any time: its recent arrival rate (decayed over
+    :data:`~yard.core.records.ARRIVAL_MEMORY_S`: each arrival after an
+    eviction is a reload) times its reload seconds per GiB held. A backend in
+    use every few seconds goes after one idle for twenty minutes, however cheap
+    it is to reload; among backends as much in use, the cheapest per GiB goes
+    first. Where ``o`` may load on another GPU as well, its eviction may be a
+    move that costs one reload and evicts nothing there: such backends go
+    first (-inf), ordered by GreedyDual-Size credit alone."""
+    if o.places > 1:
+        return -math.inf
+    return o.heat + o.reload_log
 
 
 def family_of(b: Backend, head: Req | None) -> str | None:
