@@ -378,7 +378,8 @@ def test_an_announced_window_drains_busy_work_in_time_to_be_ready_when_it_opens(
     assert [(t, d.backend) for t, d in starts] == [(0.0, "big"), (979.0, "chat")]
     assert starts[1][1].reason.startswith(
         "starting chat: loading chat now: 1 announced request from t=1000 (news); urgent: its "
-        "20.0 s load must start in time for t=1000, so what it evicts takes no new work"
+        "20.0 s load must start in time for t=1000, so what it evicts takes no new work that "
+        "would run past it"
     )
     stops = [(t, d) for t, d in h.log if isinstance(d, StopBackend)]
     assert [(t, d.backend) for t, d in stops] == [(978.0, "big")]
@@ -402,17 +403,106 @@ def test_an_urgent_window_shows_when_it_began_to_count_for_its_load() -> None:
     assert window.loads_from == 1000.0 - 20.0 - 300.0 - 2.0
 
 
-def test_a_drain_for_a_window_waits_no_longer_than_a_start_by_would() -> None:
-    """The stand-in counts one deadline boost, no more: music that has waited
-    past it (here m3, queued at 600: rank 10 - 600 above 90 - 1000 + 200) still
-    goes first, as it would before a request with that start-by."""
-    h = machine()
+def music_before_news(
+    music: list[tuple[float, str]], service: dict[str, float], *, reference: bool = False
+) -> Harness:
+    """big plays the ``music`` jobs (priority 10, ``service`` seconds each) from
+    0; chat's announced window (priority 90) opens at 1000 and its one request
+    n1 (60 s) comes then. With big's longest job 300 s, the window is urgent from
+    1000 - 20 - 300 - 2 = 678 and its load due at 978; played until 1300."""
+    h = machine(reference=reference)
     h.feed(announced("news", "chat", 1000.0, 1600.0, count=1), at=0)
-    music = [(0.0, "m0"), (250.0, "m1"), (550.0, "m2"), (600.0, "m3")]
     arrivals = [
         (t, RequestArrived(request_id=rid, backend="big", priority=10, app="music"))
         for t, rid in music
     ]
-    h.play(arrivals, {rid: 300.0 for _, rid in music}, until=1000)
-    assert h.dispatch_times()[-1] == (930.0, "m3")
-    assert h.started() == ["big"]
+    arrivals.append(
+        (1000.0, RequestArrived(request_id="n1", backend="chat", priority=90, app="radio"))
+    )
+    h.play(arrivals, service | {"n1": 60.0}, until=1300)
+    return h
+
+
+def test_work_that_would_run_into_a_due_window_load_waits_for_the_window() -> None:
+    """m3 (queued at 600) would run from 930 to 1230, past chat's load (due at
+    978). Before, it went first: it ranked above the window's stand-in, which
+    counted from the window's opening (10 - 600 against 90 + 200 - 1000), and
+    chat loaded at 1231, n1 waiting 251 s. The stand-in now counts from its
+    urgency (90 + 200 - 678): m3 waits for the window, chat is ready when n1
+    comes, and big loads again after n1 for m3."""
+    music = [(0.0, "m0"), (250.0, "m1"), (550.0, "m2"), (600.0, "m3")]
+    h = music_before_news(music, {rid: 300.0 for _, rid in music})
+    assert h.dispatch_times() == [
+        (30.0, "m0"),
+        (330.0, "m1"),
+        (630.0, "m2"),
+        (1000.0, "n1"),
+        (1091.0, "m3"),
+    ]
+    starts = [(t, d.backend) for t, d in h.log if isinstance(d, StartBackend)]
+    assert starts == [(0.0, "big"), (979.0, "chat"), (1061.0, "big")]
+
+
+def test_music_that_waited_past_the_boost_when_the_window_became_urgent_still_goes_first() -> None:
+    """The wait bound: the window's stand-in counts one deadline boost from its
+    urgency (678), no more. m3, queued at 390, ranks above it (10 - 390 against
+    90 + 200 - 678) and goes first at 930 though it runs into the load, as it
+    would before an urgent request that came at 678."""
+    music = [(0.0, "m0"), (250.0, "m1"), (380.0, "m2"), (390.0, "m3")]
+    h = music_before_news(music, {rid: 300.0 for _, rid in music})
+    assert h.dispatch_times() == [
+        (30.0, "m0"),
+        (330.0, "m1"),
+        (630.0, "m2"),
+        (930.0, "m3"),
+        (1251.0, "n1"),
+    ]
+    assert h.started() == ["big", "chat"]
+
+
+def test_work_expected_to_end_before_the_load_is_due_still_goes() -> None:
+    """big's jobs run 240 s on average now (300, then 100), 300 s at most: the
+    window is urgent from 678 all the same. m2, at 700, is expected to end at
+    940, before the load is due (978): it goes. m3, at 710, would not (m2 ends
+    at 800, and big's mean is 198 s by then): it waits for the window."""
+    music = [(0.0, "m0"), (250.0, "m1"), (700.0, "m2"), (710.0, "m3")]
+    h = music_before_news(music, {"m0": 300.0, "m1": 100.0, "m2": 100.0, "m3": 100.0})
+    assert h.dispatch_times() == [
+        (30.0, "m0"),
+        (330.0, "m1"),
+        (700.0, "m2"),
+        (1000.0, "n1"),
+        (1091.0, "m3"),
+    ]
+    [m2] = [d for d in h.decisions(Dispatch) if d.request_id == "m2"]
+    assert m2.reason.endswith("; expected to end before chat's load is due (in 278 s)")
+    starts = [(t, d.backend) for t, d in h.log if isinstance(d, StartBackend)]
+    assert starts == [(0.0, "big"), (979.0, "chat"), (1061.0, "big")]
+
+
+def test_a_request_for_the_window_backend_loads_it_at_once() -> None:
+    """A request for chat (priority 0, at 800) ranks below the urgent window's
+    stand-in, which then stands for chat in planning. Its load is for that
+    request too: it starts at once, not when the window's load is due (before:
+    held until 978, the request waiting 199 s)."""
+    h = machine()
+    h.feed(announced("news", "chat", 1000.0, 1600.0, count=1), at=0)
+    arrivals = [
+        (0.0, RequestArrived(request_id="m0", backend="big", priority=10, app="music")),
+        (800.0, RequestArrived(request_id="c1", backend="chat", priority=0, app="chat")),
+    ]
+    h.play(arrivals, {"m0": 300.0, "c1": 10.0}, until=900)
+    assert h.dispatch_times() == [(30.0, "m0"), (821.0, "c1")]
+    stops = [(t, d.backend) for t, d in h.log if isinstance(d, StopBackend)]
+    assert stops == [(800.0, "big")]
+
+
+def test_a_window_load_due_and_planned_afresh_decide_the_same() -> None:
+    for music, service in (
+        ([(0.0, "m0"), (250.0, "m1"), (550.0, "m2"), (600.0, "m3")], 300.0),
+        ([(0.0, "m0"), (250.0, "m1"), (700.0, "m2"), (710.0, "m3")], 100.0),
+    ):
+        times = {rid: service for _, rid in music} | {"m0": 300.0}
+        h = music_before_news(music, times)
+        ref = music_before_news(music, times, reference=True)
+        assert ref.log == h.log

@@ -380,6 +380,7 @@ def _stand_in(core: Core, win: Window, b: Backend) -> Req:
         win.spread[b.name] = req
     if req.urgent != win.stand_in.urgent:  # the window's urgency (yard.core.windows)
         req.urgent = win.stand_in.urgent
+        req.rank = win.stand_in.rank
         core.touched.add(b.name)
     return req
 

@@ -60,6 +60,9 @@ Rules
 - A load for an urgent window ahead (:mod:`yard.core.windows`) whose time has
   not come (:func:`load_due`) drains its busy victims and *holds* its idle ones
   (drained: loaded, no new work) until it is due, when they stop and it starts.
+  Until then a victim with waiting work still takes the requests expected to
+  end by the time the load is due (its mean service time, :func:`ends_before`):
+  only work that would run into the load waits for the window.
 """
 
 from __future__ import annotations
@@ -474,10 +477,18 @@ def evict_options_again(
 def load_due(b: Backend, head: Req | None, config: SchedulerConfig) -> float | None:
     """When ``b``'s load for ``head`` must start, where ``head`` is the urgent
     stand-in for an announced window (``opens - load_s - lead_margin_s``, as a
-    window that is near but not urgent loads); None for any other load."""
-    if head is None or head is not b.ahead or not head.urgent:
+    window that is near but not urgent loads) and no request waits for ``b``
+    (one that does needs the load now, ranked below the stand-in or not); None
+    for any other load."""
+    if head is None or head is not b.ahead or not head.urgent or b.queue.size:
         return None
     return head.arrived_at - estimates.load_s(b, config) - config.lead_margin_s
+
+
+def ends_before(o: Backend, due: float, now: float, config: SchedulerConfig) -> bool:
+    """Whether a request for ``o`` dispatched ``now`` is expected to end (``o``'s
+    mean service time) by ``due``, the time a load it makes room for is due."""
+    return now + estimates.service_est(o, config) <= due
 
 
 def _evict(
@@ -519,12 +530,23 @@ def _evict(
             until = estimates.overtake_until(o, b, config)
             if until is not None:
                 reads.until = min(reads.until, until)
-        if o.queue.size > 0 and (fresh or batching):
+        # Until an urgent window's load is due, its victims still take the
+        # work expected to end by then (their mean service): only what would
+        # run into the load waits for the window.
+        early = False
+        if plan.hold_until is not None and o.queue.size > 0:
+            early = ends_before(o, plan.hold_until, now, config)
+            if early:
+                until = plan.hold_until - estimates.service_est(o, config)
+                reads.until = min(reads.until, until)
+        if o.queue.size > 0 and (fresh or batching or early):
             plan.pending.append(o)
             if batching and head is not None:
                 parts.append(reasons.serves_more_first(o.name, config.batch_bound - head.overtakes))
-            else:
+            elif fresh or plan.hold_until is None:
                 parts.append(reasons.serves_first_since_loading(o.name))
+            else:
+                parts.append(reasons.serves_before_due(o.name, plan.hold_until - now))
             plan.free_wait_s = max(plan.free_wait_s, estimates.service_est(o, config))
         elif o.busy():
             plan.drain.append(o)

@@ -255,7 +255,9 @@ def evicting_changed(st: Step, touched: set[str], now: float, config: SchedulerC
         # in 7.9 s"): a reused plan would tell an old countdown.
         return True
     if swap.name in touched and (
-        head_moved(swap, st) or estimates.swap_latest_start(swap, config) != st.latest_start
+        head_moved(swap, st)
+        or estimates.swap_latest_start(swap, config) != st.latest_start
+        or (st.urgent and st.head is swap.ahead)  # its hold reads the queue (load_due)
     ):
         return True
     return st.victims is None and not touched.isdisjoint(st.reads.victims)

@@ -198,6 +198,10 @@ def serves_first_since_loading(name: str) -> str:
     return f"{name} serves its first request since loading first"
 
 
+def serves_before_due(name: str, left_s: float) -> str:
+    return f"{name} serves what is expected to end before the load is due ({in_s(left_s)})"
+
+
 def busy_must_finish(name: str) -> str:
     return f"busy {name} must finish before the swap"
 
@@ -361,6 +365,10 @@ def overtakes_swap(head_id: str, swap: str, used: int, bound: int) -> str:
     return f"; goes ahead of {head_id}'s swap to {swap} (overtake {used} of {bound})"
 
 
+def ends_before_load(swap: str, left_s: float) -> str:
+    return f"; expected to end before {swap}'s load is due ({in_s(left_s)})"
+
+
 FIRST_BEFORE_SWAP = "; the first since it loaded, before it makes room for a swap"
 
 
@@ -468,7 +476,7 @@ def ahead_urgent(load_s: float, when: str) -> str:
     for: the window counts as a start-by (:mod:`yard.core.windows`)."""
     return (
         f"; urgent: its {secs(load_s)} load must start in time for {when}, "
-        "so what it evicts takes no new work"
+        "so what it evicts takes no new work that would run past it"
     )
 
 

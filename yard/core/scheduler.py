@@ -107,7 +107,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
-from yard.core import backend_events, catalog, estimates, reasons, request_events, views, windows
+from yard.core import (
+    backend_events,
+    catalog,
+    estimates,
+    placement,
+    reasons,
+    request_events,
+    views,
+    windows,
+)
 from yard.core.decisions import Decision, Dispatch, Flag
 from yard.core.events import (
     AdminForgetProfile,
@@ -386,18 +395,28 @@ class Scheduler:
                     break
                 head = core.victim_of.get(b.name)
                 first = b.dispatched_since_ready == 0
+                before_due = ""
                 if head is not None and head.state is ReqState.QUEUED and not first:
-                    if head.urgent or head.overtakes >= c.batch_bound:
-                        break
                     swap = core.backends[head.backend]
-                    if estimates.overtake_denied(b, swap, now, c):
+                    due = placement.load_due(swap, head, c)
+                    if due is not None:
+                        # An urgent window's load, not yet due: work expected
+                        # to end by then goes (placement.ends_before), no overtake.
+                        if not placement.ends_before(b, due, now, c):
+                            break
+                        before_due = reasons.ends_before_load(swap.name, due - now)
+                        head = None
+                    elif head.urgent or head.overtakes >= c.batch_bound:
+                        break
+                    elif estimates.overtake_denied(b, swap, now, c):
                         # No longer worth it: time passed since the plan let
                         # it batch. Planned again, the victim drains now.
                         core.touched.add(head.backend)
                         any_sent = True
                         break
-                    head.overtakes += 1
-                    core.touched.add(head.backend)
+                    else:
+                        head.overtakes += 1
+                        core.touched.add(head.backend)
                 else:
                     head = None
                 core.unqueue(req)
@@ -428,6 +447,7 @@ class Scheduler:
                     )
                 elif first and b.name in core.victim_of:
                     reason += reasons.FIRST_BEFORE_SWAP
+                reason += before_due
                 out.append(Dispatch(request_id=req.id, backend=b.name, reason=reason))
                 any_sent = any_sent or head is not None
         return any_sent

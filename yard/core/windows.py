@@ -32,18 +32,29 @@ Rules it keeps
   load may have to wait for busy work to drain (the longest recent service of
   the backends it shares a device with), the stand-in is near and *urgent*
   from that long before, less ``lead_margin_s``, until the window closes: it
-  ranks with ``deadline_boost`` like an urgent request, so the backends it
-  must evict take no new work (no swap batching) and drain in time. Like a
-  request's, the boost is bounded: work that has waited past it still goes
-  first (``docs/wait-bound.md``). The urgent time follows the neighbours'
+  ranks with ``deadline_boost`` like an urgent request that came when it
+  became urgent (rank ``priority - aging_rate * u``, ``u`` that moment, never
+  later than the opening), so the backends it must evict drain in time and
+  take no new work that would run past its load (no swap batching). Ranked
+  from the opening instead, work queued a few minutes before the window
+  outranked it and ran into the load: the window's requests waited for a job
+  dispatched just before their load was due. Like a request's, the boost is
+  bounded: work that had waited past it when the stand-in became urgent still
+  goes first (``docs/wait-bound.md``). The urgent time follows the neighbours'
   service times (:func:`service_changed`); once urgent, a stand-in stays so.
 - Urgency is for draining: until the load is due (``opens - load_s -
   lead_margin_s``, when a window that is not urgent loads too) an urgent
   stand-in's plan holds its idle victims (loaded, no new work it outranks)
   instead of stopping them, and an ``AHEAD`` timer wakes the core when the load
-  is due. A request that outranks the stand-in is served by the held backend as
-  it is, instead of evicting the backend loaded early and loading it once more
-  (:func:`yard.core.placement.load_due`).
+  is due. A held victim still takes the requests expected to end (its mean
+  service time) by the time the load is due
+  (:func:`yard.core.placement.ends_before`): its memory serves meanwhile, and
+  only what would run into the load waits for the window. A request that
+  outranks the stand-in is served by the held backend as it is, instead of
+  evicting the backend loaded early and loading it once more
+  (:func:`yard.core.placement.load_due`). A load that a waiting request needs
+  too (one for the window's backend, ranked below its stand-in) is not held: it
+  starts at once.
 - A loaded backend with a near window is kept: it is not stopped when idle, and
   no load for work that does not outrank its stand-in may evict it.
 - A backend that fails to start gives up on the windows near at that moment
@@ -426,9 +437,11 @@ def _refresh(core: Core, name: str, now: float) -> None:
             continue
         if not win.stand_in.urgent and _urgent_at(core, b, win) <= now:
             # Its load must start soon for the window to find it ready: from now
-            # on it ranks as an urgent deadline (boosted; no swap batching), and
-            # stays so until the window closes, as a late request would.
+            # on it ranks as an urgent deadline that came now (boosted; no swap
+            # batching), and stays so until the window closes, as a late request
+            # would.
             win.stand_in.urgent = True
+            win.stand_in.rank = win.priority - core.config.aging_rate * min(now, win.opens)
             core.touched.add(name)
         near_at = _near_at(core, b, win)
         if near_at > now:
