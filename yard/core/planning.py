@@ -83,7 +83,6 @@ from yard.core.plan_steps import (
     common_tail,
     evicting_changed,
     frontier_after,
-    head_changed,
     head_moved,
     only_key,
     ranks_no_higher,
@@ -316,7 +315,9 @@ class Planner:
                     ranks[b.name] = (0, (0.0, 0.0, b.name))
                 else:
                     ranks[b.name] = (1, order_key(head, boost))
-        return sorted(cands, key=lambda b: ranks[b.name])
+        ordered = sorted(cands, key=lambda b: ranks[b.name])
+        # the same order kept as the same list: the round's indexes into it stand
+        return self._order if touched is not None and ordered == self._order else ordered
 
     def _order_kept(self, touched: set[str]) -> bool:
         """Whether no touched backend joined, left or moved in the order."""
@@ -327,7 +328,8 @@ class Planner:
                 if waits_for_load(b):
                     return False
                 continue
-            if not waits_for_load(b) or head_changed(b, self._steps[k]):
+            # the head's overtakes alone do not move it (order_key does not read them)
+            if not waits_for_load(b) or head_moved(b, self._steps[k]):
                 return False
         return True
 
