@@ -117,14 +117,17 @@ def victims_again(
     room: Room | None,
     now: float,
     out: list[Decision],
-) -> tuple[Step, Room] | None:
+) -> tuple[Step, Room | None] | None:
     """``b``'s evicting plan worked out again where a victim changed only in
     what decides how it makes room (:func:`~yard.core.plan_steps.victim_sig`;
     its head's overtakes may have changed too) and it reads the same of
     ``frontier``: every option from the victims it chose
     (:func:`placement.evict_options_again`), the best taken as planning afresh
-    takes it, and carried out. With the room after it (surveyed again where it
-    stops a victim). None where planning afresh is needed."""
+    takes it, and carried out. With the room after it: surveyed again where it
+    stops a victim, else ``room`` as given (None: not surveyed yet; draining
+    a victim or letting it serve first changes nothing a survey reads, so the
+    round surveys it when a plan first needs it). None where planning afresh
+    is needed."""
     plan = prev.plan
     config = core.config
     head = b.head()
@@ -142,8 +145,6 @@ def victims_again(
     best, plans, until = again
     old = prev.reads
     reads = Reads(old.refusals, old.orders, True, old.victims, until, old.devices, plans)
-    if room is None:
-        room = core.survey()  # as planning afresh does, before it carries out
     step = _carried(core, prev, b, head, best, reads, frontier, now, out)
     return step, core.survey() if best.stop else room
 
@@ -188,5 +189,17 @@ def _carried(
         }
     b.wait_reason = plan.reason
     carry_out(core, plan, out)
-    step.after = frontier_after(plan, frontier)
+    last = prev.plan
+    if (
+        frontier is prev.before
+        and prev.after is not None
+        and last is not None
+        and plan.gpus == last.gpus
+        and plan.status == last.status
+        and (plan.need is last.need or plan.need == last.need)
+        and set(plan.victims) == set(last.victims)
+    ):
+        step.after = prev.after  # what frontier_after gives again
+    else:
+        step.after = frontier_after(plan, frontier)
     return step
