@@ -131,6 +131,37 @@ def reads_same(step: Step, frontier: Frontier) -> bool:
     return all((name in frontier.taken) == (name in before.taken) for name in step.names)
 
 
+def quiet_from(steps: list[Step], frontier: Frontier) -> int:
+    """The first index of ``steps`` from which every step changes no frontier
+    (none books, claims or takes), was planned after the same frontier as the
+    last one, and finds ``frontier`` answer what it asked the same way
+    (:func:`reads_same` of each, asked at once: what each read against what
+    differs between the two frontiers); ``len(steps)`` where the last does not."""
+    j = len(steps)
+    if not j:
+        return j
+    before = steps[-1].before
+    claimed = frontier.claimed ^ before.claimed
+    taken = frontier.taken ^ before.taken
+    booked = {
+        d
+        for d in frontier.booked.keys() | before.booked.keys()
+        if frontier.booked.get(d, 0) != before.booked.get(d, 0)
+    }
+    while j:
+        st = steps[j - 1]
+        if (
+            st.after is not None
+            or st.before is not before
+            or (claimed and not st.claims.isdisjoint(claimed))
+            or (taken and not st.names.isdisjoint(taken))
+            or (booked and not st.books.isdisjoint(booked))
+        ):
+            break
+        j -= 1
+    return j
+
+
 def common_tail(a: list[Backend], b: list[Backend]) -> int:
     """How many backends ``a`` and ``b`` end with alike."""
     n = 0

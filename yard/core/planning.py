@@ -85,6 +85,7 @@ from yard.core.plan_steps import (
     frontier_after,
     head_moved,
     only_key,
+    quiet_from,
     ranks_no_higher,
     read_sig,
     reads_same,
@@ -206,6 +207,10 @@ class Planner:
         seen = core.transitions
         order = self._order
         common = -1  # how many backends cands and the old order end with alike (-1: not counted)
+        # the frontier that quiet_k was worked out for: from quiet_k on, the old steps
+        # change no frontier and read it as they read theirs (plan_steps.quiet_from)
+        quiet: Frontier | None = None
+        quiet_k = 0
         for i, b in enumerate(cands):
             if core.transitions != seen and not full:
                 # A plan was carried out: the plans after it that read what it
@@ -232,8 +237,8 @@ class Planner:
             if k is not None and prev is not None:
                 before = prev.before
                 same = frontier is before or frontier.same(before)
-                if same and k > last_dirty:
-                    # the rest of the round is the old one's: cands[i:] == order[k:]
+                if k > last_dirty:
+                    # the rest of the round is the old one's order: cands[i:] == order[k:]
                     if cands is order:
                         rest = i == k
                     else:
@@ -242,12 +247,21 @@ class Planner:
                         rest = len(cands) - i == len(order) - k and len(cands) - i <= common
                 else:
                     rest = False
-                if rest:
+                if rest and same:
                     # The rest is as it was: replay what changed the frontier.
                     for e in self._effects:
                         if e >= k:
                             self._replay(old[e], out)
                             frontier = old[e].after or frontier
+                    steps.extend(old[k:])
+                    break
+                if rest and quiet is not frontier:
+                    quiet, quiet_k = frontier, quiet_from(old, frontier)
+                if rest and k >= quiet_k:
+                    # The rest changes no frontier and reads nothing in which
+                    # this one differs from theirs: each reused after it.
+                    for st in old[k:]:
+                        st.before = frontier
                     steps.extend(old[k:])
                     break
                 if same or reads_same(prev, frontier):
