@@ -216,7 +216,7 @@ class Planner:
                 # A plan was carried out: the plans after it that read what it
                 # changed are planned again, the others stand.
                 seen = core.transitions
-                dirty |= self._dirty(touched, now, settled=False)
+                self._dirty(touched, now, settled=False, dirty=dirty)
                 for device in core.touched_devices:
                     dirty.update(self._weighers.get(device, ()))
                 last_dirty = max(
@@ -347,7 +347,9 @@ class Planner:
                 return False
         return True
 
-    def _dirty(self, touched: set[str], now: float, *, settled: bool) -> set[int]:
+    def _dirty(
+        self, touched: set[str], now: float, *, settled: bool, dirty: set[int] | None = None
+    ) -> set[int]:
         """The steps whose own inputs changed: their head, what they read of a
         touched backend, or (evicting) their own queue, their victims and the
         clock.
@@ -357,12 +359,18 @@ class Planner:
         whose :func:`read_sig` is the one the steps last agreed with is not
         read again, and its signature is remembered; otherwise (plans carried
         out in this round) the touched backends' signatures are forgotten.
+
+        dirty: the steps already known to be planned again (this round's so
+        far), added to and returned; they are not asked again.
         """
-        dirty: set[int] = set()
+        if dirty is None:
+            dirty = set()
         steps = self._steps
         config = self._core.config
         backends = self._core.backends
         for k in self._evicting:
+            if k in dirty:
+                continue
             st = steps[k]
             if evicting_changed(st, touched, now, config):
                 dirty.add(k)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from yard.core.plan_steps import Key, Step, still_reads
 from yard.core.plans import Reads
 from yard.core.records import Backend
-from yard.core.victims import family_of, outranks, refusal_by_key
+from yard.core.victims import refusal_by_key
 
 _LOWEST: Key = (-math.inf, -math.inf, "")
 """Below every :func:`~yard.core.queue.order_key`."""
@@ -46,14 +46,25 @@ def reread(
     # The answer differs between plans only by whether they took o, whether
     # o outranks their head and is their sibling (refusal_by_key): asked once each.
     answers: dict[tuple[bool, bool, bool], str | None] = {}
+    o_family = o.family
     for k in steps:
+        if k in dirty:
+            continue
         st = planned[k]
-        if k in dirty or name not in st.why:
+        if name not in st.why:
             continue
         taken = st.before.taken
-        family = family_of(st.backend, st.head)
-        sibling = family is not None and o.family == family
-        which = (name in taken, outranks(key, st.head_key), sibling)
+        # family_of and outranks, inline: this runs for every reader of o
+        family = st.backend.family
+        if family is not None and not (st.head is None or st.head is st.backend.ahead):
+            family = None
+        sibling = family is not None and o_family == family
+        head_key = st.head_key
+        which = (
+            name in taken,
+            key is not None and (head_key is None or key < head_key),
+            sibling,
+        )
         if which in answers:
             why = answers[which]
         else:
