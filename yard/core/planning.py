@@ -67,6 +67,7 @@ against a scheduler made with ``replan_everything=True``.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable, Iterable
 
 from yard.core import estimates, failures, placement, reasons
@@ -171,15 +172,7 @@ class Planner:
         elif self._order_kept(touched):
             cands = self._order
         else:
-            cands = self._ordered(
-                [b for b in self._order if waits_for_load(b)]
-                + [
-                    core.backends[n]
-                    for n in sorted(touched)
-                    if n not in self._index and waits_for_load(core.backends[n])
-                ],
-                touched,
-            )
+            cands = self._reordered(touched)
         self._told.clear()
         self._overtaken.clear()
         self._resig.clear()
@@ -332,6 +325,38 @@ class Planner:
         ordered = sorted(cands, key=lambda b: ranks[b.name])
         # the same order kept as the same list: the round's indexes into it stand
         return self._order if touched is not None and ordered == self._order else ordered
+
+    def _reordered(self, touched: set[str]) -> list[Backend]:
+        """The candidates best first after the ``touched`` backends changed:
+        only they can join, leave or move (a backend's rank and whether it
+        waits for a load change only with what touches it, as
+        :meth:`_order_kept` relies on), so the others keep their order and
+        each touched one that waits is put in its place: what :meth:`_ordered`
+        gives, without sorting them all (where a rank ties another's, it sorts)."""
+        backends = self._core.backends
+        kept = [b for b in self._order if b.name not in touched and waits_for_load(b)]
+        moved = [backends[n] for n in sorted(touched) if waits_for_load(backends[n])]
+        if not moved:
+            return self._order if len(kept) == len(self._order) else kept
+        boost = self._core.config.deadline_boost
+        ranks = self._ranks
+        for b in moved:
+            head = b.head()
+            if b.want_load or head is None:
+                ranks[b.name] = (0, (0.0, 0.0, b.name))
+            else:
+                ranks[b.name] = (1, order_key(head, boost))
+        rank_of = ranks.__getitem__
+        for b in moved:
+            rank = ranks[b.name]
+            at = bisect_right(kept, rank, key=lambda o: rank_of(o.name))
+            if at and ranks[kept[at - 1].name] == rank:
+                cands = [o for o in self._order if waits_for_load(o)]
+                index = self._index
+                cands += [o for o in moved if o.name not in index]
+                return self._ordered(cands, touched)
+            kept.insert(at, b)
+        return self._order if kept == self._order else kept
 
     def _order_kept(self, touched: set[str]) -> bool:
         """Whether no touched backend joined, left or moved in the order."""
