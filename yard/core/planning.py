@@ -103,7 +103,6 @@ from yard.core.rereads import between, index_reads, reindex_fresh, reread
 from yard.core.reworks import overtaken_again, victims_again
 from yard.core.spec import HOST
 from yard.core.state import Core
-from yard.core.victims import family_of
 
 _OptionsSig = tuple[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], ...]
 
@@ -464,7 +463,7 @@ class Planner:
                 b, b.state, head, urgent, overtakes, None, Reads(), none, none, none, frontier, None
             )
             return step, room
-        options = core.options(b)
+        options = core.options_cache.get(b.name) or core.options(b)
         known = self._devices.get(b.name)
         if known is None or known[0] is not options:
             claims = frozenset(d for gpus, _ in options for d in gpus or (HOST,))
@@ -484,7 +483,10 @@ class Planner:
         # for the backends after it with the same options, after the same
         # frontier: it is told again, not worked out again.
         alone = None if b.profile is not None else failures.step(b)
-        key = (frontier, room, sig, alone, family_of(b, head))  # siblings refuse their own
+        family = b.family  # family_of(b, head), asked here for every backend told again
+        if family is not None and head is not None and head is not b.ahead:
+            family = None
+        key = (frontier, room, sig, alone, family)  # siblings refuse their own
         told = self._told.get(key)
         plan: Plan | None
         retold: Callable[[str], str] | None = None  # a blocked plan told again: its sentence
