@@ -170,3 +170,13 @@ def test_urgency_counts_the_longest_recent_service_of_a_neighbour_not_the_mean()
     h.arrive("announce", "big", at=200, start_by=400.0)
     # urgent at 400 - (20 s load + 100 s longest chat request) = 280
     assert h.s.next_wakeup() == 280
+
+
+def test_urgency_counts_the_longest_service_of_the_other_backends_as_it_is_now() -> None:
+    h = busy_chat(urgency_window_s=30)
+    # chat has served nothing yet: its high estimate is the default, 10 s
+    h.arrive("first", "big", priority=100, at=1, start_by=300.0)
+    assert h.s.next_wakeup() == 300 - (20 + 10) - 30
+    h.finish("r0", at=40)  # a 40 s service: chat's high estimate is 40 s now
+    h.arrive("second", "big", priority=100, at=41, start_by=250.0)
+    assert h.s.next_wakeup() == 250 - (20 + 40) - 30

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import random
 
-from yard.core import BackendSpec, SchedulerConfig
+from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.core.catalog import new_backend
+from yard.core.estimates import service_hi
 from yard.core.plans import NoRoom
 from yard.core.records import SERVICE_WINDOW
 
@@ -30,3 +31,20 @@ def test_a_reason_told_by_name_is_the_sentence_it_tells_that_backend() -> None:
     assert "chat" in b.wait_reason
     b.wait_reason = "waiting for its stop"
     assert b.wait_reason == "waiting for its stop"
+
+
+def test_the_worst_drain_is_the_longest_high_service_estimate_of_the_others() -> None:
+    config = SchedulerConfig(default_service_s=5.0)
+    names = [f"m{i}" for i in range(6)]
+    devices = [DeviceSpec(name="gpu0", kind="gpu", total_bytes=24 * 1024**3)]
+    s = Scheduler(devices, [BackendSpec(name=n, gpus=("gpu0",)) for n in names], config)
+    core = s._core
+    rng = random.Random(5)
+    for _ in range(200):
+        b = core.backends[rng.choice(names)]
+        # ties on purpose: a few figures only, the default among them
+        b.note_service(rng.choice((1.0, 5.0, 7.0, 7.0, 30.0)) if rng.random() < 0.9 else 0.5)
+        core.service_changes += 1  # as a finish counts it
+        for o in core.backends.values():
+            others = [service_hi(x, config) for x in core.backends.values() if x is not o]
+            assert core.worst_drain(o) == max(others, default=0.0)

@@ -10,7 +10,7 @@ recent service times) and fall back to the settings' defaults.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 from yard.core import reasons
 from yard.core.lifecycle import LOADED, BackendState
@@ -119,9 +119,10 @@ def start_cost(
     return load + wait, reasons.load_after(b.name, load, wait)
 
 
-def worst_start_cost(b: Backend, others: Iterable[Backend], config: SchedulerConfig) -> float:
+def worst_start_cost(b: Backend, drain: float, config: SchedulerConfig) -> float:
     """Start cost if it must be loaded after busy neighbours drain: used for
-    urgency, because a loaded backend may be evicted while a request waits."""
-    # Every backend shares host memory with ``b``: each neighbour counts.
-    drain = max((service_hi(o, config) for o in others if o is not b), default=0.0)
+    urgency, because a loaded backend may be evicted while a request waits.
+    ``drain``: the longest :func:`service_hi` of the other backends (every
+    backend shares host memory with ``b``: each counts;
+    :meth:`yard.core.state.Core.worst_drain`)."""
     return load_s(b, config) + drain

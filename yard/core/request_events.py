@@ -114,7 +114,7 @@ def enter(core: Core, ev: RequestArrived, now: float, out: list[Decision]) -> No
                 return
             req.late_flagged = True
             out.append(Flag(request_id=rid, backend=b.name, reason=f"accepted late: {msg}"))
-        worst = estimates.worst_start_cost(b, core.backends.values(), c)
+        worst = estimates.worst_start_cost(b, core.worst_drain(b), c)
         req.urgent_at = ev.start_by - worst - c.urgency_window_s
         if req.urgent_at <= now:
             req.urgent = True
@@ -171,6 +171,7 @@ def finished(core: Core, ev: RequestFinished, now: float, out: list[Decision]) -
     )
     b.service_max = sample if b.service_max is None else max(b.service_max, sample)
     b.note_service(sample)
+    core.service_changes += 1
     b.running.pop(req.id, None)
     b.served += 1
     b.last_used = now

@@ -57,6 +57,9 @@ class Core:
     occupying: the backends that hold or take memory (starting, ready, draining,
         stopping): surveys and occupants visit only these.
     windows: held requests and announcements (:mod:`yard.core.windows`).
+    service_changes: counts the service times noted (a finish); with
+        ``room_version`` (the backends themselves change only with it) it keys
+        what :meth:`worst_drain` keeps.
     """
 
     config: SchedulerConfig
@@ -80,6 +83,10 @@ class Core:
     shares: Shares | None = None  # the apps' fairness term; None: no app has a weight
     windows: Windows = field(default_factory=Windows)
     retiring: set[str] = field(default_factory=set)  # leaving the configuration (catalog)
+    service_changes: int = 0
+    # (service_changes, room_version) it was worked out at, the backend with the
+    # longest high service estimate, that estimate, and the longest of the others
+    drains: tuple[tuple[int, int], Backend | None, float, float] | None = None
 
     def unqueue(self, req: Req) -> None:
         req.state = ReqState.DONE
@@ -228,6 +235,30 @@ class Core:
             return plan.free_wait_s if plan is not None else 0.0
 
         return estimates.start_cost(b, now, self.config, free_wait)
+
+    def worst_drain(self, b: Backend) -> float:
+        """The longest high service estimate of the backends other than ``b``
+        (0 where there are none): the drain of
+        :func:`~yard.core.estimates.worst_start_cost`, worked out once until a
+        service time is noted or the backends change, not over every backend
+        for every arrival with a start-by."""
+        key = (self.service_changes, self.room_version)
+        drains = self.drains
+        if drains is None or drains[0] != key:
+            top: Backend | None = None
+            first = second = 0.0
+            config = self.config
+            for o in self.backends.values():
+                hi = estimates.service_hi(o, config)
+                if top is None or hi > first:
+                    if top is not None:
+                        second = first
+                    top, first = o, hi
+                elif hi > second:
+                    second = hi
+            drains = self.drains = (key, top, first, second)
+        _, top, first, second = drains
+        return second if b is top else first
 
     def stop(self, b: Backend, reason: str, out: list[Decision]) -> None:
         self.transition(b, Move.STOP, reason)
