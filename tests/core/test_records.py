@@ -40,11 +40,15 @@ def test_the_worst_drain_is_the_longest_high_service_estimate_of_the_others() ->
     s = Scheduler(devices, [BackendSpec(name=n, gpus=("gpu0",)) for n in names], config)
     core = s._core
     rng = random.Random(5)
-    for _ in range(200):
+    for _ in range(1_000):
         b = core.backends[rng.choice(names)]
-        # ties on purpose: a few figures only, the default among them
-        b.note_service(rng.choice((1.0, 5.0, 7.0, 7.0, 30.0)) if rng.random() < 0.9 else 0.5)
-        core.service_changes += 1  # as a finish counts it
+        # ties on purpose (a few figures, the default among them); estimates
+        # that fall as long ones leave the window and the average moves down
+        sample = rng.choice((0.5, 1.0, 5.0, 7.0, 7.0, 30.0) if rng.random() < 0.2 else (0.5, 1.0))
+        ewma = b.service_ewma
+        b.service_ewma = sample if ewma is None else 0.7 * ewma + 0.3 * sample
+        b.note_service(sample)
+        core.service_noted(b)  # as a finish tells it
         for o in core.backends.values():
             others = [service_hi(x, config) for x in core.backends.values() if x is not o]
             assert core.worst_drain(o) == max(others, default=0.0)

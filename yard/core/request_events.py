@@ -171,7 +171,7 @@ def finished(core: Core, ev: RequestFinished, now: float, out: list[Decision]) -
     )
     b.service_max = sample if b.service_max is None else max(b.service_max, sample)
     b.note_service(sample)
-    core.service_changes += 1
+    core.service_noted(b)
     b.running.pop(req.id, None)
     b.served += 1
     b.last_used = now

@@ -57,9 +57,11 @@ class Core:
     occupying: the backends that hold or take memory (starting, ready, draining,
         stopping): surveys and occupants visit only these.
     windows: held requests and announcements (:mod:`yard.core.windows`).
-    service_changes: counts the service times noted (a finish); with
-        ``room_version`` (the backends themselves change only with it) it keys
-        what :meth:`worst_drain` keeps.
+    drains: the longest high service estimate of any backend and the second
+        longest, with their backends, at a ``room_version`` (the backends
+        change only with it); kept as finishes note service times
+        (:meth:`service_noted`) for :meth:`worst_drain`. None: worked out
+        again when asked.
     """
 
     config: SchedulerConfig
@@ -83,10 +85,7 @@ class Core:
     shares: Shares | None = None  # the apps' fairness term; None: no app has a weight
     windows: Windows = field(default_factory=Windows)
     retiring: set[str] = field(default_factory=set)  # leaving the configuration (catalog)
-    service_changes: int = 0
-    # (service_changes, room_version) it was worked out at, the backend with the
-    # longest high service estimate, that estimate, and the longest of the others
-    drains: tuple[tuple[int, int], Backend | None, float, float] | None = None
+    drains: tuple[int, Backend | None, float, Backend | None, float] | None = None
 
     def unqueue(self, req: Req) -> None:
         req.state = ReqState.DONE
@@ -239,26 +238,49 @@ class Core:
     def worst_drain(self, b: Backend) -> float:
         """The longest high service estimate of the backends other than ``b``
         (0 where there are none): the drain of
-        :func:`~yard.core.estimates.worst_start_cost`, worked out once until a
-        service time is noted or the backends change, not over every backend
-        for every arrival with a start-by."""
-        key = (self.service_changes, self.room_version)
+        :func:`~yard.core.estimates.worst_start_cost`, kept (``drains``)
+        instead of taken over every backend for every arrival with a start-by."""
         drains = self.drains
-        if drains is None or drains[0] != key:
+        if drains is None or drains[0] != self.room_version:
             top: Backend | None = None
+            runner_up: Backend | None = None
             first = second = 0.0
-            config = self.config
             for o in self.backends.values():
-                hi = estimates.service_hi(o, config)
+                hi = estimates.service_hi(o, self.config)
                 if top is None or hi > first:
                     if top is not None:
-                        second = first
+                        runner_up, second = top, first
                     top, first = o, hi
-                elif hi > second:
-                    second = hi
-            drains = self.drains = (key, top, first, second)
-        _, top, first, second = drains
+                elif runner_up is None or hi > second:
+                    runner_up, second = o, hi
+            drains = self.drains = (self.room_version, top, first, runner_up, second)
+        _, top, first, _, second = drains
         return second if b is top else first
+
+    def service_noted(self, b: Backend) -> None:
+        """``b`` noted a service time: its high estimate may have moved, and
+        with it the figures :meth:`worst_drain` keeps (where the longest or
+        the second longest fell, they are worked out again when asked)."""
+        drains = self.drains
+        if drains is None or drains[0] != self.room_version:
+            return
+        version, top, first, runner_up, second = drains
+        hi = estimates.service_hi(b, self.config)
+        if b is top:
+            if hi >= first:
+                self.drains = (version, b, hi, runner_up, second)
+                return
+        elif b is runner_up and hi < second:
+            pass  # the second longest fell
+        elif hi > first:
+            self.drains = (version, b, hi, top, first)
+            return
+        elif b is runner_up or hi > second:
+            self.drains = (version, top, first, b, hi)
+            return
+        else:
+            return  # below the second longest before and after
+        self.drains = None
 
     def stop(self, b: Backend, reason: str, out: list[Decision]) -> None:
         self.transition(b, Move.STOP, reason)
