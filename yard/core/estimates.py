@@ -88,15 +88,6 @@ def overtake_denied(
     return reasons.overtake_denied(victim.name, hi, swap.name, latest - now)
 
 
-def overtake_until(victim: Backend, swap: Backend, config: SchedulerConfig) -> float | None:
-    """Until when :func:`overtake_denied` lets a request for ``victim`` go ahead
-    of the swap to ``swap`` (None: no deadline waits for the swap, always)."""
-    latest = swap_latest_start(swap, config)
-    if latest is None:
-        return None
-    return latest - service_hi(victim, config)
-
-
 def start_cost(
     b: Backend, now: float, config: SchedulerConfig, free_wait: Callable[[], float]
 ) -> tuple[float, str]:

@@ -514,22 +514,22 @@ def _evict(
         # now, the idle ones are held (no new work) until the load is due.
         plan.hold_until = due
         reads.until = min(reads.until, due)
+    may_batch = head is not None and not head.urgent and head.overtakes < config.batch_bound
+    # the swap's latest start, asked once (overtake_denied and overtake_until ask it per victim)
+    latest = estimates.swap_latest_start(b, config) if may_batch else None
     for o in chosen:
         plan.cost += estimates.load_s(o, config)
         # A backend loaded for waiting requests serves one of them before it
         # goes (else its load was wasted). Batching beyond that is worth it only
         # while the swap's head can wait: an urgent deadline gets the swap at once.
         fresh = o.state is BackendState.READY and o.dispatched_since_ready == 0
-        batching = (
-            head is not None
-            and not head.urgent
-            and head.overtakes < config.batch_bound
-            and estimates.overtake_denied(o, b, now, config) is None
-        )
-        if batching:
-            until = estimates.overtake_until(o, b, config)
-            if until is not None:
-                reads.until = min(reads.until, until)
+        batching = may_batch
+        if batching and latest is not None:
+            # estimates.overtake_denied is None, and then overtake_until
+            hi = estimates.service_hi(o, config)
+            batching = now + hi <= latest
+            if batching:
+                reads.until = min(reads.until, latest - hi)
         # Until an urgent window's load is due, its victims still take the
         # work expected to end by then (their mean service): only what would
         # run into the load waits for the window.
