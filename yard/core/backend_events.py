@@ -59,6 +59,7 @@ def ready(core: Core, ev: BackendReady, now: float, out: list[Decision]) -> None
         b.parallel = ev.slots
     ready_why = f"ready after loading for {reasons.secs(b.learned_load_s)}{took}"
     core.transition(b, Move.READY, ready_why)
+    windows.ready(core, b, now)
     if took:
         out.append(Flag(backend=b.name, reason=f"{b.name}: " + took.removeprefix("; ")))
     if b.unload_requested:

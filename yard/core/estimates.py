@@ -9,6 +9,7 @@ recent service times) and fall back to the settings' defaults.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Mapping
 
@@ -47,6 +48,52 @@ def reload_per_gib(b: Backend, need: Mapping[str, int], config: SchedulerConfig)
     ``need``; at least one GiB counted)."""
     held = sum(b.reserved.values()) or sum(need.values())
     return load_s(b, config) / max(1.0, held / _GIB)
+
+
+IDLE_GAPS_MIN = 8
+"""How many gaps between its arrivals a backend must have shown before
+:func:`idle_from` tells when it will stay idle."""
+IDLE_CHANCE = 6
+""":func:`idle_from` accepts a chance of a request before the window of one in
+this many."""
+IDLE_MARGIN = 2.0
+"""How much longer than the longest gap it outlasted a backend must have been
+idle (:func:`idle_from`): a gap longer than any seen so far is likely."""
+
+
+def idle_from(b: Backend, until: float) -> float:
+    """From when ``b``, idle, is expected to get no request before ``until``
+    (``inf``: not before ``until``, or it has shown fewer than
+    :data:`IDLE_GAPS_MIN` gaps between its requests, too few to tell).
+
+    Its recent gaps between requests are the forecast: once its idle time is
+    longer than a gap, that gap cannot be the one it is in. Of the ``n - i``
+    gaps longer than the ``i`` it outlasted, ``k - i`` end before ``until``;
+    the chance of a request before ``until`` is taken as ``(k - i + 1) / (n - i
+    + 2)`` (Laplace's rule: having outlasted every gap seen says little of a
+    gap never seen), and it is expected to stay idle once that is at most one
+    in :data:`IDLE_CHANCE`, from :data:`IDLE_MARGIN` times the longest gap it
+    must outlast after its last request. Image after the four show-art
+    requests of an hour (gaps of a minute or three, then of two hours) is
+    idle until the next news from some minutes after the last one, once it has
+    seen three such hours; music at night (gaps of ten minutes, at random) not
+    while the news is more than a few minutes away; chat (gaps of seconds)
+    never. Cheap where it is asked (a sort of at most
+    :data:`~yard.core.records.ARRIVAL_GAPS` gaps): only for a load ahead."""
+    n = len(b.gaps)
+    if n < IDLE_GAPS_MIN:
+        return math.inf
+    ordered = sorted(b.gaps)
+    k = bisect.bisect_right(ordered, until - b.last_arrival)
+    # Outlasting i of them (the shortest), k - i of the n - i left end before
+    # until; the chance is taken as (k - i + 1) / (n - i + 2) (Laplace's rule:
+    # having outlasted every gap seen says little of a gap never seen).
+    # (k - i + 1) * m <= n - i + 2, in whole numbers
+    m = IDLE_CHANCE
+    outlast = max(0, -(-(m * (k + 1) - n - 2) // (m - 1)))
+    if outlast > k:  # even with every gap ending before until outlasted
+        return math.inf
+    return b.last_arrival + IDLE_MARGIN * (ordered[outlast - 1] if outlast else 0.0)
 
 
 def swap_latest_start(swap: Backend, config: SchedulerConfig) -> float | None:

@@ -59,7 +59,8 @@ Rules
   overtake).
 - A load for an urgent window ahead (:mod:`yard.core.windows`) whose time has
   not come (:func:`load_due`) drains its busy victims and *holds* its idle ones
-  (drained: loaded, no new work) until it is due, when they stop and it starts.
+  (drained: loaded, no new work) until it is due, when they stop and it starts;
+  one let load early (its victims idle until the window) is due at once.
   Until then a victim with waiting work still takes the requests expected to
   end by the time the load is due (its mean service time, :func:`ends_before`):
   only work that would run into the load waits for the window.
@@ -478,9 +479,9 @@ def load_due(b: Backend, head: Req | None, config: SchedulerConfig) -> float | N
     """When ``b``'s load for ``head`` must start, where ``head`` is the urgent
     stand-in for an announced window (``opens - load_s - lead_margin_s``, as a
     window that is near but not urgent loads) and no request waits for ``b``
-    (one that does needs the load now, ranked below the stand-in or not); None
-    for any other load."""
-    if head is None or head is not b.ahead or not head.urgent or b.queue.size:
+    (one that does needs the load now, ranked below the stand-in or not), nor
+    was it let load early (:mod:`yard.core.windows`); None for any other load."""
+    if head is None or head is not b.ahead or not head.urgent or head.early or b.queue.size:
         return None
     return head.arrived_at - estimates.load_s(b, config) - config.lead_margin_s
 

@@ -74,6 +74,9 @@ class Req:
     lost_at: float | None = None
     share_tag: float = 0.0  # start tag of the apps' fairness term (yard.core.fairness)
     ages_from: float | None = None  # patient work: its latest comfortable start (aging_start)
+    # a window's stand-in near early: what its load evicts is idle and expected
+    # to stay so until the window (yard.core.windows): its load is due at once
+    early: bool = False
 
     def score(self, boost: float) -> float:
         """Boosted rank: the effective priority minus ``aging_rate * now``."""

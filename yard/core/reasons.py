@@ -480,6 +480,12 @@ def ahead_urgent(load_s: float, when: str) -> str:
     )
 
 
+def ahead_early(when: str) -> str:
+    """Why a load for work ahead comes before it is due: what it evicts is
+    expected to stay idle until then (:mod:`yard.core.windows`)."""
+    return f"; early: what it evicts is expected to stay idle until {when}"
+
+
 def keeping_ahead(name: str, announced: int, held: int, when: str, load_s: float) -> str:
     return (
         f"keeping {name}: {_ahead_work(announced, held)} from {when} "

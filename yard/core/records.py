@@ -20,6 +20,8 @@ ARRIVAL_MEMORY_S = 600.0
 """The time constant of a backend's decayed arrival count (:attr:`Backend.heat`):
 an arrival counts ``exp(-age / ARRIVAL_MEMORY_S)``, so the count over this time is
 its recent arrival rate."""
+ARRIVAL_GAPS = 32
+"""How many recent gaps between a backend's arrivals it keeps (:attr:`Backend.gaps`)."""
 SERVICE_WINDOW = 64
 """How many recent service times the high estimate is the maximum of."""
 
@@ -76,6 +78,10 @@ class Backend:
     # ARRIVAL_MEMORY_S, so that the order of two backends' rates does not move
     # with the clock, only with their arrivals
     heat: float = -math.inf
+    # when its latest request came, and the recent gaps between its requests
+    # (yard.core.estimates.idle_from: whether it will stay idle until a window)
+    last_arrival: float = -math.inf
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=ARRIVAL_GAPS))
     # log of its reload seconds per GiB held, as of its last start or dispatch
     reload_log: float = 0.0
     # how many GPU sets it may take on this machine (yard.core.state.Core.options):
@@ -141,7 +147,11 @@ class Backend:
             self.service_recent_max = seconds
 
     def note_arrival(self, now: float) -> None:
-        """Count an arrival at ``now`` in :attr:`heat` (one add, one log)."""
+        """Count an arrival at ``now`` in :attr:`heat` (one add, one log) and
+        its gap since the last one."""
+        if self.last_arrival > -math.inf:
+            self.gaps.append(now - self.last_arrival)
+        self.last_arrival = now
         x = now / ARRIVAL_MEMORY_S
         h = self.heat
         if h == -math.inf:

@@ -57,6 +57,14 @@ Rules it keeps
   starts at once.
 - A loaded backend with a near window is kept: it is not stopped when idle, and
   no load for work that does not outrank its stand-in may evict it.
+- Early: up to ``EARLY_S`` (half an hour) before a window opens, a stopped
+  backend that must evict to load is let near at once, once per window, where
+  what it must evict is idle and expected to stay so until the window opens
+  (:func:`yard.core.estimates.idle_from`, from the gaps between its requests):
+  image after the show art, not music at night nor chat. Then its load is due
+  at once (no hold), and it is ready for work that comes unannounced before
+  the window. Once loaded it is near no longer until its time. Asked again
+  when the forecast says, and when a neighbour on its devices becomes idle.
 - A backend that fails to start gives up on the windows near at that moment
   (no load loop); requests that come still load it as usual.
 - A backend with several instances: where the work near is more than the
@@ -82,6 +90,9 @@ from yard.core.state import Core
 from yard.core.timers import Timer
 from yard.core.views import WindowView
 from yard.core.window_state import Kind, Window
+
+EARLY_S = 1800.0
+"""How long before a window opens its backend may load early (:func:`_early_at`)."""
 
 # -- held requests ------------------------------------------------------------
 
@@ -278,6 +289,17 @@ def start_failed(core: Core, b: Backend, now: float) -> None:
     _refresh(core, b.name, now)
 
 
+def ready(core: Core, b: Backend, now: float) -> None:
+    """``b`` is loaded: a window that let it load early is near no longer
+    until its time (it is kept no more than any idle backend till then)."""
+    wins = core.windows.by_backend.get(b.name)
+    if wins and any(w.stand_in.early for w in wins.values()):
+        for win in wins.values():
+            win.stand_in.early = False
+        core.touched.add(b.name)
+        _refresh(core, b.name, now)
+
+
 def profile_changed(core: Core, name: str, now: float) -> None:
     """Backend ``name``'s load time may have changed, and with it when its
     windows are near (an instance's: its first's windows, which it may be
@@ -294,19 +316,26 @@ def service_changed(core: Core, name: str, now: float) -> None:
     """Backend ``name``'s service times changed, and with them how long it may
     take to drain: when the announced windows not yet urgent of the backends
     sharing a device with it become urgent (:func:`_urgent_at` counts only
-    those; the others' are unchanged)."""
+    those; the others' are unchanged). Where it is idle now, whether their
+    backends may load early is asked again (:func:`_early_at`)."""
     if not core.windows.announced:
         return
-    mine = _devices(core.backends[name])
+    b = core.backends[name]
+    mine = _devices(b)
+    idle = not b.running and not b.queue.size
     for backend, wins in list(core.windows.by_backend.items()):
-        if (
-            backend != name
-            and mine & _devices(core.backends[backend])
-            and any(
-                w.kind == "announced" and not w.stand_in.urgent and not w.gave_up
-                for w in wins.values()
-            )
-        ):
+        if backend == name or not mine & _devices(core.backends[backend]):
+            continue
+        urgent_later = any(
+            w.kind == "announced" and not w.stand_in.urgent and not w.gave_up for w in wins.values()
+        )
+        # Idle now, it may be one that lets a load ahead come early (_early_at).
+        early_later = False
+        for w in wins.values() if idle else ():
+            if not w.early and w.early_check > now and now >= w.opens - EARLY_S:
+                w.early_check = now
+                early_later = True
+        if urgent_later or early_later:
             _refresh(core, backend, now)
 
 
@@ -376,10 +405,70 @@ def _drop(core: Core, wid: str) -> None:
 
 def _near_at(core: Core, b: Backend, win: Window) -> float:
     """When ``win`` becomes near: ``lead_margin_s`` before its load must start,
-    or earlier where its urgency comes first (an urgent stand-in is near)."""
-    if win.stand_in.urgent:
+    or earlier where its urgency comes first (an urgent stand-in is near), or
+    where it was let near early (:func:`_early_at`)."""
+    if win.stand_in.urgent or win.stand_in.early:
         return -math.inf
     return _counts_from(core, b, win)
+
+
+def _early_at(core: Core, b: Backend, win: Window, now: float) -> float:
+    """From when ``b``, stopped, may load for ``win`` before it is near: on one
+    of its GPU sets, the memory it needs is free but for what idle backends
+    hold that are expected to stay idle until the window opens
+    (:func:`yard.core.estimates.idle_from`); ``inf``: not by what is loaded
+    now (a busy backend or one in use stands in the way, it is loaded, or a
+    load or a stop runs on its devices), or
+    it fits now on a GPU set (it loads when near, as before: early, it would
+    keep others from that memory for half an hour)."""
+    if b.state not in (BackendState.STOPPED, BackendState.FAILED):
+        return math.inf
+    best = math.inf
+    for gpus, need in core.options(b):
+        at = now
+        evicts = False
+        for d in (*gpus, HOST):
+            dev = core.devices[d]
+            free = dev.spec.usable_bytes - dev.foreign
+            idle: list[tuple[float, int]] = []
+            for o in core.occupants(d):
+                held = o.held(d)
+                free -= held
+                if d != HOST and o.state in (BackendState.STARTING, BackendState.STOPPING):
+                    return math.inf  # memory in flux, promised to a load: not now
+                # idle, or held (drained, idle) while its own stand-in is near:
+                # for its urgent load, not yet due
+                held_for_b = o.drain_reason == "swap" and b.ahead is win.stand_in
+                if (
+                    (o.state is BackendState.READY or held_for_b)
+                    and not o.pinned
+                    and not o.running
+                    and not o.queue.size
+                    and o.ahead is None
+                ):
+                    idle.append((max(now, estimates.idle_from(o, win.opens)), held))
+            if need[d] > free:
+                evicts = True
+                at = max(at, _freed_at(free, need[d], idle, win.opens))
+                if at == math.inf:
+                    break
+        if not evicts:
+            return math.inf  # it fits now: it loads when near, as before
+        best = min(best, at)
+    return best
+
+
+def _freed_at(free: int, need: int, idle: list[tuple[float, int]], opens: float) -> float:
+    """When ``need`` bytes are free, where ``free`` are now and each of ``idle``
+    (from when, bytes held) may go from its time before ``opens`` (``inf``:
+    not before ``opens``)."""
+    for t, held in sorted(idle, key=lambda x: x[0]):
+        if t >= opens:
+            break
+        free += held
+        if need <= free:
+            return t
+    return math.inf
 
 
 def _counts_from(core: Core, b: Backend, win: Window) -> float:
@@ -444,6 +533,24 @@ def _refresh(core: Core, name: str, now: float) -> None:
             win.stand_in.rank = win.priority - core.config.aging_rate * min(now, win.opens)
             core.touched.add(name)
         near_at = _near_at(core, b, win)
+        # not loaded for it yet: not near, or urgent and holding till its load is due
+        waits = near_at > now or (win.stand_in.urgent and _due_at(core, b, win) > now)
+        if waits and not win.early and now >= win.opens - EARLY_S:
+            if now >= win.early_check:
+                early = win.early_check = _early_at(core, b, win, now)
+                if early <= now:
+                    # What its load evicts is idle and expected to stay so
+                    # until the window: loaded now, it is ready for work that
+                    # comes unannounced before the window too (seed 3's
+                    # breaking news). Once only: a wrong forecast costs one
+                    # load more, and no loop.
+                    win.early = win.stand_in.early = True
+                    core.touched.add(name)
+                    near_at = -math.inf
+            if not win.early and win.early_check < math.inf:
+                soonest = min(soonest, win.early_check)
+        elif waits and not win.early:
+            soonest = min(soonest, win.opens - EARLY_S)
         if near_at > now:
             soonest = min(soonest, near_at)
             continue
@@ -488,7 +595,9 @@ def _describe(core: Core, b: Backend, now: float) -> None:
     first = min(near, key=lambda w: (w.opens, w.id))
     when = first.label or reasons.in_s(first.opens - now)
     b.ahead_load_why = reasons.loading_ahead(b.name, announced, held, when, win.id)
-    if win.stand_in.urgent:
+    if win.stand_in.early:
+        b.ahead_load_why += reasons.ahead_early(win.label or when)
+    elif win.stand_in.urgent:
         b.ahead_load_why += reasons.ahead_urgent(core.load_s(b), win.label or when)
     b.ahead_keep_why = reasons.keeping_ahead(b.name, announced, held, when, core.load_s(b))
     if b.ahead_keep_why != keep:
