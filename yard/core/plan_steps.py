@@ -7,7 +7,7 @@ The functions here answer the questions a round asks before it reuses a step
 instead of planning it afresh: does another frontier answer what the plan asked
 the same way (:func:`reads_same`), did a backend it read change in what it read
 (:func:`read_sig`, :func:`still_reads`, :func:`victim_sig`,
-:func:`victims_changed`), did its own head change (:func:`head_changed`).
+:func:`victims_changed`), did its own head move (:func:`head_moved`).
 """
 
 from __future__ import annotations
@@ -294,18 +294,9 @@ def evicting_changed(st: Step, touched: set[str], now: float, config: SchedulerC
     return st.victims is None and not touched.isdisjoint(st.reads.victims)
 
 
-def head_changed(b: Backend, step: Step) -> bool:
-    """Whether ``b``'s own step is stale: its state, its head or the head's
-    urgency or overtakes changed."""
-    if head_moved(b, step):
-        return True
-    head = step.head  # b's head still
-    return head is not None and head.overtakes != step.overtakes
-
-
 def head_moved(b: Backend, step: Step) -> bool:
-    """:func:`head_changed` but for the head's overtakes: its state, its head or
-    the head's urgency changed. Where only the overtakes changed (a request for
+    """Whether ``b``'s own step is stale: its state, its head or the head's
+    urgency changed. Where only the overtakes changed (a request for
     a victim of its swap went first), an evicting plan is worked out again from
     the victims it chose (:func:`yard.core.reworks.overtaken_again`)."""
     if b.state is not step.state:
