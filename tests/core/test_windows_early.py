@@ -1,6 +1,6 @@
 """A window's backend loads early, up to half an hour before the window opens,
 where what it must evict is idle and expected to stay so until the window
-(yard.core.windows._early_at, yard.core.estimates.idle_from); where that is in
+(yard.core.early.early_at, yard.core.estimates.idle_from); where that is in
 use, it loads when its load is due, as before."""
 
 from __future__ import annotations

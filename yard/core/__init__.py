@@ -19,7 +19,7 @@ Layout, from the outside in:
   waiting requests), ``lifecycle`` (a backend's states, as a table),
   ``timers``;
 - ``windows``: work ahead (held requests, announcements) and the loads done
-  for it;
+  for it; ``early``: when such a load may come early;
 - the policy's questions, as pure functions: ``placement`` (where a backend
   fits, what makes room, swap batching), ``victims`` (who may make room, in
   which order), ``instances`` (which instance of a backend a request goes

@@ -44,7 +44,7 @@ class Window:
     label: str
     stand_in: Req
     gave_up: bool = False
-    early: bool = False  # its backend was let load early for it once (windows._early_at)
+    early: bool = False  # its backend was let load early for it once (yard.core.early.early_at)
     early_check: float = -math.inf  # when to ask that again
     spread: dict[str, Req] = field(default_factory=dict)
     gave_up_on: set[str] = field(default_factory=set)

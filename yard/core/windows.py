@@ -79,7 +79,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from yard.core import estimates, instances, reasons
+from yard.core import early, estimates, instances, reasons
 from yard.core.decisions import AnnouncementEnded, Decision, Flag
 from yard.core.events import AnnouncementMade, AnnouncementWithdrawn, RequestArrived
 from yard.core.lifecycle import BackendState
@@ -92,7 +92,7 @@ from yard.core.views import WindowView
 from yard.core.window_state import Kind, Window
 
 EARLY_S = 1800.0
-"""How long before a window opens its backend may load early (:func:`_early_at`)."""
+"""How long before a window opens its backend may load early (:func:`yard.core.early.early_at`)."""
 
 # -- held requests ------------------------------------------------------------
 
@@ -317,7 +317,7 @@ def service_changed(core: Core, name: str, now: float) -> None:
     take to drain: when the announced windows not yet urgent of the backends
     sharing a device with it become urgent (:func:`_urgent_at` counts only
     those; the others' are unchanged). Where it is idle now, whether their
-    backends may load early is asked again (:func:`_early_at`)."""
+    backends may load early is asked again (:func:`yard.core.early.early_at`)."""
     if not core.windows.announced:
         return
     b = core.backends[name]
@@ -329,7 +329,7 @@ def service_changed(core: Core, name: str, now: float) -> None:
         urgent_later = any(
             w.kind == "announced" and not w.stand_in.urgent and not w.gave_up for w in wins.values()
         )
-        # Idle now, it may be one that lets a load ahead come early (_early_at).
+        # Idle now, it may be one that lets a load ahead come early (early.early_at).
         early_later = False
         for w in wins.values() if idle else ():
             if not w.early and w.early_check > now and now >= w.opens - EARLY_S:
@@ -406,69 +406,10 @@ def _drop(core: Core, wid: str) -> None:
 def _near_at(core: Core, b: Backend, win: Window) -> float:
     """When ``win`` becomes near: ``lead_margin_s`` before its load must start,
     or earlier where its urgency comes first (an urgent stand-in is near), or
-    where it was let near early (:func:`_early_at`)."""
+    where it was let near early (:func:`yard.core.early.early_at`)."""
     if win.stand_in.urgent or win.stand_in.early:
         return -math.inf
     return _counts_from(core, b, win)
-
-
-def _early_at(core: Core, b: Backend, win: Window, now: float) -> float:
-    """From when ``b``, stopped, may load for ``win`` before it is near: on one
-    of its GPU sets, the memory it needs is free but for what idle backends
-    hold that are expected to stay idle until the window opens
-    (:func:`yard.core.estimates.idle_from`); ``inf``: not by what is loaded
-    now (a busy backend or one in use stands in the way, it is loaded, or a
-    load or a stop runs on its devices), or
-    it fits now on a GPU set (it loads when near, as before: early, it would
-    keep others from that memory for half an hour)."""
-    if b.state not in (BackendState.STOPPED, BackendState.FAILED):
-        return math.inf
-    best = math.inf
-    for gpus, need in core.options(b):
-        at = now
-        evicts = False
-        for d in (*gpus, HOST):
-            dev = core.devices[d]
-            free = dev.spec.usable_bytes - dev.foreign
-            idle: list[tuple[float, int]] = []
-            for o in core.occupants(d):
-                held = o.held(d)
-                free -= held
-                if d != HOST and o.state in (BackendState.STARTING, BackendState.STOPPING):
-                    return math.inf  # memory in flux, promised to a load: not now
-                # idle, or held (drained, idle) while its own stand-in is near:
-                # for its urgent load, not yet due
-                held_for_b = o.drain_reason == "swap" and b.ahead is win.stand_in
-                if (
-                    (o.state is BackendState.READY or held_for_b)
-                    and not o.pinned
-                    and not o.running
-                    and not o.queue.size
-                    and o.ahead is None
-                ):
-                    idle.append((max(now, estimates.idle_from(o, win.opens)), held))
-            if need[d] > free:
-                evicts = True
-                at = max(at, _freed_at(free, need[d], idle, win.opens))
-                if at == math.inf:
-                    break
-        if not evicts:
-            return math.inf  # it fits now: it loads when near, as before
-        best = min(best, at)
-    return best
-
-
-def _freed_at(free: int, need: int, idle: list[tuple[float, int]], opens: float) -> float:
-    """When ``need`` bytes are free, where ``free`` are now and each of ``idle``
-    (from when, bytes held) may go from its time before ``opens`` (``inf``:
-    not before ``opens``)."""
-    for t, held in sorted(idle, key=lambda x: x[0]):
-        if t >= opens:
-            break
-        free += held
-        if need <= free:
-            return t
-    return math.inf
 
 
 def _counts_from(core: Core, b: Backend, win: Window) -> float:
@@ -537,8 +478,8 @@ def _refresh(core: Core, name: str, now: float) -> None:
         waits = near_at > now or (win.stand_in.urgent and _due_at(core, b, win) > now)
         if waits and not win.early and now >= win.opens - EARLY_S:
             if now >= win.early_check:
-                early = win.early_check = _early_at(core, b, win, now)
-                if early <= now:
+                at = win.early_check = early.early_at(core, b, win, now)
+                if at <= now:
                     # What its load evicts is idle and expected to stay so
                     # until the window: loaded now, it is ready for work that
                     # comes unannounced before the window too (seed 3's
