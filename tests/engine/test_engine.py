@@ -826,3 +826,31 @@ async def test_an_event_raised_while_a_decision_is_applied_waits_for_the_loop(
         # Handled after the whole Tick (both decisions applied), not inside it.
         assert kinds == [Tick, BackendStopped]
         assert [type(d.decision) for d in h.engine.decisions()] == [StopBackend, Flag]
+
+
+async def test_the_first_reading_is_told_before_the_engine_serves(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A real meter's read takes a while (NVML in a thread, a busy machine); a
+    # request that comes as soon as yard serves must meet a core that knows the
+    # card is 20 of 24 GiB used by something else, not one that takes it for empty.
+    class SlowMeter(FakeMeter):
+        async def read(self, pids: Mapping[str, int]) -> list[DeviceReading]:
+            await trio.sleep(0.2)
+            return await super().read(pids)
+
+    def busy(launcher: FakeLauncher) -> FakeMeter:
+        meter = SlowMeter({"gpu0": 24 * GiB}, launcher)
+        meter.set_foreign("gpu0", 20 * GiB)
+        return meter
+
+    async with running(start_then_dispatch(), meter=busy, meter_interval_s=1.0) as h:
+        h.engine.submit(backend="llm", priority=1, request_id="a")
+        await trio.testing.wait_all_tasks_blocked()
+        first, second = (e for _, e in h.policy.seen[:2])
+        assert first == MemoryMeasured(device="gpu0", used_bytes=20 * GiB, backends=())
+        assert isinstance(second, RequestArrived)
+        await trio.sleep(2.5)
+        # Then every interval after the first: reads at 0.2, 1.4 and 2.6.
+        reads = [t for t, e in h.policy.seen if isinstance(e, MemoryMeasured)]
+        assert reads == pytest.approx([0.2, 1.4, 2.6])

@@ -49,6 +49,8 @@ log = logging.getLogger("yard.engine")
 _MIN_TICK_GAP_S = 1e-3
 # The loop yields to other tasks at least this often while events keep coming.
 _YIELD_EVERY = 32
+# How long the engine waits for the meter's first reading before it serves.
+_FIRST_READING_S = 10.0
 
 
 class Engine:
@@ -337,8 +339,9 @@ class Engine:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled.
 
-        Loads the stored profiles of every backend the scheduler knows, starts the
-        meter, then reports ready. On cancellation it stops every backend it started
+        Loads the stored profiles of every backend the scheduler knows, takes the
+        meter's first reading (the foreign use of every device), starts the meter,
+        then reports ready. On cancellation it stops every backend it started
         (shielded, within ``shutdown_grace_s``) and ends every waiting request with
         503 ``shutting_down``.
         """
@@ -350,6 +353,12 @@ class Engine:
                 self._nursery = nursery
                 await self._metering.load_stored_profiles(self._handle)
                 if self._metering.meter is not None:
+                    # The first reading before serving: a request that comes at
+                    # once is placed beside what already uses the card, not on
+                    # a card taken for empty. A driver that hangs is not waited
+                    # for long; the readings every interval follow either way.
+                    with trio.move_on_after(_FIRST_READING_S):
+                        await self._metering.read_once()
                     nursery.start_soon(self._metering.run)
                 task_status.started()
                 await self._loop()

@@ -87,12 +87,17 @@ class Metering:
                 log.exception("reading memory failed (%d times so far)", self._failures)
             return []
 
+    async def read_once(self) -> None:
+        """One reading of every device, told to the core."""
+        self.take_readings(await self.read(self.pids()))
+
     async def run(self) -> None:
-        """Read every device every ``meter_interval_s``, until cancelled."""
+        """Read every device every ``meter_interval_s`` after the first
+        reading (:meth:`read_once`, which the engine takes before it serves),
+        until cancelled."""
         while True:
-            readings = await self.read(self.pids())
-            self.take_readings(readings)
             await trio.sleep(self._meter_interval_s)
+            await self.read_once()
 
     async def sample_first_load(self, record: BackendRecord) -> None:
         """Track ``record``'s peaks every ``profile_interval_s``, until cancelled."""
