@@ -5,7 +5,7 @@ reload, where it has no other GPU to go to."""
 from __future__ import annotations
 
 from tests.core.harness import Harness, gpu, host
-from yard.core import BackendSpec
+from yard.core import BackendSpec, StopBackend
 
 # Reload seconds per GiB reserved (x1.1): chat 12 / 5.5 = 2.2, news 40 / 15.4 = 2.6.
 PROFILES: dict[str, tuple[float, float, float]] = {
@@ -45,6 +45,9 @@ def test_a_backend_in_constant_use_is_not_evicted_before_one_idle_for_long() -> 
     # and is the cheapest per GiB; it is needed again in seconds.
     h.arrive("art", "image", priority=40, at=1300)
     assert h.stops() == ["news"]
+    [stop] = h.decisions(StopBackend)
+    assert "least demand: fewest recent requests for its reload cost" in stop.reason
+    assert "cheapest" not in stop.reason  # news is the dearer of the two per GiB
 
 
 def test_among_backends_as_idle_the_cheapest_per_gib_still_goes_first() -> None:
@@ -71,6 +74,10 @@ def test_a_backend_used_often_that_may_load_on_another_gpu_may_move() -> None:
     h.memory("gpu1", used_gib=17, at=1300)
     h.arrive("art", "image", priority=40, at=1300)
     assert h.stops() == ["chat"]
+    [stop] = h.decisions(StopBackend)
+    assert "may load on another GPU too: lowest GreedyDual-Size credit" in stop.reason
+    view = h.s.explain("art", 1300)
+    assert view is not None and "stopping idle chat (may load on another GPU" in view.reason
     h.stopped("chat", at=1301)
     h.arrive("chat-back", "chat", at=1302)
     assert h.started()[-2:] == ["image", "chat"]

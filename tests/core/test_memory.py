@@ -36,7 +36,7 @@ def test_a_swap_stops_the_idle_backend_and_starts_only_once_its_memory_is_free()
     h.finish("r1", at=1)
     [stop] = h.arrive("r2", "big", at=2)
     assert isinstance(stop, StopBackend) and stop.backend == "chat"
-    assert "big" in stop.reason and "cheapest to reload" in stop.reason
+    assert "big" in stop.reason and "least demand" in stop.reason
     assert h.tick(3) == []  # chat still holds its memory
     [start] = h.stopped("chat", at=4)
     assert isinstance(start, StartBackend) and start.backend == "big"

@@ -20,7 +20,8 @@ def carry_out(core: Core, plan: Plan, out: list[Decision]) -> None:
     b = plan.backend
     for v in plan.stop:
         core.inflation = max(core.inflation, v.credit)
-        core.stop(v, reasons.stopping_for_room(b.name, plan.room, core.load_s(v)), out)
+        moves = v.places > 1
+        core.stop(v, reasons.stopping_for_room(b.name, plan.room, core.load_s(v), moves), out)
     for v in plan.drain:
         if v.state is BackendState.READY:
             held = plan.hold_until is not None and not v.busy()

@@ -1,7 +1,8 @@
 """Decisions: everything the core asks the engine to do.
 
 Every decision carries ``reason``: one sentence a person can read ("gpu0 needs
-14.2 GiB for llm-big; stopping idle tts (cheapest to reload)"). The same
+14.2 GiB for llm-big; stopping idle tts (least demand: fewest recent requests
+for its reload cost; reloads in 8.0 s)"). The same
 reasons answer "why is my request still waiting?" in the API and dashboard.
 """
 

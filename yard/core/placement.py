@@ -559,7 +559,7 @@ def _evict(
             plan.free_wait_s = max(plan.free_wait_s, plan.hold_until - now)
         else:
             plan.stop.append(o)
-            parts.append(reasons.stopping_idle(o.name, estimates.load_s(o, config)))
+            parts.append(reasons.stopping_idle(o.name, estimates.load_s(o, config), o.places > 1))
     devs = (*gpus, HOST)
     short = max(devs, key=lambda d: (need[d] - free_now[d], d))
     if any(loads_alone(b, devices[d].spec) for d in gpus or (HOST,)):

@@ -214,8 +214,18 @@ def holding_for_room(name: str, room: str) -> str:
     return f"held for {name}: no new work until its load is due ({room})"
 
 
-def stopping_idle(name: str, load_s: float) -> str:
-    return f"stopping idle {name} (cheapest to reload, {secs(load_s)})"
+def chosen_to_go(moves: bool) -> str:
+    """What chose an idle backend to make room (the order of
+    :func:`yard.core.victims.evict_key`): ``moves``, it may load on another GPU
+    set as well and goes first, by GreedyDual-Size credit; else its recent
+    arrival rate times its reload cost per GiB (:func:`yard.core.victims.demand`)."""
+    if moves:
+        return "may load on another GPU too: lowest GreedyDual-Size credit"
+    return "least demand: fewest recent requests for its reload cost"
+
+
+def stopping_idle(name: str, load_s: float, moves: bool) -> str:
+    return f"stopping idle {name} ({chosen_to_go(moves)}; reloads in {secs(load_s)})"
 
 
 def context_fixed(context: int, span: tuple[int, int], first: bool) -> str:
@@ -315,8 +325,11 @@ def evicting(room: str, parts: Sequence[str]) -> str:
 # -- the pass -------------------------------------------------------------------------
 
 
-def stopping_for_room(name: str, room: str, victim_load_s: float) -> str:
-    return f"making room for {name} ({room}); idle, cheapest to reload ({secs(victim_load_s)})"
+def stopping_for_room(name: str, room: str, victim_load_s: float, moves: bool) -> str:
+    return (
+        f"making room for {name} ({room}); idle, {chosen_to_go(moves)} "
+        f"(reloads in {secs(victim_load_s)})"
+    )
 
 
 def draining_for_room(name: str, room: str) -> str:
