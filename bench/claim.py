@@ -58,7 +58,7 @@ async def _started_at(dsn: str, job_id: str) -> float:
 
 async def measure(dsn: str, jobs: int, warmup: int) -> dict[str, object]:
     """Run the two nodes against ``dsn`` (a fresh database) and return the figures."""
-    from tests.cluster.test_nodes import CHAT, backend_table, running_cluster
+    from yard.testing.cluster import CHAT, backend_table, running_cluster
 
     llm = backend_table("llm", ["tiny"], slots=4)
     with tempfile.TemporaryDirectory(prefix="yard-bench-claim-") as root:
@@ -100,7 +100,7 @@ def _claimers(dsn: str) -> dict[str, int]:
 
 @contextlib.contextmanager
 def _own_server() -> Iterator[str]:
-    from tests.cluster.postgres import start_postgres
+    from yard.testing.postgres import start_postgres
 
     with start_postgres() as server:
         name = server.create_database()

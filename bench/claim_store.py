@@ -136,7 +136,7 @@ async def measure(dsn: str, rounds: int, backlog: int = 0) -> dict[str, object]:
 @contextlib.contextmanager
 def _server(socket: bool, durable: bool) -> Iterator[str]:
     # The test fixtures' server: a throw-away PostgreSQL on this machine.
-    from tests.cluster.postgres import start_postgres
+    from yard.testing.postgres import start_postgres
 
     with start_postgres(durable=durable) as server:
         name = server.create_database()

@@ -43,7 +43,7 @@ async def _job(client: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
 
 
 async def _probe(clients: list[httpx.AsyncClient], job_id: str, seen: dict[str, int]) -> None:
-    from tests.cluster.test_nodes import CHAT
+    from yard.testing.cluster import CHAT
 
     while True:
         for client in clients:
@@ -80,7 +80,7 @@ def _gone_lines(root: Path) -> int:
 
 async def one_run(cluster: Any, server: Any, root: Path, outage_s: float) -> dict[str, int]:
     """One outage of ``outage_s`` with a job running on each node."""
-    from tests.cluster.test_nodes import submit
+    from yard.testing.cluster import submit
 
     a, b = cluster.clients["a"], cluster.clients["b"]
     seen = {"answers": 0, "server_errors": 0, "bad_refusals": 0}
@@ -122,8 +122,8 @@ async def one_run(cluster: Any, server: Any, root: Path, outage_s: float) -> dic
 
 
 async def measure(outages: list[float], runs: int) -> dict[str, Any]:
-    from tests.cluster.postgres import start_postgres
-    from tests.cluster.test_nodes import Cluster, NodeProcess, backend_table, free_port
+    from yard.testing.cluster import Cluster, NodeProcess, backend_table, free_port
+    from yard.testing.postgres import start_postgres
 
     llm = backend_table("llm", ["tiny"], service_time=SERVICE_S)
     figures: dict[str, Any] = {}

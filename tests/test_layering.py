@@ -10,6 +10,9 @@
   numbers: an allow-list, so that a new dependency is a decision, not an
   accident.
 - No import cycle among yard's modules either.
+- Nothing outside ``tests/`` (yard, the benchmarks, the simulator) imports a
+  module of the tests: what a benchmark shares with them lives in
+  ``yard/testing/``.
 - No module over :data:`MAX_MODULE_LINES` lines except the HTTP wire codec: a
   module a newcomer cannot read in one sitting is split along its seams.
 """
@@ -171,6 +174,34 @@ def test_the_cycle_check_finds_a_cycle(tmp_path: Path) -> None:
     (pkg / "c.py").write_text("import yard.a\nthing = 1\n")
     (pkg / "d.py").write_text("from yard import a\n")
     assert _cycles(_graph(pkg)) == [["yard.a", "yard.c", "yard.sub.b"]]
+
+
+def _test_imports(root: Path) -> list[str]:
+    """``path: module`` for every import of the tests' package under ``root``."""
+    return sorted(
+        f"{path.relative_to(root)}: {module}"
+        for top in ("yard", "bench", "sim")
+        for path in sorted((root / top).rglob("*.py"))
+        for module, _ in _imports(path, ".".join(path.relative_to(root).parent.parts))
+        if module == "tests" or module.startswith("tests.")
+    )
+
+
+def test_nothing_outside_the_tests_imports_a_test_module() -> None:
+    offenders = _test_imports(Path(yard.__file__).parent.parent)
+    assert not offenders, (
+        f"imports of the tests (move what they share to yard/testing): {offenders}"
+    )
+
+
+def test_the_test_import_check_finds_a_lazy_import_in_a_benchmark(tmp_path: Path) -> None:
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "b.py").write_text(
+        "def run() -> None:\n    from tests.cluster.test_nodes import CHAT\n"
+    )
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "s.py").write_text("import testsuite\n")
+    assert _test_imports(tmp_path) == ["bench/b.py: tests.cluster.test_nodes"]
 
 
 MAX_MODULE_LINES = 600

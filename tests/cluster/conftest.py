@@ -1,4 +1,4 @@
-"""Fixtures of the cluster tests: a real PostgreSQL (see :mod:`tests.cluster.postgres`).
+"""Fixtures of the cluster tests: a real PostgreSQL (see :mod:`yard.testing.postgres`).
 
 ``postgres_server``: one server per test module, stopped after it.
 ``postgres_dsn``: a fresh, empty database on that server for each test,
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.postgres import PostgresMissing, PostgresServer, start_postgres
+from yard.testing.postgres import PostgresMissing, PostgresServer, start_postgres
 
 
 @pytest.fixture(scope="module")

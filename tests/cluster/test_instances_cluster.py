@@ -11,8 +11,8 @@ import httpx
 import pytest
 import trio
 
-from tests.cluster.test_nodes import CHAT, backend_table, running_cluster, submit, wait_ended
 from yard.cluster.policy import LocalBackend, by_first_instance, hungry
+from yard.testing.cluster import CHAT, backend_table, running_cluster, submit, wait_ended
 
 SERVICE_S = 5.0
 """Long against the test backend's load (about a second), so that a job waiting

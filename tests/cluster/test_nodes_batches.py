@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from tests.batches.helpers import chat_line, create, jsonl, lines_of, until_ended, upload
-from tests.cluster.test_nodes import backend_table, running_cluster
+from yard.testing.cluster import backend_table, running_cluster
 
 
 def _tables(tmp_path: Path, service_time: float) -> dict[str, str]:

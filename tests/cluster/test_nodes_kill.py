@@ -28,7 +28,7 @@ import psycopg
 import pytest
 import trio
 
-from tests.cluster.test_nodes import (
+from yard.testing.cluster import (
     CHAT,
     Cluster,
     backend_table,

@@ -16,8 +16,7 @@ import httpx
 import pytest
 import trio
 
-from tests.cluster.postgres import PostgresServer
-from tests.cluster.test_nodes import (
+from yard.testing.cluster import (
     CHAT,
     Cluster,
     backend_table,
@@ -25,6 +24,7 @@ from tests.cluster.test_nodes import (
     running_cluster,
     submit,
 )
+from yard.testing.postgres import PostgresServer
 
 
 async def _status(client: httpx.AsyncClient, job_id: str) -> str:

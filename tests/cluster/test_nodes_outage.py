@@ -20,8 +20,8 @@ import psycopg
 import pytest
 import trio
 
-from tests.cluster.postgres import PostgresServer
-from tests.cluster.test_nodes import CHAT, Cluster, backend_table, running_cluster, submit
+from yard.testing.cluster import CHAT, Cluster, backend_table, running_cluster, submit
+from yard.testing.postgres import PostgresServer
 
 HEARTBEAT_S = 0.5
 DEAD_AFTER_S = 1.5

@@ -8,9 +8,9 @@ import psycopg
 import pytest
 import trio
 
-from tests.cluster.postgres import PostgresMissing, PostgresServer, find_bin_dir
 from yard.cluster.pg import DatabaseBusy, DatabaseLost, PgDatabase, PgLimits, PgMigration, passing
 from yard.db import DatabaseError, Tx
+from yard.testing.postgres import PostgresMissing, PostgresServer, find_bin_dir
 
 MIGRATIONS = (
     PgMigration(version=1, name="a table", sql="CREATE TABLE things (n integer NOT NULL)"),

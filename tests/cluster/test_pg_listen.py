@@ -8,13 +8,13 @@ import socket
 import pytest
 import trio
 
-from tests.cluster.postgres import PostgresServer
 from yard.cluster.jobs import ClusterJobStore
 from yard.cluster.listen import Listener
 from yard.cluster.pg import PgDatabase
 from yard.cluster.registry import NodeState, Registry
 from yard.cluster.schema import ENDED_CHANNEL, JOBS_CHANNEL, MIGRATIONS, NODES_CHANNEL
 from yard.jobs.records import JobError, StoredRequest
+from yard.testing.postgres import PostgresServer
 
 REQUEST = StoredRequest(method="POST", path="/v1/audio/speech", query="", headers=(), body=b"{}")
 

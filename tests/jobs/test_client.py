@@ -1,4 +1,4 @@
-"""The test client of :mod:`tests.jobs.client`: a server that dies while a
+"""The test client of :mod:`yard.testing.client`: a server that dies while a
 request body is being sent leaves no half-used async generator behind."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import httpx
 import pytest
 import trio
 
-from tests.jobs.client import client as plain_body_client
+from yard.testing.client import client as plain_body_client
 
 BODY = b"x" * (16 * 2**20)  # far more than the socket buffers take at once
 

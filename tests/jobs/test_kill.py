@@ -32,7 +32,7 @@ import pytest
 import trio
 
 from tests.gateway.conftest import backend_toml
-from tests.jobs.client import client as plain_body_client
+from yard.testing.client import client as plain_body_client
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 SEED = int(os.environ.get("YARD_KILL_SEED", "20261202"))

@@ -23,6 +23,13 @@
 - ``yard.testing.payloads``: what they send (PNG, WAV, embeddings,
   completions, bytes).
 
+Harnesses that run the real thing, shared by the tests and the benchmarks:
+
+- ``yard.testing.postgres``: a real PostgreSQL server (``start_postgres``).
+- ``yard.testing.cluster``: real ``yard serve`` nodes sharing its database
+  (``running_cluster``, ``Cluster``).
+- ``yard.testing.client``: an httpx client for a server killed under it.
+
 (Nothing is imported here, so that ``python -m yard.testing.backend`` runs the
 module exactly once.)
 """

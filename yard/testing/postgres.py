@@ -1,4 +1,5 @@
-"""A real PostgreSQL server for the cluster tests, started and stopped by them.
+"""A real PostgreSQL server for the cluster tests and benchmarks, started and
+stopped by them.
 
 Rules this module keeps:
 
