@@ -14,6 +14,7 @@ import functools
 import pytest
 import trio
 
+from yard.h1 import wire
 from yard.h1.upstream import DEFAULT_IDLE_S, UpstreamError, UpstreamPool, keep_alive_s
 
 TIMEOUT = 0.4  # the backend's keep-alive timeout
@@ -69,7 +70,14 @@ async def test_a_connection_idle_near_the_backends_timeout_is_not_reused() -> No
 
 
 def test_how_long_a_connection_is_kept_comes_from_the_keep_alive_header() -> None:
-    assert keep_alive_s([(b"Keep-Alive", b"timeout=5, max=100")]) == 2.5
+    # As the backend sends it: the codec lower-cases the names, once.
+    head = b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5, max=100\r\ncontent-length: 0\r\n\r\n"
+    conn = wire.ClientConnection()
+    conn.request_sent(b"GET")
+    conn.receive_data(head)
+    response = conn.next_event()
+    assert isinstance(response, wire.Response)
+    assert keep_alive_s(response.headers) == 2.5
     assert keep_alive_s([(b"keep-alive", b"max=100, timeout = 60")]) == 30.0
     assert keep_alive_s([(b"content-type", b"text/plain")]) == DEFAULT_IDLE_S
     assert keep_alive_s([(b"keep-alive", b"timeout=soon")]) == DEFAULT_IDLE_S

@@ -273,11 +273,11 @@ class UpstreamPool:
 
 
 def keep_alive_s(headers: Headers) -> float:
-    """How long a connection may be reused after a response with ``headers``:
-    half the ``Keep-Alive: timeout=N`` the backend sent, else
-    :data:`DEFAULT_IDLE_S`."""
+    """How long a connection may be reused after a response with ``headers``
+    (names lower-cased, as :class:`yard.h1.wire.Response` hands them): half
+    the ``Keep-Alive: timeout=N`` the backend sent, else :data:`DEFAULT_IDLE_S`."""
     for name, value in headers:
-        if name.lower() != b"keep-alive":
+        if name != b"keep-alive":
             continue
         for part in value.split(b","):
             key, _, number = part.strip().partition(b"=")
