@@ -26,7 +26,7 @@ from yard.cluster.forward import (
     Target,
     forward_headers,
     sign,
-    trusted_arrival,
+    vouch,
 )
 from yard.cluster.node import Node
 from yard.cluster.policy import Peer
@@ -50,60 +50,59 @@ CHAT = {"model": "big", "messages": [{"role": "user", "content": "hi"}]}
 def test_a_signed_arrival_is_believed() -> None:
     text = b"1700000000.25"
     signature = sign(SECRET, "n1", text.decode()).encode()
-    arrival = trusted_arrival(
+    assert vouch(
         secret=SECRET, forwarded_by=b"n1", arrived_at=text, signature=signature, now_wall=2e9
-    )
-    assert arrival == 1700000000.25
+    ) == (True, 1700000000.25)
 
 
 @pytest.mark.parametrize(
-    ("secret", "by", "signature"),
+    ("secret", "by", "signature", "counts"),
     [
-        (None, b"n1", "good"),  # this node has no secret: nothing is believed
-        (SECRET, b"n1", None),  # unsigned
-        (SECRET, b"n1", "0" * 64),  # a wrong signature
-        (SECRET, b"n2", "good"),  # signed for another node's name
-        ("other-secret", b"n1", "good"),  # another cluster's secret
-        (SECRET, None, "good"),  # not forwarded at all
+        (None, b"n1", "good", True),  # no secret: the header counts, no arrival is believed
+        (SECRET, b"n1", None, False),  # unsigned
+        (SECRET, b"n1", "0" * 64, False),  # a wrong signature
+        (SECRET, b"n2", "good", False),  # signed for another node's name
+        ("other-secret", b"n1", "good", False),  # another cluster's secret
+        (SECRET, None, "good", False),  # not forwarded at all
     ],
 )
 def test_an_untrusted_arrival_is_ignored(
-    secret: str | None, by: bytes | None, signature: str | None
+    secret: str | None, by: bytes | None, signature: str | None, counts: bool
 ) -> None:
     text = "1700000000.25"
     if signature == "good":
         signature = sign(SECRET, "n1", text)
-    arrival = trusted_arrival(
+    vouched = vouch(
         secret=secret,
         forwarded_by=by,
         arrived_at=text.encode(),
         signature=None if signature is None else signature.encode(),
         now_wall=2e9,
     )
-    assert arrival is None
+    assert vouched == (counts, None)
 
 
 def test_an_arrival_from_the_future_counts_as_now() -> None:
     text = "1800000000.0"
-    arrival = trusted_arrival(
+    arrival = vouch(
         secret=SECRET,
         forwarded_by=b"n1",
         arrived_at=text.encode(),
         signature=sign(SECRET, "n1", text).encode(),
         now_wall=1700000000.0,
     )
-    assert arrival == 1700000000.0
+    assert arrival == (True, 1700000000.0)
 
 
 def test_a_signed_nan_is_ignored() -> None:
-    arrival = trusted_arrival(
+    arrival = vouch(
         secret=SECRET,
         forwarded_by=b"n1",
         arrived_at=b"nan",
         signature=sign(SECRET, "n1", "nan").encode(),
         now_wall=1.0,
     )
-    assert arrival is None
+    assert arrival == (True, None)  # from a node, but it ages from now
 
 
 def test_forwarded_headers_replace_what_a_client_sent_and_drop_hop_by_hop() -> None:
@@ -414,6 +413,24 @@ async def test_an_unsigned_arrival_header_is_ignored(pair: Pair) -> None:
     assert arrivals[:2] == [None, None]
     assert arrivals[2] is not None
     assert pair.b_engine.now() - arrivals[2] == pytest.approx(3600, abs=5)
+
+
+async def test_a_forwarded_requests_signature_is_checked_once(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    headers = _from_node("a")
+    signed: list[str] = []
+
+    def counting_sign(secret: str, node: str, arrived_at: str) -> str:
+        signed.append(node)
+        return sign(secret, node, arrived_at)
+
+    monkeypatch.setattr("yard.cluster.forward.sign", counting_sign)
+    with trio.fail_after(10):
+        response = await pair.b.post("/v1/chat/completions", json=CHAT, headers=headers)
+    assert response.status_code == 200, response.text
+    assert signed == ["a"]  # one HMAC: whether it counts and its arrival
+    assert pair.b_engine.admissions[0].submitted["arrived_at"] is not None
 
 
 async def test_a_node_that_cannot_be_reached_is_a_clear_502(pair: Pair) -> None:

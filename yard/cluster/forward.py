@@ -14,7 +14,7 @@ Rules it keeps:
   ``X-Yard-Forwarded-By: NODE``; a node that gets one serves it itself (or
   refuses it as any request), whatever its registry says. With ``[cluster]
   secret`` the header counts only with a valid ``X-Yard-Cluster-Signature``
-  (:meth:`Forwarder.vouched`): a client's own header is ignored, and cannot
+  (:meth:`Forwarder.vouch`): a client's own header is ignored, and cannot
   turn forwarding off for its request. Without a secret nothing can be
   proven, and the header counts: set a secret on any cluster clients reach.
 - **A model served only by nodes that are away** (no fresh heartbeat, or
@@ -28,10 +28,11 @@ Rules it keeps:
   first node (``X-Yard-Arrived-At``, wall-clock epoch seconds). The arrival is
   believed only when the request also carries ``X-Yard-Cluster-Signature``,
   an HMAC-SHA256 under the cluster's shared secret of the forwarding node's
-  name and that arrival, compared with :func:`hmac.compare_digest`; and never
-  as later than now. Without the secret (or with a wrong signature) the
-  request ages from when it reached the serving node: a client cannot buy
-  itself age by sending the header.
+  name and that arrival, compared with :func:`hmac.compare_digest` (once per
+  request: :func:`vouch` answers both questions); and never as later than
+  now. Without the secret (or with a wrong signature) the request ages from
+  when it reached the serving node: a client cannot buy itself age by sending
+  the header.
 - The client's own headers go on as they came (``Authorization`` included:
   the serving node authenticates the app itself), less hop-by-hop ones and
   the cluster headers a client may have sent.
@@ -79,21 +80,30 @@ def sign(secret: str, node: str, arrived_at: str) -> str:
     return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
 
 
-def trusted_arrival(
+def vouch(
     *,
     secret: str | None,
     forwarded_by: bytes | None,
     arrived_at: bytes | None,
     signature: bytes | None,
     now_wall: float,
-) -> float | None:
-    """The original arrival (epoch) of a forwarded request, if it can be
-    believed: sent by a node (``X-Yard-Forwarded-By``), signed with the
-    cluster's ``secret``, a finite number; clamped to ``now_wall`` (a node's
-    clock ahead of ours must not make a request younger than new). None
-    otherwise: the request then ages from now."""
-    if secret is None or forwarded_by is None or arrived_at is None or signature is None:
-        return None
+) -> tuple[bool, float | None]:
+    """Whether a request's ``X-Yard-Forwarded-By`` counts, and the original
+    arrival (epoch) it may be believed to carry, with one signature check.
+
+    The header counts when present and, with a ``secret``, signed
+    (``X-Yard-Cluster-Signature`` over the node's name and
+    ``X-Yard-Arrived-At``); without a secret nothing can be proven and it
+    counts as sent. The arrival is believed only when signed and a finite
+    number, and never as later than ``now_wall`` (a node's clock ahead of
+    ours must not make a request younger than new); None: it ages from now.
+    """
+    if forwarded_by is None:
+        return False, None
+    if secret is None:
+        return True, None
+    if arrived_at is None or signature is None:
+        return False, None
     try:
         node, text, given = (
             forwarded_by.decode("ascii"),
@@ -101,17 +111,17 @@ def trusted_arrival(
             signature.decode("ascii"),
         )
     except UnicodeDecodeError:
-        return None
+        return False, None
     expected = sign(secret, node, text)
     if not hmac.compare_digest(expected.encode(), given.strip().lower().encode()):
-        return None
+        return False, None
     try:
         value = float(text)
     except ValueError:
-        return None
+        return True, None
     if not math.isfinite(value):
-        return None
-    return min(value, now_wall)
+        return True, None
+    return True, min(value, now_wall)
 
 
 def forward_headers(
@@ -241,34 +251,18 @@ class Forwarder:
         }
         return ", ".join(away), backends.pop() if len(backends) == 1 else None
 
-    def vouched(
-        self, forwarded_by: bytes | None, arrived_at: bytes | None, signature: bytes | None
-    ) -> bool:
-        """Whether a request's ``X-Yard-Forwarded-By`` counts (see the module
-        rules): present, and with a secret, signed."""
-        if forwarded_by is None:
-            return False
-        if self.secret is None:
-            return True
-        if arrived_at is None or signature is None:
-            return False
-        try:
-            expected = sign(self.secret, forwarded_by.decode("ascii"), arrived_at.decode("ascii"))
-        except UnicodeDecodeError:
-            return False
-        return hmac.compare_digest(expected.encode(), signature.strip().lower())
-
-    def arrival(
+    def vouch(
         self,
         *,
-        forwarded_by: bytes,
+        forwarded_by: bytes | None,
         arrived_at: bytes | None,
         signature: bytes | None,
         now_wall: float,
-    ) -> float | None:
-        """The original arrival of a request another node forwarded, when its
-        signature under this cluster's secret holds (:func:`trusted_arrival`)."""
-        return trusted_arrival(
+    ) -> tuple[bool, float | None]:
+        """Whether a request's ``X-Yard-Forwarded-By`` counts, and its original
+        arrival where its signature under this cluster's secret holds
+        (:func:`vouch`; see the module rules)."""
+        return vouch(
             secret=self.secret,
             forwarded_by=forwarded_by,
             arrived_at=arrived_at,

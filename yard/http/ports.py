@@ -69,23 +69,18 @@ class Router(Protocol[T]):
         the model is unknown."""
         ...
 
-    def vouched(
-        self, forwarded_by: bytes | None, arrived_at: bytes | None, signature: bytes | None
-    ) -> bool:
-        """Whether a request's ``X-Yard-Forwarded-By`` is another node's
-        (and not a client's own): it then is served or refused here."""
-        ...
-
-    def arrival(
+    def vouch(
         self,
         *,
-        forwarded_by: bytes,
+        forwarded_by: bytes | None,
         arrived_at: bytes | None,
         signature: bytes | None,
         now_wall: float,
-    ) -> float | None:
-        """The original arrival (epoch seconds) of a request another node
-        forwarded, if it can be believed; None: it ages from now."""
+    ) -> tuple[bool, float | None]:
+        """Whether a request's ``X-Yard-Forwarded-By`` is another node's (and
+        not a client's own: it then is served or refused here), and its
+        original arrival (epoch seconds, not after ``now_wall``) if that can
+        be believed (None: it ages from now). One signature check for both."""
         ...
 
     async def proxy(

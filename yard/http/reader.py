@@ -150,10 +150,16 @@ class RequestReader:
             if name not in _DROPPED:
                 forwarded.append((name, value))
 
-        if self._router is not None and not self._router.vouched(
-            forwarded_by, arrived_header, signature
-        ):
-            forwarded_by = None  # a client's own (yard.cluster.forward's rule)
+        first: float | None = None  # the arrival on the node that forwarded it
+        if self._router is not None and forwarded_by is not None:
+            vouched, first = self._router.vouch(
+                forwarded_by=forwarded_by,
+                arrived_at=arrived_header,
+                signature=signature,
+                now_wall=time.time(),
+            )
+            if not vouched:
+                forwarded_by = None  # a client's own (yard.cluster.forward's rule)
         if self._local_app is not None:
             app, consumed = self._local_app, False
         else:
@@ -261,16 +267,9 @@ class RequestReader:
             is_async = b"respond-async" in tokens
             rerun_safe = b"rerun-safe" in tokens
         arrived_at = None
-        if forwarded_by is not None and self._router is not None:
-            wall = time.time()
-            first = self._router.arrival(
-                forwarded_by=forwarded_by,
-                arrived_at=arrived_header,
-                signature=signature,
-                now_wall=wall,
-            )
-            if first is not None:
-                arrived_at = now - (wall - first)
+        if first is not None:
+            # first is not after the wall clock when it was read, so not after now.
+            arrived_at = now - (time.time() - first)
         return request, is_async, rerun_safe, arrived_at
 
     async def _scoped_model(self, method: str, content_type: bytes | None, body: bytes) -> str:
