@@ -30,7 +30,6 @@ reported as measured, never relaxed.
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
 import math
 import random
 from collections import Counter
@@ -160,23 +159,16 @@ def clairvoyant_bound(arrivals: Sequence[Arrival], slots: Mapping[str, int]) -> 
     served: a period ends where every slot is free before the next arrival). In
     any schedule, some request of each period waits at least that period's
     smallest possible longest wait: the best of every order of its requests, each
-    started as soon as a slot is free (periods of more than :data:`BRUTE_FORCE`
-    requests take a weaker bound, :func:`_relaxed_longest_wait`). Earlier work
-    spilling into a period only delays it. These are different requests, so the
-    nearest-rank p95 (the ``k``-th longest wait) is at least the ``k``-th largest
-    of the periods' bounds. It is a floor for every scheduler, not a wait any
-    reaches."""
+    started as soon as a slot is free (:func:`_period_tail`, exact up to
+    :data:`EXACT_UP_TO` requests; longer periods take a weaker bound,
+    :func:`_relaxed_tail`). Earlier work spilling into a period only delays it.
+    These are different requests, so the nearest-rank p95 (the ``k``-th longest
+    wait) is at least the ``k``-th largest of the periods' bounds. It is a floor
+    for every scheduler, not a wait any reaches."""
     bounds: list[float] = []
     for backend, count in slots.items():
         mine = sorted((a for a in arrivals if a.cls == "high" and a.backend == backend), key=_at)
-        for period in _busy_periods(mine, count):
-            if len(period) <= BRUTE_FORCE:
-                longest = min(
-                    max(_list_waits(order, count)) for order in itertools.permutations(period)
-                )
-            else:
-                longest = _relaxed_longest_wait(period, count)
-            bounds.append(longest)
+        bounds += [_period_tail(period, count)[0] for period in _busy_periods(mine, count)]
     high = sum(1 for a in arrivals if a.cls == "high")
     if high == 0:
         return 0.0
@@ -185,8 +177,9 @@ def clairvoyant_bound(arrivals: Sequence[Arrival], slots: Mapping[str, int]) -> 
     return bounds[k - 1] if k <= len(bounds) else 0.0
 
 
-BRUTE_FORCE = 7
-"""Busy periods of up to this many requests are bounded by trying every order."""
+EXACT_UP_TO = 12
+"""Busy periods of up to this many requests get their exact ``g_P(c)``
+(:func:`_period_tail`: one pass over their subsets); longer ones a weaker bound."""
 
 
 def counted_bound(arrivals: Sequence[Arrival], slots: Mapping[str, int]) -> float:
@@ -230,15 +223,62 @@ def counted_bound(arrivals: Sequence[Arrival], slots: Mapping[str, int]) -> floa
 def _period_tail(period: Sequence[Arrival], slots: int) -> list[float]:
     """``g[c]``: the smallest ``(c+1)``-th longest wait of ``period`` over every order
     of its requests, each started as soon as it has come and a slot is free
-    (:func:`_list_waits`). Periods of more than :data:`BRUTE_FORCE` requests take
-    weaker values: :func:`_relaxed_longest_wait` for the longest, 0 for the rest."""
-    if len(period) > BRUTE_FORCE:
-        return [_relaxed_longest_wait(period, slots)] + [0.0] * (len(period) - 1)
-    best = [math.inf] * len(period)
-    for order in itertools.permutations(period):
-        for c, wait in enumerate(sorted(_list_waits(order, slots), reverse=True)):
-            best[c] = min(best[c], wait)
-    return best
+    (:func:`_list_waits`), worked out exactly for up to :data:`EXACT_UP_TO`
+    requests; longer periods take the weaker :func:`_relaxed_tail`.
+
+    Why a pass over subsets gives every order's best: at most ``c`` waits pass
+    ``T`` in some order exactly when some ``n - c`` of the requests have an order
+    of their own, run alone, in which none waits more than ``T`` (``G(R) <= T``).
+    One way, leaving the others out of a list schedule starts the rest no later
+    (the slots' free times, sorted, only drop where a start is skipped, and each
+    start is monotone in them, in floating point too); the other way, the others
+    appended after ``R`` leave ``R``'s waits as they were. So ``g[c]`` is the
+    least ``G(R)`` over the sets ``R`` of ``n - c`` requests. ``G`` of every set
+    comes from one pass over the sets by size: a set's orders end in one of its
+    requests, after an order of the rest, and what the last one waits depends
+    only on the longest wait so far and the slots' free times (sorted), so a
+    state that waited no less and frees no slot sooner than another of the same
+    set is dropped (the Pareto front). The waits are the same floating-point
+    sums as :func:`_list_waits`, so ``g`` equals trying every order, to the bit
+    (tests/sim/test_ahead.py checks it against that)."""
+    n = len(period)
+    if n > EXACT_UP_TO:
+        return _relaxed_tail(period, slots)
+    State = tuple[float, tuple[float, ...]]  # longest wait so far, free times sorted
+    fronts: list[list[State]] = [[] for _ in range(1 << n)]
+    fronts[0].append((0.0, (0.0,) * slots))
+    best = [math.inf] * (n + 1)  # least G(R) over the sets of each size
+    for mask in range(1 << n):
+        front = fronts[mask]
+        size = mask.bit_count()
+        best[size] = min(best[size], min(w for w, _ in front))
+        for j, a in enumerate(period):
+            if mask >> j & 1:
+                continue
+            after = fronts[mask | 1 << j]
+            for longest, free in front:
+                start = max(a.at, free[0])
+                state = (
+                    max(longest, start - a.at),
+                    tuple(sorted((start + a.service_s, *free[1:]))),
+                )
+                _add_to_front(after, state)
+    return [best[n - c] for c in range(n)]
+
+
+def _add_to_front(
+    front: list[tuple[float, tuple[float, ...]]], state: tuple[float, tuple[float, ...]]
+) -> None:
+    """Put ``state`` in ``front`` unless a state there is as good in every way;
+    drop those it is as good as."""
+
+    def covers(x: tuple[float, tuple[float, ...]], y: tuple[float, tuple[float, ...]]) -> bool:
+        return x[0] <= y[0] and all(u <= v for u, v in zip(x[1], y[1], strict=True))
+
+    if any(covers(old, state) for old in front):
+        return
+    front[:] = [old for old in front if not covers(state, old)]
+    front.append(state)
 
 
 BLIND_ORDERS = (
@@ -322,15 +362,45 @@ def _list_waits(order: Sequence[Arrival], slots: int) -> list[float]:
     return waits
 
 
-def _relaxed_longest_wait(period: Sequence[Arrival], slots: int) -> float:
-    """A lower bound on the longest wait of a busy period in any order. On one
-    slot, the request started last starts no earlier than the first arrival plus
-    the others' work; on more, this gives nothing safe, so 0."""
-    if slots != 1:
-        return 0.0
+def _relaxed_tail(period: Sequence[Arrival], slots: int) -> list[float]:
+    """Lower bounds on ``g[c]`` (:func:`_period_tail`) for a period too long to work
+    out exactly, on ``m`` = ``slots`` slots.
+
+    When a request ``j`` starts, every request started before it has come and
+    started no earlier than the period's first arrival ``t0``; on ``j``'s slot they
+    have all ended, on each other slot all but the last, so at most ``m - 1`` of
+    them are still running and the others' work fits in ``m`` slots since ``t0``:
+    ``start_j >= t0 + (work of those started before, less their m - 1 longest) / m``.
+    The request started last thus waits at least
+    ``t0 + (W - p_j - the m - 1 longest others) / m - a_j``: the least of that over
+    ``j`` bounds ``g[0]``. For ``c > 0``, the least ``G(R)`` over ``n - c`` requests
+    (:func:`_period_tail`'s argument), the last of ``R`` to start has at least
+    ``n - c - 1`` others of ``R`` started before it: ``g[c] >= t0 + (the n - c - m
+    shortest services) / m - (the period's last arrival)``. Each is clamped at 0 and
+    lowered by :data:`ROUNDING` (its sums round otherwise than the schedules')."""
+    n = len(period)
     first = min(a.at for a in period)
+    last = max(a.at for a in period)
     work = sum(a.service_s for a in period)
-    return max(0.0, min(first + work - a.service_s - a.at for a in period))
+
+    def running(j: int) -> float:
+        others = sorted((a.service_s for i, a in enumerate(period) if i != j), reverse=True)
+        return sum(others[: slots - 1])
+
+    longest = min(
+        first + (work - a.service_s - running(j)) / slots - a.at for j, a in enumerate(period)
+    )
+    services = sorted(a.service_s for a in period)
+    tail = [max(0.0, longest - ROUNDING)]
+    for c in range(1, n):
+        done = services[: max(0, n - c - slots)]
+        tail.append(max(0.0, min(tail[-1], first + sum(done) / slots - last - ROUNDING)))
+    return tail
+
+
+ROUNDING = 1e-9
+"""Seconds taken off :func:`_relaxed_tail`'s bounds: its sums are added in another
+order than a schedule's, and may round up by a few units in the last place."""
 
 
 def shared_floor(seed: int, variant: str) -> float:
