@@ -44,9 +44,10 @@ WHOLE_TEST_S = 300.0  # a backstop: the bounds above fail first
 
 
 CONCURRENT_S = 0.25
-"""Claims by two nodes at once: ``claimed_at`` is each claim's transaction
-start, so the one that starts first may lock the second-best job (the best
-being locked by the other). Closer than this, two claims count as at once."""
+"""Claims by two nodes at once: ``claimed_at`` is read as each claim writes
+its row, just after it locked its job, so two claims racing may be stamped
+out of their order by a preemption between the two. Closer than this, two
+claims count as at once."""
 
 
 def _claimed_out_of_order(dsn: str, ids: list[str]) -> list[tuple[int, int]]:

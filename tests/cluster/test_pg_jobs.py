@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import psycopg
 import pytest
@@ -435,6 +437,56 @@ async def test_a_job_being_claimed_elsewhere_is_skipped_not_waited_for(
         assert job is not None and job.id == "next"
         other.rollback()
     assert await claim_all(one, "n1", ("tts", "llm")) == ["top", "last"]
+
+
+async def test_claimed_at_is_when_the_claim_took_the_job_not_when_its_statement_began(
+    stores: Stores, postgres_dsn: str
+) -> None:
+    """Two nodes claiming at once: the claim stamped first must be the one
+    that took its job first (test_node_reap.py compares the stamps of two
+    racing nodes). A statement's start is not that: here the claim waits on
+    a lock after it began, as a claim delayed by a loaded machine does."""
+    one = await stores("n1")
+    await add(one, "j1")
+    claimed: list[str] = []
+
+    async def claim() -> None:
+        job = await one.claim("n1", ("tts",))
+        claimed.append("" if job is None else job.id)
+
+    with (
+        psycopg.connect(postgres_dsn, autocommit=True) as holder,
+        psycopg.connect(postgres_dsn, autocommit=True) as observer,
+    ):
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE jobs IN SHARE MODE")  # a claim's UPDATE waits
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(claim)
+                await _until(lambda: _lock_waits(observer) > 0)
+                # The claim's statement has begun and waits; it takes j1 only now.
+                released = time.time()
+                holder.execute("COMMIT")
+        row = observer.execute("SELECT claimed_at FROM jobs WHERE id = 'j1'").fetchone()
+    assert claimed == ["j1"]
+    assert row is not None and float(row[0]) >= released
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    """Until ``done()``; the caller bounds the wait."""
+    while True:
+        if done():
+            return
+        await trio.sleep(0.01)
+
+
+def _lock_waits(conn: psycopg.Connection[Any]) -> int:
+    """Sessions of this database waiting for a lock now."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock'"
+    ).fetchone()
+    return 0 if row is None else int(row[0])
 
 
 async def test_nodes_claiming_running_and_dying_at_random_run_no_job_twice(

@@ -62,11 +62,15 @@ disk: for claims, whose loss in a crash of the database only gives the job
 back to the shared queue (every later change of the job, such as
 mark_running, is synced, and syncing it syncs the claim before it)."""
 _CLAIM = f"""
-    UPDATE jobs SET claimed_by = ?, claimed_at = extract(epoch FROM now())
+    UPDATE jobs SET claimed_by = ?, claimed_at = extract(epoch FROM clock_timestamp())
     FROM {_LAZY_COMMIT} WHERE seq = (SELECT seq FROM jobs WHERE {{which}}
                                      FOR UPDATE SKIP LOCKED)
     RETURNING {COLUMNS}
 """
+"""``claimed_at`` is the clock when the row is written, just after the job was
+locked: ``now()`` would be when the statement began, and a claim that began
+first but was slower to take its job (a loaded machine, a lock wait) would be
+stamped before one that took an earlier job ahead of it."""
 _CLAIM_BEST = _CLAIM.format(which=f"seq = ({_BEST}) AND {_UNCLAIMED}")
 """Parameters: node, backends, prefer."""
 _CLAIM_NEXT = _CLAIM.format(
