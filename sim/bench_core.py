@@ -19,6 +19,10 @@ use that comes and goes, loads reported while they run (``BackendLoading``), and
 clients that give up (``RequestCancelled``). Target: median under 50 us and p99
 under 500 us at every queue length.
 
+Where the compiled core runs (:mod:`yard.compiled`), every case runs first on
+the plain-Python core (``YARD_CORE=pure``, in a subprocess): the baseline, in the
+same run.
+
 Run: ``python -m sim bench`` (or ``python -m sim.bench_core``);
 ``python -m sim.bench_core kinds`` splits the varied mix by event type.
 """
@@ -27,11 +31,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 
+from yard import compiled
 from yard.core import (
     HOST,
     BackendLoading,
@@ -324,6 +331,14 @@ def main(cases: str = "all") -> None:
     type, which types make the median and which the p99)."""
     if cases not in ("all", "queue", "zoo", "varied", "kinds"):
         raise SystemExit(f"unknown case {cases!r}: all, queue, zoo, varied or kinds")
+    compiled_core, core = compiled.ACTIVE
+    print(f"core: {core}", flush=True)
+    if compiled_core:
+        # the baseline, in the same run: the same cases on the plain-Python core
+        print("the same on the plain-Python core (YARD_CORE=pure), the baseline:", flush=True)
+        env = {**os.environ, compiled.ENV: "pure"}
+        subprocess.run([sys.executable, "-m", "sim.bench_core", cases], env=env, check=True)
+        print("and on the compiled core:", flush=True)
     if cases == "kinds":
         _varied_case(per_kind=True)
         return

@@ -35,7 +35,14 @@ The rooms, from the inside out:
   command line (``yard.app.serve``; ``yard.keys``: ``yard key new``).
 - ``yard.testing``: test backends (a real process, an in-process fake);
   ``yard.demo``: a tiny model and the demo servers.
+- ``yard.compiled``: which core runs: the core compiled with mypyc
+  (``python -m yard.build_core``) if it was built from these sources, else the
+  plain-Python one; ``YARD_CORE=pure`` forces the latter.
 - ``sim`` (beside the package): the same engine and core under virtual time.
 """
 
 __version__ = "0.1.0"
+
+from yard import compiled as _compiled
+
+_compiled.use()  # the compiled core, if it is built from these sources (yard.compiled)

@@ -35,6 +35,7 @@ def test_a_device_or_backend_listed_twice_is_refused() -> None:
         Scheduler([gpu()], [BackendSpec(name="a"), BackendSpec(name="a")])
 
 
+@pytest.mark.pure_core  # a compiled event class cannot be subclassed outside the core
 def test_an_event_the_core_does_not_know_is_flagged_not_fatal() -> None:
     class Strange(Event):
         pass

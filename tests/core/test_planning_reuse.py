@@ -18,6 +18,10 @@ from yard.core import BackendSpec, SchedulerConfig, StopBackend, placement
 from yard.core.plans import Plan
 from yard.core.records import Backend
 
+# They count the calls the round makes to placement.best_plan by replacing it: the
+# compiled core calls its own (yard.compiled), so these run on the plain core.
+pytestmark = pytest.mark.pure_core
+
 
 @pytest.fixture
 def plans(monkeypatch: pytest.MonkeyPatch) -> list[str]:

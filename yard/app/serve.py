@@ -51,7 +51,7 @@ from pathlib import Path
 
 import trio
 
-from yard import datadir, modelfolder
+from yard import compiled, datadir, modelfolder
 from yard.announce.service import announcement_service
 from yard.app.reload import Reloader
 from yard.app.web import Parts, Web, serve_app
@@ -426,6 +426,7 @@ async def _serve(
         http_done = trio.Event()
         binds = await nursery.start(_serve_http, web, listeners, http.append, http_done)
         log.info("yard is serving on %s (data in %s)", ", ".join(binds), config.server.data_dir)
+        log.info("scheduler core: %s", compiled.ACTIVE[1])
         open_to_all = not config.apps and not is_loopback(config.server.listen_host)
         for line in exposure(config):
             log.log(logging.WARNING if open_to_all else logging.INFO, "access: %s", line)

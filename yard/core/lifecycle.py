@@ -78,8 +78,12 @@ LOADED = frozenset({S.READY, S.DRAINING})
 """States in which a backend's process is healthy."""
 
 
-class IllegalTransition(RuntimeError):
-    """The core tried a move its table does not allow (a bug in the core)."""
+class IllegalTransition(Exception):
+    """The core tried a move its table does not allow (a bug in the core).
+
+    An ``Exception``, not a ``RuntimeError``: mypyc compiles the core
+    (:mod:`yard.compiled`) and a compiled class may derive from ``Exception``
+    but not from most other built-in types."""
 
     def __init__(self, backend: str, state: BackendState, move: Move) -> None:
         super().__init__(f"backend {backend}: cannot {move.value!r} while {state.value!r}")
