@@ -117,14 +117,20 @@ def _config(root: Path, service_s: float) -> Path:
     return path
 
 
-def _input(lines: int) -> bytes:
+def _input(lines: int, pad: int = 0) -> bytes:
+    """``lines`` chat lines, each message ``pad`` bytes longer than ``hi N``
+    (``--pad 1000``: 50,000 lines make a 53 MiB file, near the 50 MiB limit)."""
+    filler = " " + "x" * (pad - 1) if pad else ""
     return b"".join(
         json.dumps(
             {
                 "custom_id": f"line-{i}",
                 "method": "POST",
                 "url": "/v1/chat/completions",
-                "body": {"model": "tiny", "messages": [{"role": "user", "content": f"hi {i}"}]},
+                "body": {
+                    "model": "tiny",
+                    "messages": [{"role": "user", "content": f"hi {i}{filler}"}],
+                },
             }
         ).encode()
         + b"\n"
@@ -156,7 +162,7 @@ async def _job_started(batches: Batches, job_id: str) -> bool:
 async def _run(args: argparse.Namespace, steps: _Steps) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="yard-batch-big-") as tmp:
         config = load_config(_config(Path(tmp), args.service_s))
-        content = _input(args.lines)
+        content = _input(args.lines, args.pad)
         async with trio.open_nursery() as nursery:
             # As `yard serve` runs: the heap built at start is frozen.
             runtime = await nursery.start(functools.partial(serve, config, freeze_heap=True))
@@ -240,6 +246,7 @@ def _figure(runs: list[dict[str, float]], key: str, form: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.batch_big", description=__doc__)
     parser.add_argument("--lines", type=int, default=50_000)
+    parser.add_argument("--pad", type=int, default=0, help="bytes added to each line")
     parser.add_argument("--service-s", type=float, default=0.5)
     parser.add_argument("--window-s", type=float, default=2.0)
     parser.add_argument("--runs", type=int, default=1, help="runs; figures are their medians")
@@ -260,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         return _figure(runs, key, form)
 
     print(
-        f"batch of {args.lines} lines, one slot, {args.service_s} s per answer; "
+        f"batch of {args.lines} lines (+{args.pad} bytes each), one slot, "
+        f"{args.service_s} s per answer; "
         f"{args.runs} run(s), median [range]; load average {load_before:.1f} -> {load_after:.1f}"
     )
     print(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -15,7 +16,7 @@ import trio.testing
 from tests.batches.helpers import chat_line, jsonl
 from tests.batches.virtual import content, submit, until_ended, yard
 from tests.gateway.conftest import wait_until
-from yard.batches import driver, views
+from yard.batches import driver, validate, views
 from yard.batches.records import LineRecord
 from yard.batches.validate import check_input
 from yard.testing.upstream import Answer, FakeUpstream
@@ -107,3 +108,45 @@ def test_a_checked_files_lines_leave_the_garbage_collectors_sight() -> None:
     assert len(checked.lines) == 100 and checked.lines[7].custom_id == "r7"
     gc.collect()
     assert not any(gc.is_tracked(row) for row in checked.lines.rows)
+
+
+async def test_a_big_input_file_is_checked_in_a_worker_while_the_loop_keeps_serving(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every file is checked in a worker thread here, a piece of 1 KiB at a
+    # time, and its lines are freed 100 at a time; the loop's turns are
+    # counted while the check runs.
+    monkeypatch.setattr(driver, "_INLINE_CHECK_BYTES", 0)
+    monkeypatch.setattr(validate, "SPLIT_BYTES", 1024)
+    monkeypatch.setattr(driver, "_FREE_CHUNK", 100)
+    turns = 0
+    during: list[int] = []
+    checking = trio.Event()
+    checked = False
+
+    def counted_check(*args: Any, **kwargs: Any) -> validate.Checked:
+        trio.from_thread.run_sync(checking.set)
+        during.append(turns)
+        result = validate.check_input(*args, **kwargs)
+        during.append(turns)
+        return result
+
+    monkeypatch.setattr(driver, "check_input", counted_check)
+
+    async def serve_meanwhile() -> None:
+        nonlocal turns
+        await checking.wait()
+        while not checked:  # no other task sleeps meanwhile: the clock stays
+            turns += 1
+            await trio.lowlevel.checkpoint()
+
+    upstream = FakeUpstream(Answer(delay=1.0))
+    async with yard(tmp_path, upstream) as batches, trio.open_nursery() as nursery:
+        nursery.start_soon(serve_meanwhile)
+        batch = await submit(batches, jsonl([chat_line(f"r{i}") for i in range(60)]))
+        while (await batches.get(batch.id, app=None)).status == "validating":
+            await trio.lowlevel.checkpoint()
+        checked = True
+        done = await until_ended(batches, batch.id)
+    assert (done.status, done.completed) == ("completed", 60)
+    assert len(during) == 2 and during[1] - during[0] > 0

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+
+from yard.batches import validate
 from yard.batches.validate import MAX_ERRORS, Checked, check_input
 
 ENDPOINT = "/v1/chat/completions"
@@ -144,3 +149,46 @@ def test_a_long_file_is_checked_with_a_pause_every_hundred_lines() -> None:
     )
     assert len(checked.lines) == 250 and not checked.errors
     assert len(pauses) == 2
+
+
+def _every_line(content: bytes) -> list[tuple[int, bytes]]:
+    """The requests of ``content`` as one split of the whole file numbers them."""
+    return [(i + 1, t) for i, t in enumerate(content.split(b"\n")) if t.strip()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    content=st.lists(st.sampled_from([b"\n", b"\r\n", b" ", b"\t", b"{}", b"ab", b"x" * 9])).map(
+        b"".join
+    ),
+    piece=st.integers(1, 12),
+)
+def test_a_file_split_a_piece_at_a_time_numbers_its_lines_as_one_split_does(
+    content: bytes, piece: int
+) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(validate, "SPLIT_BYTES", piece)
+        assert list(validate._lines(content, None)) == _every_line(content)
+        over = len(_every_line(content))
+        if over:
+            assert validate._too_many(content, over - 1, None) == over
+        assert validate._too_many(content, over, None) is None
+
+
+def test_a_big_file_hands_over_the_gil_while_it_is_split() -> None:
+    # 80 lines of 16 KiB, 1.3 MiB (under PAUSE_EVERY: no pause between checked lines).
+    # Split in one piece, one bytes.split held the GIL, and so the event
+    # loop, for the whole file: 80 ms for 50 MiB; now a piece at a time.
+    text = "x" * 16 * 2**10
+    content = _file(*(_line(str(i), body={"model": "tiny", "input": text}) for i in range(80)))
+    pauses: list[int] = []
+    checked = check_input(
+        content,
+        endpoint=ENDPOINT,
+        route=ROUTES.get,
+        max_lines=100,
+        pause=lambda: pauses.append(1),
+    )
+    assert checked.errors == () and len(checked.lines) == 80
+    assert len(content) > 4 * validate.SPLIT_BYTES
+    assert len(pauses) >= 3  # between the pieces, as the lines are counted and split
