@@ -63,6 +63,26 @@ def test_a_build_of_these_sources_is_used_unless_yard_core_says_pure(
     assert not ok and "YARD_CORE=pure" in why
 
 
+def test_a_build_that_does_not_load_leaves_the_plain_core(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(compiled.ENV, raising=False)
+    build = _fake_build(tmp_path, compiled.digest(compiled.sources()))
+    for p in compiled.sources():  # every module "built", but as files that are no library
+        (build / "yard" / "core" / f"{p.stem}{compiled.SUFFIX}").write_bytes(b"not a library")
+    (build / "yard" / f"core__mypyc{compiled.SUFFIX}").write_bytes(b"not a library")
+    monkeypatch.delitem(sys.modules, "yard.core.scheduler")  # as if yard were starting
+    monkeypatch.delitem(sys.modules, f"{compiled.GROUP}__mypyc", raising=False)
+    before = list(sys.meta_path)
+    saved = compiled.ACTIVE
+    try:
+        ok, why = compiled.use(build)
+    finally:
+        compiled.ACTIVE = saved
+    assert not ok and "does not load" in why
+    assert sys.meta_path == before
+
+
 def test_the_digest_changes_with_any_byte_of_the_core(tmp_path: Path) -> None:
     a, b = tmp_path / "a.py", tmp_path / "b.py"
     a.write_text("x = 1\n")

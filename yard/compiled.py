@@ -24,6 +24,7 @@ compiled core makes to it; tests that need either are marked ``pure_core``.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -117,7 +118,13 @@ def use(build: Path = BUILD) -> tuple[bool, str]:
         if not wanted <= files.keys():
             ok, why = False, f"plain Python (the build at {build} lacks modules)"
         else:
-            sys.meta_path.insert(0, _Finder(files))
+            finder = _Finder(files)
+            sys.meta_path.insert(0, finder)
+            try:  # the shared library holds all the compiled code: it must load
+                importlib.import_module(f"{GROUP}__mypyc")
+            except ImportError as e:
+                sys.meta_path.remove(finder)
+                ok, why = False, f"plain Python (the build at {build} does not load: {e})"
     ACTIVE = (ok, why)
     return ACTIVE
 
