@@ -442,7 +442,10 @@ def evict_again(
     chosen, free_now = plan.made_room
     b, gpus, need = plan.backend, plan.gpus, plan.need
     mine = Reads() if reads is None else reads
-    again = _evict(b, head, gpus, need, chosen, plan.slack, free_now, devices, config, now, mine)
+    # the room it reads (need and free memory where it is shortest) is as it was
+    again = _evict(
+        b, head, gpus, need, chosen, plan.slack, free_now, devices, config, now, mine, plan.room
+    )
     again.made_room = plan.made_room
     return again
 
@@ -504,9 +507,10 @@ def _evict(
     config: SchedulerConfig,
     now: float,
     reads: Reads,
+    room: str = "",
 ) -> Plan:
     """The plan that makes room by stopping, draining or (batching) first serving
-    the ``chosen`` victims."""
+    the ``chosen`` victims (``room``: its sentence of the room it needs, if known)."""
     plan = Plan(b, gpus, Outcome.EVICT, "", need=need, slack=slack)
     parts: list[str] = []
     due = load_due(b, head, config)
@@ -560,11 +564,13 @@ def _evict(
         else:
             plan.stop.append(o)
             parts.append(reasons.stopping_idle(o.name, estimates.load_s(o, config), o.places > 1))
-    devs = (*gpus, HOST)
-    short = max(devs, key=lambda d: (need[d] - free_now[d], d))
-    if any(loads_alone(b, devices[d].spec) for d in gpus or (HOST,)):
-        plan.room = reasons.room_unmeasured(short, b.name)
-    else:
-        plan.room = reasons.room_short(short, b.name, need[short], free_now[short])
+    if not room:
+        devs = (*gpus, HOST)
+        short = max(devs, key=lambda d: (need[d] - free_now[d], d))
+        if any(loads_alone(b, devices[d].spec) for d in gpus or (HOST,)):
+            room = reasons.room_unmeasured(short, b.name)
+        else:
+            room = reasons.room_short(short, b.name, need[short], free_now[short])
+    plan.room = room
     plan.reason = reasons.evicting(plan.room, parts)
     return plan

@@ -12,6 +12,8 @@ the same way (:func:`reads_same`), did a backend it read change in what it read
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from yard.core import estimates
@@ -241,20 +243,50 @@ def victim_sig(
     memory and whether it stops (the devices). The plan's ``free_wait_s`` (a
     mean service time) is not in it: only fresh plans' is read
     (:meth:`~yard.core.state.Core.start_cost`)."""
-    hi = None
-    batching = False
+    return _victim_sig(o, _batch_latest(b, head, config), now, config)
+
+
+_NO_BATCH = math.nan
+""":func:`_batch_latest` where the swap's head may not be overtaken."""
+
+
+def _batch_latest(b: Backend, head: Req | None, config: SchedulerConfig) -> float | None:
+    """The swap's latest start as a victim's batching reads it: None where it
+    has no start-by (a victim may batch), :data:`_NO_BATCH` where its head may
+    not be overtaken (urgent, or its overtakes used up)."""
     if head is not None and not head.urgent and head.overtakes < config.batch_bound:
-        latest = estimates.swap_latest_start(b, config)
-        if latest is None:
-            batching = True
-        else:
-            # the test of estimates.overtake_denied, without its sentence
-            hi = estimates.service_hi(o, config)
-            batching = now + hi <= latest
+        return estimates.swap_latest_start(b, config)
+    return _NO_BATCH
+
+
+def _victim_sig(o: Backend, latest: float | None, now: float, config: SchedulerConfig) -> VictimSig:
+    """:func:`victim_sig` with its swap's :func:`_batch_latest` asked once for all victims."""
+    hi = None
+    if latest is None:
+        batching = True
+    elif latest != latest:  # _NO_BATCH
+        batching = False
+    else:
+        # the test of estimates.overtake_denied, without its sentence
+        hi = estimates.service_hi(o, config)
+        batching = now + hi <= latest
     fresh = o.state is BackendState.READY and o.dispatched_since_ready == 0
     first = o.queue.size > 0 and (fresh or batching)
     busy = None if first else o.busy()
     return (o.state in LOADED, fresh, first, busy, estimates.load_s(o, config), hi)
+
+
+def victim_sigs(
+    names: Iterable[str],
+    backends: dict[str, Backend],
+    b: Backend,
+    head: Req | None,
+    now: float,
+    config: SchedulerConfig,
+) -> dict[str, VictimSig]:
+    """:func:`victim_sig` of each of ``names``, victims of ``b``'s plan for ``head``."""
+    latest = _batch_latest(b, head, config)
+    return {name: _victim_sig(backends[name], latest, now, config) for name in names}
 
 
 def victims_changed(
@@ -263,12 +295,16 @@ def victims_changed(
     """Whether a touched victim of the evicting ``st`` changed in what its plan
     read of it (:func:`victim_sig`)."""
     assert st.victims is not None
-    swap = st.backend
-    return any(
-        victim_sig(backends[name], swap, st.head, now, config) != sig
-        for name, sig in st.victims.items()
-        if name in touched
-    )
+    latest: float | None = _NO_BATCH
+    asked = False
+    for name, sig in st.victims.items():
+        if name in touched:
+            if not asked:
+                latest = _batch_latest(st.backend, st.head, config)
+                asked = True
+            if _victim_sig(backends[name], latest, now, config) != sig:
+                return True
+    return False
 
 
 def evicting_changed(st: Step, touched: set[str], now: float, config: SchedulerConfig) -> bool:

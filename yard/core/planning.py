@@ -92,7 +92,7 @@ from yard.core.plan_steps import (
     reads_same,
     reuse_after,
     still_reads,
-    victim_sig,
+    victim_sigs,
     victims_changed,
     waits_for_load,
 )
@@ -559,10 +559,7 @@ class Planner:
             # or stops a victim, is planned again when a victim is touched:
             # the stop changes it anyway.)
             step.latest_start = estimates.swap_latest_start(b, core.config)
-            step.victims = {
-                name: victim_sig(core.backends[name], b, head, now, core.config)
-                for name in told.reads.victims
-            }
+            step.victims = victim_sigs(told.reads.victims, core.backends, b, head, now, core.config)
         b.wait_reason = plan.reason
         if plan.status == Outcome.START:
             core.start(plan, now, out)

@@ -17,7 +17,7 @@ from collections.abc import Collection
 from yard.core import estimates, failures, placement
 from yard.core.carry import carry_out
 from yard.core.decisions import Decision
-from yard.core.plan_steps import Frontier, Step, frontier_after, reads_same, victim_sig
+from yard.core.plan_steps import Frontier, Step, frontier_after, reads_same, victim_sigs
 from yard.core.plans import Outcome, Plan, Reads, Room
 from yard.core.queue import Req
 from yard.core.records import Backend
@@ -104,7 +104,11 @@ def overtaken_again(
         or again.pending != plan.pending
     ):
         return None
-    return _carried(core, prev, b, head, again, prev.reads, frontier, now, out), room
+    # Its victims read as they did (else it would be worked out again by
+    # victims_again) and its latest start is as it was (else planned afresh:
+    # plan_steps.evicting_changed): what it read of them stands.
+    step = _carried(core, prev, b, head, again, prev.reads, frontier, now, out, same_victims=True)
+    return step, room
 
 
 def victims_again(
@@ -159,11 +163,14 @@ def _carried(
     frontier: Frontier,
     now: float,
     out: list[Decision],
+    *,
+    same_victims: bool = False,
 ) -> Step:
     """``b``'s new step with the evicting ``plan`` worked out again, reading
     ``reads`` and otherwise what ``prev`` read, with what it read of its victims
-    where it stops none (as :meth:`yard.core.planning.Planner._plan` keeps it);
-    ``plan`` carried out."""
+    where it stops none (as :meth:`yard.core.planning.Planner._plan` keeps it;
+    ``same_victims``: as ``prev`` read them and its latest start); ``plan``
+    carried out."""
     step = Step(
         b,
         b.state,
@@ -181,12 +188,13 @@ def _carried(
         prev.why,
         prev.ordered,
     )
-    if not plan.stop:
+    if not plan.stop and same_victims and prev.victims is not None:
+        step.latest_start = prev.latest_start
+        step.victims = prev.victims
+    elif not plan.stop:
         config = core.config
         step.latest_start = estimates.swap_latest_start(b, config)
-        step.victims = {
-            name: victim_sig(core.backends[name], b, head, now, config) for name in reads.victims
-        }
+        step.victims = victim_sigs(reads.victims, core.backends, b, head, now, config)
     b.wait_reason = plan.reason
     carry_out(core, plan, out)
     last = prev.plan
