@@ -36,6 +36,9 @@ def carry_out(core: Core, plan: Plan, out: list[Decision]) -> None:
 
 def reprieve(core: Core, taken: set[str], victim_of: dict[str, Req]) -> None:
     """Backends drained for a swap that no plan needs any more serve again."""
+    if not core.draining:
+        core.victim_of = victim_of
+        return
     for name in sorted(core.draining - taken):
         b = core.backends[name]
         if b.drain_reason == "swap":

@@ -121,6 +121,11 @@ _LOWEST: Key = (-math.inf, -math.inf, "")
 """Below every :func:`~yard.core.queue.order_key`."""
 
 
+def _last(*sets: set[int]) -> int:
+    """The last step in any of ``sets`` (-1: none)."""
+    return max([max(x) for x in sets if x], default=-1)
+
+
 class Planner:
     """Plans and carries out loads, one round per pass of the scheduler.
 
@@ -193,9 +198,7 @@ class Planner:
         room: Room | None = None
         overtaken_, resig = self._overtaken, self._resig
         told, known = self._told, self._devices
-        last_dirty = max(
-            max(dirty, default=-1), max(overtaken_, default=-1), max(resig, default=-1)
-        )
+        last_dirty = _last(dirty, overtaken_, resig)
         seen = core.transitions
         order = self._order
         common = -1  # how many backends cands and the old order end with alike (-1: not counted)
@@ -211,9 +214,7 @@ class Planner:
                 self._dirty(touched, now, settled=False, dirty=dirty)
                 for device in core.touched_devices:
                     dirty.update(self._weighers.get(device, ()))
-                last_dirty = max(
-                    max(dirty, default=-1), max(overtaken_, default=-1), max(resig, default=-1)
-                )
+                last_dirty = _last(dirty, overtaken_, resig)
             k = index.get(b.name)
             prev = old[k] if k is not None and k not in dirty else None
             if prev is not None and (k in resig or k in overtaken_):
@@ -398,7 +399,11 @@ class Planner:
             st = steps[k]
             if evicting_changed(st, touched, now, config):
                 dirty.add(k)
-            elif st.victims is not None and victims_changed(st, touched, backends, now, config):
+            elif (
+                st.victims is not None
+                and not touched.isdisjoint(st.victims)
+                and victims_changed(st, touched, backends, now, config)
+            ):
                 self._resig.add(k)
         boost = config.deadline_boost
         seen = self._seen
