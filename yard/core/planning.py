@@ -455,8 +455,10 @@ class Planner:
 
     def _plan(
         self, b: Backend, frontier: Frontier, room: Room, now: float, out: list[Decision]
-    ) -> tuple[Step, Room]:
-        """Plan ``b`` afresh after ``frontier`` and carry the plan out."""
+    ) -> tuple[Step, Room | None]:
+        """Plan ``b`` afresh after ``frontier`` and carry the plan out; with the
+        room after it (None where it started or stopped a backend: surveyed
+        again when a plan after it needs it, which most rounds' do not)."""
         core = self._core
         head = b.head()
         urgent = head.urgent if head is not None else False
@@ -569,12 +571,12 @@ class Planner:
         if plan.status == Outcome.START:
             core.start(plan, now, out)
             step.after = frontier_after(plan, frontier)
-            return step, core.survey()
+            return step, None
         if plan.status == Outcome.BLOCKED:
             return step, room
         carry_out(self._core, plan, out)
         step.after = frontier_after(plan, frontier)
-        return step, core.survey() if plan.stop else room
+        return step, None if plan.stop else room
 
     def _replay(self, step: Step, out: list[Decision]) -> None:
         """Carry out a reused evicting plan again (it changes nothing: its

@@ -127,11 +127,10 @@ def victims_again(
     its head's overtakes may have changed too) and it reads the same of
     ``frontier``: every option from the victims it chose
     (:func:`placement.evict_options_again`), the best taken as planning afresh
-    takes it, and carried out. With the room after it: surveyed again where it
-    stops a victim, else ``room`` as given (None: not surveyed yet; draining
-    a victim or letting it serve first changes nothing a survey reads, so the
-    round surveys it when a plan first needs it). None where planning afresh
-    is needed."""
+    takes it, and carried out. With the room after it: None where it stops a
+    victim (surveyed again when a plan first needs it), else ``room`` as given
+    (None: not surveyed yet; draining a victim or letting it serve first
+    changes nothing a survey reads). None where planning afresh is needed."""
     plan = prev.plan
     config = core.config
     head = b.head()
@@ -150,7 +149,7 @@ def victims_again(
     old = prev.reads
     reads = Reads(old.refusals, old.orders, True, old.victims, until, old.devices, plans)
     step = _carried(core, prev, b, head, best, reads, frontier, now, out)
-    return step, core.survey() if best.stop else room
+    return step, None if best.stop else room
 
 
 def _carried(
