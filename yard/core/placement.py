@@ -441,10 +441,9 @@ def evict_again(
     assert plan.made_room is not None
     chosen, free_now = plan.made_room
     b, gpus, need = plan.backend, plan.gpus, plan.need
-    mine = Reads() if reads is None else reads
     # the room it reads (need and free memory where it is shortest) is as it was
     again = _evict(
-        b, head, gpus, need, chosen, plan.slack, free_now, devices, config, now, mine, plan.room
+        b, head, gpus, need, chosen, plan.slack, free_now, devices, config, now, reads, plan.room
     )
     again.made_room = plan.made_room
     return again
@@ -506,19 +505,20 @@ def _evict(
     devices: Mapping[str, Device],
     config: SchedulerConfig,
     now: float,
-    reads: Reads,
+    reads: Reads | None,
     room: str = "",
 ) -> Plan:
     """The plan that makes room by stopping, draining or (batching) first serving
     the ``chosen`` victims (``room``: its sentence of the room it needs, if known)."""
     plan = Plan(b, gpus, Outcome.EVICT, "", need=need, slack=slack)
     parts: list[str] = []
+    until = math.inf  # the latest time its batching (and early work) holds
     due = load_due(b, head, config)
     if due is not None and now < due:
         # Urgent for work ahead, its load not yet due: the busy victims drain
         # now, the idle ones are held (no new work) until the load is due.
         plan.hold_until = due
-        reads.until = min(reads.until, due)
+        until = min(until, due)
     may_batch = head is not None and not head.urgent and head.overtakes < config.batch_bound
     # the swap's latest start, asked once (overtake_denied and overtake_until ask it per victim)
     latest = estimates.swap_latest_start(b, config) if may_batch else None
@@ -534,7 +534,7 @@ def _evict(
             hi = estimates.service_hi(o, config)
             batching = now + hi <= latest
             if batching:
-                reads.until = min(reads.until, latest - hi)
+                until = min(until, latest - hi)
         # Until an urgent window's load is due, its victims still take the
         # work expected to end by then (their mean service): only what would
         # run into the load waits for the window.
@@ -542,8 +542,8 @@ def _evict(
         if plan.hold_until is not None and o.queue.size > 0:
             early = ends_before(o, plan.hold_until, now, config)
             if early:
-                until = plan.hold_until - estimates.service_est(o, config)
-                reads.until = min(reads.until, until)
+                early_until = plan.hold_until - estimates.service_est(o, config)
+                until = min(until, early_until)
         if o.queue.size > 0 and (fresh or batching or early):
             plan.pending.append(o)
             if batching and head is not None:
@@ -573,4 +573,6 @@ def _evict(
             room = reasons.room_short(short, b.name, need[short], free_now[short])
     plan.room = room
     plan.reason = reasons.evicting(plan.room, parts)
+    if reads is not None:
+        reads.until = min(reads.until, until)
     return plan

@@ -334,7 +334,7 @@ class Planner:
         each touched one that waits is put in its place: what :meth:`_ordered`
         gives, without sorting them all (where a rank ties another's, it sorts)."""
         backends = self._core.backends
-        kept = [b for b in self._order if b.name not in touched and waits_for_load(b)]
+        kept = [b for b in self._order if b.name not in touched]
         moved = [backends[n] for n in sorted(touched) if waits_for_load(backends[n])]
         if not moved:
             return self._order if len(kept) == len(self._order) else kept

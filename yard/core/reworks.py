@@ -204,7 +204,10 @@ def _carried(
         and plan.gpus == last.gpus
         and plan.status == last.status
         and (plan.need is last.need or plan.need == last.need)
-        and set(plan.victims) == set(last.victims)
+        and (
+            (plan.stop == last.stop and plan.drain == last.drain and plan.pending == last.pending)
+            or set(plan.victims) == set(last.victims)
+        )
     ):
         step.after = prev.after  # what frontier_after gives again
     else:

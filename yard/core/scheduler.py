@@ -224,8 +224,9 @@ class Scheduler:
             for b in core.backends.values():
                 if b.pinned:
                     b.want_load = True
-        for due in core.timers.due(now, core.timer_live):
-            request_events.timer(core, due, now, out)
+        if core.timers.any_due(now):
+            for due in core.timers.due(now, core.timer_live):
+                request_events.timer(core, due, now, out)
         if isinstance(event, _ROOM_EVENTS):
             core.room_version += 1  # a profile, an operator's wish
         match event:

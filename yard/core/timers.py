@@ -65,6 +65,12 @@ class Timers:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
+    def any_due(self, now: float) -> bool:
+        """Whether a timer, live or not, is due by ``now`` (:meth:`due` yields
+        none otherwise)."""
+        heap = self._heap
+        return bool(heap) and heap[0][0] <= now
+
     def due(self, now: float, live: Live) -> Iterator[Due]:
         """The live timers due by ``now``, earliest first. Liveness is asked as
         each comes up, so handling one may kill the ones after it."""
