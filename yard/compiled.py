@@ -24,7 +24,6 @@ compiled core makes to it; tests that need either are marked ``pure_core``.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -97,6 +96,22 @@ class _Finder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_file_location(fullname, file)
 
 
+def _load(name: str, file: Path) -> None:
+    """Load the extension module ``name`` from ``file`` into ``sys.modules``."""
+    if name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{file} is not a module")
+    module = importlib.util.module_from_spec(spec)  # an extension is loaded here
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+
+
 ACTIVE: tuple[bool, str] = (False, "plain Python (yard.compiled.use() has not run)")
 """What :func:`use` chose for this process."""
 
@@ -121,8 +136,8 @@ def use(build: Path = BUILD) -> tuple[bool, str]:
             finder = _Finder(files)
             sys.meta_path.insert(0, finder)
             try:  # the shared library holds all the compiled code: it must load
-                importlib.import_module(f"{GROUP}__mypyc")
-            except ImportError as e:
+                _load(f"{GROUP}__mypyc", files[f"{GROUP}__mypyc"])
+            except (ImportError, KeyError) as e:
                 sys.meta_path.remove(finder)
                 ok, why = False, f"plain Python (the build at {build} does not load: {e})"
     ACTIVE = (ok, why)
