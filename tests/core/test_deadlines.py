@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from tests.core.harness import Harness
+from tests.core.harness import Harness, gpu, host
 from yard.core import BackendSpec, Dispatch, Reject, SchedulerConfig
+from yard.core.plans import Outcome
 
 
 def busy_chat(**cfg: float) -> Harness:
@@ -180,3 +181,26 @@ def test_urgency_counts_the_longest_service_of_the_other_backends_as_it_is_now()
     h.finish("r0", at=40)  # a 40 s service: chat's high estimate is 40 s now
     h.arrive("second", "big", priority=100, at=41, start_by=250.0)
     assert h.s.next_wakeup() == 250 - (20 + 40) - 30
+
+
+def test_the_wait_for_room_in_the_earliest_start_is_the_best_plans() -> None:
+    # Core.free_wait skips the plans' sentences: it must give what the plan gives
+    h = Harness(  # an 18 GiB GPU: big (16 GiB) fits only once chat (4 GiB) stops
+        [BackendSpec(name="chat", gpus=("gpu0",)), BackendSpec(name="big", gpus=("gpu0",))],
+        devices=(gpu(gib=18), host()),
+        config=SchedulerConfig(default_service_s=10),
+        profiles={"chat": (4, 1, 5), "big": (16, 1, 20)},
+    )
+    h.load("chat", "r0")
+    core, big = h.s._core, h.s._core.backends["big"]
+    plan = core.best_plan(big, None, {}, set(), set(), 1.0)
+    assert plan is not None and plan.status is Outcome.EVICT  # chat (busy) must finish
+    assert core.free_wait(big, 1.0) == plan.free_wait_s == 10  # chat's service estimate
+    h.finish("r0", at=2)
+    h.arrive("r1", "big", at=3)  # big loads: chat stops, then big starts
+    h.stopped("chat", at=4)
+    assert h.state("big") == "starting"
+    chat = core.backends["chat"]
+    plan = core.best_plan(chat, None, {}, set(), set(), 5.0)
+    assert plan is not None and plan.status is Outcome.WAIT  # one load at a time
+    assert core.free_wait(chat, 5.0) == plan.free_wait_s == 0

@@ -273,11 +273,13 @@ def plan_on(
     config: SchedulerConfig,
     now: float,
     reads: Reads | None = None,
+    quiet: bool = False,
 ) -> Plan:
     """The plan to load ``b`` on ``gpus`` for ``head`` (its best waiting request,
     None for a pinned or asked-for load), needing ``need`` per device, after what
     this round already ``booked`` (bytes), ``claimed`` (devices) and ``taken``
-    (victims)."""
+    (victims). ``quiet``: only its :meth:`~Plan.key` and ``free_wait_s`` count
+    (no reasons, no context chosen)."""
     primary = gpus or (HOST,)
     devs = (*gpus, HOST)
     if reads is None:
@@ -337,6 +339,8 @@ def plan_on(
         why_not = eligible(o)
         if why_not is not None:
             plan = Plan(b, gpus, Outcome.BLOCKED, "", need=need)
+            if quiet:
+                return plan
             plan.retell = lambda name, why=why_not: reasons.must_load_alone(where, name, why)
             plan.reason = plan.retell(b.name)
             return plan
@@ -370,6 +374,8 @@ def plan_on(
             if all(x <= 0 for x in deficit.values()):
                 break
         if any(x > 0 for x in deficit.values()):
+            if quiet:
+                return Plan(b, gpus, Outcome.BLOCKED, "", need=need)
             short = max(devs, key=lambda d: deficit[d])
             at, needs, free_there = short, need[short], eventual[short]
             plan = Plan(b, gpus, Outcome.BLOCKED, "", need=need)
@@ -385,6 +391,9 @@ def plan_on(
         chosen.extend(greedy)
     slack = min(-deficit[d] for d in devs)
     if not chosen:
+        if quiet:  # it starts or waits for memory being freed: no victims
+            ok = not still_stopping and all(need[d] <= free_now[d] for d in devs)
+            return Plan(b, gpus, Outcome.START if ok else Outcome.WAIT, "", need=need, slack=slack)
         if not still_stopping and all(need[d] <= free_now[d] for d in devs):
             prior = b.spec.prior if b.profile is None else None
             choice = resources.choose(
@@ -419,7 +428,9 @@ def plan_on(
         return Plan(b, gpus, Outcome.WAIT, text, need=need, slack=slack)
     reads.evicts = True
     reads.victims.update(o.name for o in chosen)
-    plan = _evict(b, head, gpus, need, chosen, slack, free_now, devices, config, now, reads)
+    plan = _evict(
+        b, head, gpus, need, chosen, slack, free_now, devices, config, now, reads, quiet=quiet
+    )
     plan.made_room = (chosen, free_now)
     return plan
 
@@ -507,9 +518,12 @@ def _evict(
     now: float,
     reads: Reads | None,
     room: str = "",
+    *,
+    quiet: bool = False,
 ) -> Plan:
     """The plan that makes room by stopping, draining or (batching) first serving
-    the ``chosen`` victims (``room``: its sentence of the room it needs, if known)."""
+    the ``chosen`` victims (``room``: its sentence of the room it needs, if known;
+    ``quiet``: without the sentences, see :func:`plan_on`)."""
     plan = Plan(b, gpus, Outcome.EVICT, "", need=need, slack=slack)
     parts: list[str] = []
     until = math.inf  # the latest time its batching (and early work) holds
@@ -564,6 +578,8 @@ def _evict(
         else:
             plan.stop.append(o)
             parts.append(reasons.stopping_idle(o.name, estimates.load_s(o, config), o.places > 1))
+    if quiet:
+        return plan
     if not room:
         devs = (*gpus, HOST)
         short = max(devs, key=lambda d: (need[d] - free_now[d], d))

@@ -20,7 +20,7 @@ from yard.core.decisions import Decision, Reject, Requeue, StartBackend, StopBac
 from yard.core.fairness import Shares
 from yard.core.lifecycle import OCCUPYING, BackendState, Move, move
 from yard.core.placement import loading
-from yard.core.plans import Plan, Reads, Room
+from yard.core.plans import Outcome, Plan, Reads, Room
 from yard.core.queue import Req, ReqState
 from yard.core.records import Backend, Device
 from yard.core.spec import HOST, SchedulerConfig
@@ -229,11 +229,33 @@ class Core:
         b.reload_log = math.log(max(per_gib, 1e-9))
 
     def start_cost(self, b: Backend, now: float) -> tuple[float, str]:
-        def free_wait() -> float:
-            plan = self.best_plan(b, None, {}, set(), set(), now)
-            return plan.free_wait_s if plan is not None else 0.0
+        return estimates.start_cost(b, now, self.config, lambda: self.free_wait(b, now))
 
-        return estimates.start_cost(b, now, self.config, free_wait)
+    def free_wait(self, b: Backend, now: float) -> float:
+        """The ``free_wait_s`` of ``b``'s :meth:`best_plan` with nothing booked,
+        worked out without the plans' sentences: a plan that starts or waits
+        beats any that evicts and has room at once (0), as has every option
+        when one waits for another backend's load there (one at a time)."""
+        options = self.options(b)
+        loads = set[str]()  # the devices where a load runs (Room.loading)
+        for name in self.occupying:
+            o = self.backends[name]
+            if o.state is BackendState.STARTING and o is not b:
+                loads.update(o.devices)
+        if any(d in loads for gpus, _ in options for d in gpus or (HOST,)):
+            return 0.0
+        room = self.survey()
+        c = self.config
+        best: Plan | None = None
+        for gpus, need in options:
+            plan = placement.plan_on(
+                b, None, gpus, need, {}, set(), set(), room, self.devices, c, now, quiet=True
+            )
+            if plan.status <= Outcome.WAIT:
+                return 0.0
+            if best is None or plan.key() < best.key():
+                best = plan
+        return best.free_wait_s if best is not None else 0.0
 
     def worst_drain(self, b: Backend) -> float:
         """The longest high service estimate of the backends other than ``b``
