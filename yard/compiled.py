@@ -152,7 +152,7 @@ def build(out: Path = BUILD, *, jobs: int | None = None) -> Path:
         from setuptools import Distribution  # type: ignore[import-untyped]
     except ImportError as e:  # pragma: no cover - depends on the install
         raise SystemExit(
-            f"compiling the core needs mypy and setuptools ({e}): pip install 'yard[dev]'"
+            f"compiling the core needs mypy and setuptools ({e}): pip install 'yard[compile]'"
         ) from e
     paths = sources()
     stamp = digest(paths)
