@@ -163,11 +163,7 @@ async def measure(outages: list[float], runs: int) -> dict[str, Any]:
                         total[key] = total.get(key, 0) + value
                 figures[f"{outage_s:g}s"] = {"runs": runs, **total}
         finally:
-            with trio.CancelScope(shield=True):
-                for name in nodes:
-                    await cluster.stop(name)
-                for client in cluster.clients.values():
-                    await client.aclose()
+            await cluster.close()
     figures["met"] = all(
         v["reaped"] == v["lost"] == v["server_errors"] == v["bad_refusals"] == 0
         for k, v in figures.items()

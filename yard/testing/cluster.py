@@ -169,6 +169,14 @@ class Cluster:
             await node.process.wait()
         node.kill_backends()
 
+    async def close(self) -> None:
+        """Stop every node and close every client (shielded: it runs on the way out)."""
+        with trio.CancelScope(shield=True):
+            for name in self.nodes:
+                await self.stop(name)
+            for client in self.clients.values():
+                await client.aclose()
+
 
 async def _plain_body(request: httpx.Request) -> None:
     """Send an in-memory body (``json=``, ``content=``) without an async
@@ -218,11 +226,7 @@ async def running_cluster(
                 await cluster.wait_healthy(name)
         yield cluster
     finally:
-        with trio.CancelScope(shield=True):
-            for name in nodes:
-                await cluster.stop(name)
-            for client in cluster.clients.values():
-                await client.aclose()
+        await cluster.close()
 
 
 async def submit(client: httpx.AsyncClient, priority: float, **extra: str) -> str:
