@@ -479,6 +479,7 @@ def announced_table(
 ) -> str:
     """The announced radio day's targets; ``found`` holds the plain day's rows of
     every policy and the announced day's yard rows."""
+    from sim.fair_floor import instances_fair_bound, instances_first_come_longest
     from sim.runner import POLICIES
 
     lines = [
@@ -487,8 +488,10 @@ def announced_table(
         "| queueing floor (news-llm instances) "
         "| no policy below: every wait counted (one a period) "
         f"| high p95 / that floor (one GPU: at most {FLOOR_RATIO:g}) "
+        "| no policy below whose longest wait is first come's or less "
+        "(yard's longest / first come's) | high p95 / that floor "
         "| announcements used/expired |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for gpus, spread in ANNOUNCED_ROWS:
         plain_name = scenarios.radio_day(gpus).name
@@ -502,6 +505,8 @@ def announced_table(
             ratio = yard["loads"] / yard["loads_lower_bound"]
             p95 = high_p95(yard)
             floor = instances_counted_bound(seed, gpus)
+            fair = instances_fair_bound(seed, gpus)
+            cap = instances_first_come_longest(seed, gpus)
             cells = [
                 f"{gpus} GPU" + (", spread_windows" if spread else ""),
                 str(seed),
@@ -517,6 +522,9 @@ def announced_table(
                 f"(x{scenarios_ahead.NEWS_INSTANCES.get(gpus, 1)})",
                 f"{floor:.0f} s ({instances_bound(seed, gpus):.0f} s)",
                 _floor_ratio(p95, floor, judged=gpus == 1),
+                f"{fair:.0f} s ({yard['high_wait_max_s']:.0f} s / {cap:.0f} s)",
+                # The row's figures are rounded to the millisecond.
+                _floor_ratio(p95, fair, judged=gpus == 1 and yard["high_wait_max_s"] <= cap + 5e-4),
                 f"{yard.get('announcements_used', 0):.0f}/"
                 f"{yard.get('announcements_expired', 0):.0f} of {yard['announced']:.0f}",
             ]

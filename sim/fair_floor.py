@@ -1,0 +1,158 @@
+"""The floor of issue 27's one-GPU target among schedules that are no harsher at
+their worst than first come, first served.
+
+:func:`sim.targets_ahead.counted_bound` is a floor for *any* schedule. It is
+reached by knowing every service time and, where that lowers the p95, letting a
+script wait longer than first come makes any script wait all day (166 s on seed
+2024), so that the others of its busy period wait less: the p95 leaves its seven
+longest waits out, and the floor spends them. On seed 2024 at 02:31 it holds the
+first script back, the GPU idle, until the second has come: the second and third
+start at once and the first waits 259 s; in the breaking news at 10:33 the second
+longest wait can fall from 157 s to 118 s only if another waits past 166 s.
+
+A gateway that ages waiting requests and bounds their wait (``docs/wait-bound.md``)
+does not do that, and its users would not want it: a script's deadline is its own,
+not the day's p95. :func:`fair_bound` is the same count restricted to the
+schedules whose longest wait is no more than first come's longest (news-llm and
+tts always loaded, as for the other floors). A policy in that class, clairvoyant
+or not, keeping the GPU idle or not, cannot go below it. yard is in that class on
+the judged days exactly when its longest high wait is no more than first come's;
+``python -m sim targets`` prints both beside the floor.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+
+from sim import scenarios, scenarios_ahead
+from sim.targets_ahead import _at, _busy_periods, _list_waits, _period_tail
+from sim.workload import Arrival
+
+FAIR_EXACT_UP_TO = 10
+"""Busy periods of up to this many requests get their exact capped tail
+(:func:`capped_tail`); longer ones the uncapped :func:`sim.targets_ahead._period_tail`,
+which is lower and so still a floor."""
+
+
+def first_come_longest(arrivals: Sequence[Arrival], slots: Mapping[str, int]) -> float:
+    """The longest wait of the high-class ``arrivals`` for the backends in ``slots``
+    (backend: slots), each always loaded, first come, first served."""
+    longest = 0.0
+    for backend, count in slots.items():
+        mine = sorted((a for a in arrivals if a.cls == "high" and a.backend == backend), key=_at)
+        for period in _busy_periods(mine, count):
+            longest = max(longest, *_list_waits(period, count))
+    return longest
+
+
+def fair_bound(arrivals: Sequence[Arrival], slots: Mapping[str, int]) -> float:
+    """The least high-class p95 wait (nearest rank, as the other floors) of any
+    schedule of ``arrivals`` on the always-loaded backends of ``slots`` whose
+    every wait is at most :func:`first_come_longest`; the count is
+    :func:`sim.targets_ahead.counted_bound`'s, with each period's tail from
+    :func:`capped_tail`.
+
+    Why the periods may be taken one by one: a schedule of the whole day,
+    restricted to a busy period, is no better than the list schedule of its own
+    order run alone (each request starts no later there), so that one keeps every
+    wait within the cap too and has no more waits above any ``T``."""
+    cap = first_come_longest(arrivals, slots)
+    tails: list[list[float]] = []
+    for backend, count in slots.items():
+        mine = sorted((a for a in arrivals if a.cls == "high" and a.backend == backend), key=_at)
+        for period in _busy_periods(mine, count):
+            if len(period) <= FAIR_EXACT_UP_TO:
+                tails.append(capped_tail(period, count, cap))
+            else:
+                tails.append(_period_tail(period, count))
+    return nearest_rank_floor(tails, sum(1 for a in arrivals if a.cls == "high"))
+
+
+def nearest_rank_floor(tails: Sequence[Sequence[float]], high: int) -> float:
+    """The smallest ``T`` with at most ``k - 1`` waits above it, where each period
+    ``P`` must have at least ``min{c: tail_P[c] <= T}`` and the p95 of ``high``
+    waits is the ``k``-th longest."""
+    if high == 0:
+        return 0.0
+    k = high - max(1, math.ceil(0.95 * high)) + 1
+    for t in sorted({0.0, *(g for tail in tails for g in tail)}):
+        longer = sum(next((c for c, g in enumerate(tail) if g <= t), len(tail)) for tail in tails)
+        if longer <= k - 1:
+            return t
+    raise AssertionError("unreachable: at the largest tail value no wait need be longer")
+
+
+State = tuple[tuple[float, ...], tuple[float, ...]]
+"""The ``c + 1`` longest waits so far (longest first, 0-padded) and the slots'
+free times (sorted)."""
+
+
+def capped_tail(period: Sequence[Arrival], slots: int, cap: float) -> list[float]:
+    """``g[c]``: the smallest ``(c+1)``-th longest wait of ``period`` over the orders
+    of its requests whose list schedule (each started as soon as it has come and a
+    slot is free: :func:`sim.targets_ahead._list_waits`) keeps every wait at most
+    ``cap``; ``inf`` where no order does.
+
+    One pass over the sets of requests per ``c``: a state is an order of a set,
+    kept as its ``c + 1`` longest waits and the slots' free times; what comes
+    after depends on nothing else, and a state that is no better in either than
+    another of the same set is dropped. The waits are the list schedule's own
+    sums, so the result equals trying every order (tests/sim/test_fair_floor.py)."""
+    n = len(period)
+    tail: list[float] = []
+    for c in range(n):
+        fronts: list[list[State]] = [[] for _ in range(1 << n)]
+        fronts[0].append(((0.0,) * (c + 1), (0.0,) * slots))
+        for mask in range(1 << n):
+            front = fronts[mask]
+            for j, a in enumerate(period):
+                if mask >> j & 1:
+                    continue
+                after = fronts[mask | 1 << j]
+                for top, free in front:
+                    start = max(a.at, free[0])
+                    wait = start - a.at
+                    if wait > cap:
+                        continue
+                    state = (
+                        tuple(sorted((*top, wait), reverse=True)[: c + 1]),
+                        tuple(sorted((start + a.service_s, *free[1:]))),
+                    )
+                    _add(after, state)
+        tail.append(min((top[c] for top, _ in fronts[-1]), default=math.inf))
+    return tail
+
+
+def _add(front: list[State], state: State) -> None:
+    """Put ``state`` in ``front`` unless a state there is as good in every way;
+    drop those it is as good as."""
+
+    def covers(x: State, y: State) -> bool:
+        return all(u <= v for u, v in zip(x[0], y[0], strict=True)) and all(
+            u <= v for u, v in zip(x[1], y[1], strict=True)
+        )
+
+    if any(covers(old, state) for old in front):
+        return
+    front[:] = [old for old in front if not covers(state, old)]
+    front.append(state)
+
+
+def instances_fair_bound(seed: int, gpus: int) -> float:
+    """:func:`fair_bound` of the radio day of ``seed`` with the news-llm instances
+    of the announced day on ``gpus`` GPUs (one slot each) and tts's two slots."""
+    count = scenarios_ahead.NEWS_INSTANCES.get(gpus, 1)
+    return fair_bound(
+        scenarios.radio_day_workload(random.Random(seed)), {"news-llm": count, "tts": 2}
+    )
+
+
+def instances_first_come_longest(seed: int, gpus: int) -> float:
+    """:func:`first_come_longest` of the same day and instances: the cap of
+    :func:`instances_fair_bound`."""
+    count = scenarios_ahead.NEWS_INSTANCES.get(gpus, 1)
+    return first_come_longest(
+        scenarios.radio_day_workload(random.Random(seed)), {"news-llm": count, "tts": 2}
+    )
