@@ -3,6 +3,8 @@ lines that become jobs of the shared queue once, one driver per batch."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -15,6 +17,7 @@ from yard.cluster.jobs import ClusterJobStore, rank_of
 from yard.cluster.pg import PgDatabase
 from yard.cluster.registry import NodeState, Registry
 from yard.cluster.schema import MIGRATIONS
+from yard.db import BLOB_PIECE
 from yard.jobs.records import StoredResult
 
 Stores = Callable[[str], Awaitable[ClusterBatchStore]]
@@ -80,6 +83,28 @@ async def _batch(store: ClusterBatchStore, batch_id: str = "batch_1", lines: int
         for i in range(lines)
     ]
     assert await store.start(batch_id, parsed, at=11.0)
+
+
+async def test_a_file_of_several_pieces_is_read_back_a_piece_at_a_time(stores: Stores) -> None:
+    # Compressible and not: PostgreSQL compresses the one, slices the other.
+    content = os.urandom(BLOB_PIECE) + b"line\n" * (BLOB_PIECE // 5) + b"end"
+    a, b = await stores("a"), await stores("b")
+    for file_id in ("file-big", "file-empty"):
+        await a.add_file(
+            file_id=file_id,
+            app="app",
+            purpose="batch_output",
+            filename="out.jsonl",
+            content=content if file_id == "file-big" else b"",
+            created_at=5.0,
+        )
+    pieces = await b.content_pieces("file-big")
+    assert pieces is not None
+    assert [len(piece) for piece in pieces] == [BLOB_PIECE, BLOB_PIECE, len(content) % BLOB_PIECE]
+    assert hashlib.sha256(b"".join(pieces)).digest() == hashlib.sha256(content).digest()
+    assert await b.content("file-big") == content
+    assert await b.content_pieces("file-empty") == [] and await b.content("file-empty") == b""
+    assert await b.content_pieces("file-none") is None
 
 
 async def test_a_file_uploaded_on_one_node_is_read_on_another(stores: Stores) -> None:

@@ -21,6 +21,8 @@ import json
 import time
 from collections.abc import Sequence
 
+import trio
+
 from yard.batches.records import (
     BatchError,
     BatchRecord,
@@ -99,10 +101,20 @@ class BatchStore:
         return None if row is None else file_from_row(row)
 
     async def content(self, file_id: str) -> bytes | None:
-        row = await self._db.fetchone(
-            "SELECT body FROM file_contents WHERE file_id = ?", (file_id,)
-        )
-        return None if row is None else bytes(row[0])
+        """The file's bytes (None: no such file), read as
+        :meth:`content_pieces` and joined in a worker thread."""
+        pieces = await self.content_pieces(file_id)
+        if pieces is None:
+            return None
+        if len(pieces) == 1:
+            return pieces[0]
+        return await trio.to_thread.run_sync(b"".join, pieces)
+
+    async def content_pieces(self, file_id: str) -> list[bytes] | None:
+        """The file's bytes in pieces of about a MiB (None: no such file).
+        Reading a 55 MB file as one value held the event loop for 55 ms; a
+        piece at a time lets it run between pieces (:meth:`Database.read_blob`)."""
+        return await self._db.read_blob("file_contents", "body", "file_id", file_id)
 
     async def list_files(
         self,
