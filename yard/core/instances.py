@@ -227,7 +227,7 @@ def rebind(core: Core, b: Backend, out: list[Decision]) -> None:
 def _move(core: Core, req: Req, src: Backend, dst: Backend) -> None:
     """Move queued ``req`` from ``src``'s queue to ``dst``'s, keeping its rank,
     urgency and start-by (its timers follow its new generation)."""
-    src.queue.removed()
+    src.queue.removed(req)
     req.gen += 1  # its entries in src's queue, and its timers, are stale now
     req.backend = dst.name
     dst.queue.push(req)

@@ -99,31 +99,38 @@ def loads_alone(b: Backend, device: DeviceSpec) -> bool:
 
 def survey(devices: Iterable[str], backends: Iterable[Backend]) -> Room:
     """Who holds what, now."""
-    room = Room()
-    for d in devices:
-        room.occupants[d] = []
-        room.used[d] = 0
-        room.freeing[d] = 0
+    occupants: dict[str, list[Backend]] = {d: [] for d in devices}
+    used = dict.fromkeys(occupants, 0)
+    freeing = dict.fromkeys(occupants, 0)
+    loading: dict[str, Backend] = {}
+    held_by: dict[str, dict[str, int]] = {}
+    heads: dict[str, Req | None] = {}
     occupying: list[Backend] = []
+    stopping, starting = BackendState.STOPPING, BackendState.STARTING
     for b in backends:
-        if b.state not in OCCUPYING:
+        state = b.state
+        if state not in OCCUPYING:
             continue
-        room.heads[b.name] = b.head()
+        heads[b.name] = b.head()
         occupying.append(b)
         held: dict[str, int] = {}
+        reserved, live = b.reserved, b.live
         for d in b.devices:
-            x = b.held(d)
+            x = reserved.get(d, 0)  # Backend.held, inline
+            y = live.get(d, 0)
+            if y > x:
+                x = y
             held[d] = x
-            room.occupants[d].append(b)
-            room.used[d] += x
-            if b.state is BackendState.STOPPING:
-                room.freeing[d] += x
-            elif b.state is BackendState.STARTING:
-                room.loading.setdefault(d, b)
-        room.held[b.name] = held
-    occupying.sort(key=evict_key)
-    room.evict_order = occupying
-    return room
+            occupants[d].append(b)
+            used[d] += x
+            if state is stopping:
+                freeing[d] += x
+            elif state is starting and d not in loading:
+                loading[d] = b
+        held_by[b.name] = held
+    if len(occupying) > 1:
+        occupying.sort(key=evict_key)
+    return Room(occupants, used, freeing, loading, held_by, heads, occupying)
 
 
 def gpu_sets(b: Backend, devices: Mapping[str, Device]) -> list[tuple[str, ...]]:

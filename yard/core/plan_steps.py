@@ -93,7 +93,6 @@ class Told:
     why: dict[str, str | None]  # reads.refusals by name
     ordered: frozenset[str]  # the backends in reads.orders of two or more
     head_key: tuple[float, float, str] | None  # order_key of the head it was planned for
-    option: int = 0  # the plan's place among the options
     at_once: bool = False  # it stopped at its first checks (it read no booking, no victim)
 
 
@@ -110,13 +109,18 @@ def frontier_after(plan: Plan, frontier: Frontier) -> Frontier:
     devices claimed; waiting or evicting, it holds its place: what it needs is
     booked and its victims taken, so that nothing ranked lower is placed there
     first."""
-    after = frontier.copy()
-    after.claimed.update(plan.gpus or (HOST,))
-    if plan.status != Outcome.START:
-        after.taken.update(v.name for v in plan.victims)
-        for d, n in plan.need.items():
-            after.booked[d] = after.booked.get(d, 0) + n
-    return after
+    claimed = set(frontier.claimed)
+    claimed.update(plan.gpus or (HOST,))
+    if plan.status is Outcome.START:
+        return Frontier(dict(frontier.booked), claimed, set(frontier.taken))
+    taken = set(frontier.taken)
+    for victims in (plan.stop, plan.drain, plan.pending):
+        for v in victims:
+            taken.add(v.name)
+    booked = dict(frontier.booked)
+    for d, n in plan.need.items():
+        booked[d] = booked.get(d, 0) + n
+    return Frontier(booked, claimed, taken)
 
 
 def reads_same(step: Step, frontier: Frontier) -> bool:
@@ -166,6 +170,9 @@ def quiet_from(steps: list[Step], frontier: Frontier) -> int:
 
 def common_tail(a: list[Backend], b: list[Backend]) -> int:
     """How many backends ``a`` and ``b`` end with alike."""
+    n = min(len(a), len(b))
+    if a[len(a) - n :] == b[len(b) - n :]:  # the usual case, compared at once
+        return n
     n = 0
     for x, y in zip(reversed(a), reversed(b), strict=False):
         if x is not y:

@@ -507,7 +507,8 @@ class Planner:
                 plan = best
                 retold = best.retell
             else:
-                need = options[told.option][1]
+                # its own need where the plan loads (the options are alike)
+                need = next(n for g, n in options if g == best.gpus)
                 # blocked or waiting, it has no victims: it shares the empty lists
                 k = self._index.get(b.name)
                 last = self._steps[k].plan if k is not None and k < len(self._steps) else None
@@ -523,7 +524,8 @@ class Planner:
             reads = Reads()
             plan = placement.blocked_at_once(b, options, frontier.claimed, room, reads)
             if plan is not None:
-                told = Told(plan, reads, reads.backends(), {}, _NOTHING, head_key, at_once=True)
+                # it read no backend (it stopped at claims and loads)
+                told = Told(plan, reads, _NOTHING, {}, _NOTHING, head_key, at_once=True)
             else:
                 reads = Reads()
                 plan = core.best_plan(
@@ -534,7 +536,6 @@ class Planner:
                 ordered = frozenset(o.name for order in long for o in order) if long else _NOTHING
                 told = Told(plan, reads, reads.backends(), why, ordered, head_key)
             if plan is not None and plan.retell is not None and None not in told.why.values():
-                told.option = next(i for i, (g, _) in enumerate(options) if g == plan.gpus)
                 self._told[key] = told
         if told.at_once:
             books = _NOTHING

@@ -151,27 +151,29 @@ class RequestQueue:
     _deadlines: list[tuple[float, int, Req, int]] = field(default_factory=list)
     _pushed: int = 0
     others_at: float = -math.inf  # when the latest request that is not patient came
-    _changes: int = 0  # pushes and removals so far
+    # pushes and removals of requests with a start-by so far (the others do not
+    # change start_bys)
+    _deadline_changes: int = 0
     _start_bys: tuple[float, ...] = ()
-    _start_bys_at: int = 0  # _changes when _start_bys was worked out
+    _start_bys_at: int = 0  # _deadline_changes when _start_bys was worked out
     _latest: float = math.inf  # start_by_latest's answer for _latest_key
     _latest_key: tuple[int, int, float, float] = (-1, 0, 0.0, 0.0)
 
     def push(self, req: Req) -> None:
         """Add a queued request (``req.state`` must be QUEUED)."""
         self.size += 1
-        self._changes += 1
         self._head_known = False
         if req.ages_from is None and req.arrived_at > self.others_at:
             self.others_at = req.arrived_at
         self._push(req)
         if req.start_by is not None:
+            self._deadline_changes += 1
             self._pushed += 1
             heapq.heappush(self._deadlines, (req.start_by, self._pushed, req, req.gen))
 
     def start_bys(self) -> tuple[float, ...]:
         """The start-bys of the waiting requests that have one, earliest first."""
-        if self._start_bys_at != self._changes:
+        if self._start_bys_at != self._deadline_changes:
             live = sorted(
                 entry
                 for entry in self._deadlines
@@ -179,7 +181,7 @@ class RequestQueue:
             )
             self._deadlines = live  # a sorted list is a heap; the stale entries go
             self._start_bys = tuple(entry[0] for entry in live)
-            self._start_bys_at = self._changes
+            self._start_bys_at = self._deadline_changes
         return self._start_bys
 
     def start_by_latest(self, slots: int, service_s: float, lead_s: float) -> float:
@@ -187,7 +189,7 @@ class RequestQueue:
         ``slots`` slots serve the waiting requests with a start-by, earliest
         start-by first, each holding its slot ``service_s`` seconds, so that
         every one starts by its start-by (``inf``: none has one)."""
-        key = (self._changes, slots, service_s, lead_s)
+        key = (self._deadline_changes, slots, service_s, lead_s)
         if self._latest_key != key:
             start_bys = self.start_bys()
             self._latest = min(
@@ -216,11 +218,12 @@ class RequestQueue:
         self._head_known = False
         self._push(req)
 
-    def removed(self) -> None:
-        """Account for a request that left (its state already changed)."""
+    def removed(self, req: Req) -> None:
+        """Account for ``req`` leaving (its state or generation changes with it)."""
         self.size -= 1
-        self._changes += 1
         self._head_known = False
+        if req.start_by is not None:
+            self._deadline_changes += 1
 
     @staticmethod
     def _live(entry: _Entry) -> bool:

@@ -105,12 +105,20 @@ def index_reads(
     their reads (and what was drawn from them): each reads is indexed once,
     with all the steps that share it."""
     shared: dict[Reads, tuple[Step, list[int]]] = {}
+    last: Reads | None = None
+    ks: list[int] = []
     for k, st in enumerate(steps):
-        group = shared.get(st.reads)
-        if group is None:
-            shared[st.reads] = (st, [k])
-        else:
-            group[1].append(k)
+        reads = st.reads
+        if reads is not last:  # told plans come in runs: looked up once a run
+            group = shared.get(reads)
+            if group is None:
+                ks = [k]
+                shared[reads] = (st, ks)
+                last = reads
+                continue
+            ks = group[1]
+            last = reads
+        ks.append(k)
     readers: dict[str, set[int]] = {}
     orderers: dict[str, set[int]] = {}
     weighers: dict[str, set[int]] = {}

@@ -90,7 +90,7 @@ class Core:
     def unqueue(self, req: Req) -> None:
         req.state = ReqState.DONE
         queue = self.backends[req.backend].queue
-        queue.removed()
+        queue.removed(req)
         self.queued -= 1
         self.touched.add(req.backend)
 
