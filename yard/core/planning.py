@@ -298,11 +298,11 @@ class Planner:
         self._steps = steps
         if reindex:
             self._order = list(order)
-            self._index = {b.name: k for k, b in enumerate(order)}
-            self._rank_list = [self._ranks[b.name] for b in order]
-            readers, orderers, weighers, self._evicting = index_reads(steps)
+            names = [b.name for b in order]
+            self._index = dict(zip(names, range(len(names)), strict=True))
+            self._rank_list = list(map(self._ranks.__getitem__, names))
+            readers, orderers, weighers, self._evicting, self._effects = index_reads(steps)
             self._readers, self._orderers, self._weighers = readers, orderers, weighers
-            self._effects = [k for k, st in enumerate(steps) if st.after is not None]
             return
         indexes = (self._readers, self._orderers, self._weighers, self._evicting)
         if reindex_fresh(old, steps, fresh, *indexes):
@@ -568,14 +568,16 @@ class Planner:
             # the stop changes it anyway.)
             step.latest_start = estimates.swap_latest_start(b, core.config)
             step.victims = victim_sigs(told.reads.victims, core.backends, b, head, now, core.config)
-        b.wait_reason = plan.reason
-        if plan.status == Outcome.START:
+        b.waiting_why = plan.reason  # (Backend.wait_reason)
+        status = plan.status
+        if status is Outcome.START:
             core.start(plan, now, out)
             step.after = frontier_after(plan, frontier)
             return step, None
-        if plan.status == Outcome.BLOCKED:
+        if status is _BLOCKED:
             return step, room
-        carry_out(self._core, plan, out)
+        if plan.stop or plan.drain or plan.pending:
+            carry_out(core, plan, out)
         step.after = frontier_after(plan, frontier)
         return step, None if plan.stop else room
 

@@ -98,16 +98,20 @@ def between(
 
 def index_reads(
     steps: list[Step],
-) -> tuple[dict[str, set[int]], dict[str, set[int]], dict[str, set[int]], set[int]]:
+) -> tuple[dict[str, set[int]], dict[str, set[int]], dict[str, set[int]], set[int], list[int]]:
     """The indexes of a round's ``steps`` by what they read: the backends each
     considered (readers), those in its eviction orders (orderers), the devices
-    it weighed (weighers), and the steps that evict. Plans told again share
+    it weighed (weighers), and the steps that evict; and the steps that change
+    the frontier (booked, claimed or took), in order. Plans told again share
     their reads (and what was drawn from them): each reads is indexed once,
     with all the steps that share it."""
     shared: dict[Reads, tuple[Step, list[int]]] = {}
+    effects: list[int] = []
     last: Reads | None = None
     ks: list[int] = []
     for k, st in enumerate(steps):
+        if st.after is not None:
+            effects.append(k)
         reads = st.reads
         if reads is not last:  # told plans come in runs: looked up once a run
             group = shared.get(reads)
@@ -124,24 +128,25 @@ def index_reads(
     weighers: dict[str, set[int]] = {}
     evicting: set[int] = set()
     for st, ks in shared.values():
+        those = set(ks)
         for name in st.names:
-            _note(readers, name, ks)
+            _note(readers, name, those)
         for name in st.ordered:
-            _note(orderers, name, ks)
+            _note(orderers, name, those)
         for device in st.reads.devices:
-            _note(weighers, device, ks)
+            _note(weighers, device, those)
         if st.reads.evicts:
-            evicting.update(ks)
-    return readers, orderers, weighers, evicting
+            evicting |= those
+    return readers, orderers, weighers, evicting, effects
 
 
-def _note(index: dict[str, set[int]], key: str, steps: list[int]) -> None:
-    """Add ``steps`` to ``index[key]``."""
+def _note(index: dict[str, set[int]], key: str, steps: set[int]) -> None:
+    """Add ``steps`` to ``index[key]`` (a set of its own)."""
     known = index.get(key)
     if known is None:
-        index[key] = set(steps)
+        index[key] = steps.copy()
     else:
-        known.update(steps)
+        known |= steps
 
 
 def reindex_fresh(
