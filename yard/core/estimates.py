@@ -40,7 +40,9 @@ def service_hi(b: Backend, config: SchedulerConfig) -> float:
     ones): for promises about deadlines the mean is too hopeful."""
     if not b.service_recent:
         return config.default_service_s
-    return max(b.service_recent_max, service_est(b, config))
+    mean = b.service_ewma if b.service_ewma is not None else config.default_service_s
+    longest = b.service_recent_max
+    return longest if longest >= mean else mean  # max(), inline (asked per victim and swap)
 
 
 def reload_per_gib(b: Backend, need: Mapping[str, int], config: SchedulerConfig) -> float:

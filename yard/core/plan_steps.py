@@ -7,7 +7,7 @@ The functions here answer the questions a round asks before it reuses a step
 instead of planning it afresh: does another frontier answer what the plan asked
 the same way (:func:`reads_same`), did a backend it read change in what it read
 (:func:`read_sig`, :func:`still_reads`, :func:`victim_sig`,
-:func:`victims_changed`), did its own head move (:func:`head_moved`).
+:func:`evicting_changed`), did its own head move (:func:`head_moved`).
 """
 
 from __future__ import annotations
@@ -296,45 +296,57 @@ def victim_sigs(
     return {name: _victim_sig(backends[name], latest, now, config) for name in names}
 
 
-def victims_changed(
+STANDS = 0
+"""An evicting step whose plan still holds (:func:`evicting_changed`)."""
+PLAN_AGAIN = 1
+"""An evicting step to plan afresh (:func:`evicting_changed`)."""
+VICTIMS_AGAIN = 2
+"""An evicting step to work out again from its victims (:func:`evicting_changed`)."""
+
+
+def evicting_changed(
     st: Step, touched: set[str], backends: dict[str, Backend], now: float, config: SchedulerConfig
-) -> bool:
-    """Whether a touched victim of the evicting ``st`` changed in what its plan
-    read of it (:func:`victim_sig`)."""
-    assert st.victims is not None
-    latest: float | None = _NO_BATCH
-    asked = False
-    for name, sig in st.victims.items():
-        if name in touched:
-            if not asked:
-                latest = _batch_latest(st.backend, st.head, config)
-                asked = True
-            if _victim_sig(backends[name], latest, now, config) != sig:
-                return True
-    return False
-
-
-def evicting_changed(st: Step, touched: set[str], now: float, config: SchedulerConfig) -> bool:
-    """Whether the evicting ``st`` must be planned again whatever its victims:
-    the clock has run out its batching, it holds idle victims until its load
-    is due (its reason counts down), its head or its latest start changed
+) -> int:
+    """What the evicting ``st`` needs after the backends ``touched`` changed:
+    :data:`PLAN_AGAIN` whatever its victims where the clock has run out its
+    batching, it holds idle victims until its load is due (its reason counts
+    down), its head or its latest start changed
     (:func:`~yard.core.estimates.swap_latest_start`), or it took no account of
-    its victims (it stops one) and one is touched. Its head's overtakes alone
-    are not asked here (:func:`head_moved`), nor its victims (:func:`victims_changed`)."""
+    its victims (it stops one) and one is touched; else :data:`VICTIMS_AGAIN`
+    where a touched victim changed in what its plan read of it
+    (:func:`victim_sig`); else :data:`STANDS`. Its head's overtakes alone are
+    not asked here (:func:`head_moved`). The swap's latest start is asked once
+    for both."""
     swap = st.backend
     if now >= st.reads.until - CLOCK_MARGIN_S:
-        return True
+        return PLAN_AGAIN
     if st.plan is not None and st.plan.hold_until is not None:
         # Its reason counts down to the load ("stopped when the load is due,
         # in 7.9 s"): a reused plan would tell an old countdown.
-        return True
-    if swap.name in touched and (
-        head_moved(swap, st)
-        or estimates.swap_latest_start(swap, config) != st.latest_start
-        or (st.urgent and st.head is swap.ahead)  # its hold reads the queue (load_due)
-    ):
-        return True
-    return st.victims is None and not touched.isdisjoint(st.reads.victims)
+        return PLAN_AGAIN
+    asked = False
+    start: float | None = None
+    if swap.name in touched:
+        if head_moved(swap, st):
+            return PLAN_AGAIN
+        start = estimates.swap_latest_start(swap, config)
+        asked = True
+        if start != st.latest_start or (st.urgent and st.head is swap.ahead):
+            return PLAN_AGAIN  # (an urgent hold reads the queue: load_due)
+    victims = st.victims
+    if victims is None:
+        return PLAN_AGAIN if not touched.isdisjoint(st.reads.victims) else STANDS
+    if touched.isdisjoint(victims):
+        return STANDS
+    # _batch_latest, with the latest start asked above where it was
+    head = st.head
+    latest: float | None = _NO_BATCH
+    if head is not None and not head.urgent and head.overtakes < config.batch_bound:
+        latest = start if asked else estimates.swap_latest_start(swap, config)
+    for name, sig in victims.items():
+        if name in touched and _victim_sig(backends[name], latest, now, config) != sig:
+            return VICTIMS_AGAIN
+    return STANDS
 
 
 def head_moved(b: Backend, step: Step) -> bool:
@@ -353,5 +365,8 @@ def waits_for_load(b: Backend) -> bool:
     stopping, with requests waiting, wanted loaded (pinned, an operator's load)
     or work ahead near; a further instance whose profile the first load has not
     measured yet is loaded only for requests (:func:`~yard.core.instances.awaits_profile`)."""
-    wants = (b.want_load or b.ahead is not None) and not awaits_profile(b)
-    return b.state in _WAITING_FOR_LOAD and bool(b.queue.size or wants)
+    if b.state not in _WAITING_FOR_LOAD:
+        return False
+    if b.queue.size:
+        return True
+    return (b.want_load or b.ahead is not None) and not awaits_profile(b)

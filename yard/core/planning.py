@@ -76,6 +76,8 @@ from yard.core.decisions import Decision
 from yard.core.lifecycle import BackendState
 from yard.core.plan_steps import (
     EMPTY,
+    PLAN_AGAIN,
+    VICTIMS_AGAIN,
     Frontier,
     Key,
     Sig,
@@ -93,7 +95,6 @@ from yard.core.plan_steps import (
     reuse_after,
     still_reads,
     victim_sigs,
-    victims_changed,
     waits_for_load,
 )
 from yard.core.plans import Outcome, Plan, Reads, Room
@@ -121,9 +122,14 @@ _LOWEST: Key = (-math.inf, -math.inf, "")
 """Below every :func:`~yard.core.queue.order_key`."""
 
 
-def _last(*sets: set[int]) -> int:
-    """The last step in any of ``sets`` (-1: none)."""
-    return max([max(x) for x in sets if x], default=-1)
+def _last(a: set[int], b: set[int], c: set[int]) -> int:
+    """The last step in any of the three sets (-1: none)."""
+    last = max(a) if a else -1
+    if b:
+        last = max(last, max(b))
+    if c:
+        last = max(last, max(c))
+    return last
 
 
 class Planner:
@@ -161,7 +167,7 @@ class Planner:
         # this round's steps of which only the head's overtakes changed (:func:`head_moved`)
         self._overtaken: set[int] = set()
         # this round's evicting steps of which a victim changed only in how it
-        # makes room (:func:`victims_changed`; see yard.core.reworks)
+        # makes room (:func:`~yard.core.plan_steps.evicting_changed`; see yard.core.reworks)
         self._resig: set[int] = set()
 
     def round(self, now: float, out: list[Decision]) -> None:
@@ -396,14 +402,10 @@ class Planner:
         for k in self._evicting:
             if k in dirty:
                 continue
-            st = steps[k]
-            if evicting_changed(st, touched, now, config):
+            what = evicting_changed(steps[k], touched, backends, now, config)
+            if what == PLAN_AGAIN:
                 dirty.add(k)
-            elif (
-                st.victims is not None
-                and not touched.isdisjoint(st.victims)
-                and victims_changed(st, touched, backends, now, config)
-            ):
+            elif what == VICTIMS_AGAIN:
                 self._resig.add(k)
         boost = config.deadline_boost
         seen = self._seen
@@ -416,8 +418,17 @@ class Planner:
                 old = seen.get(name)
                 seen[name] = sig
                 # what may have changed: its refusals, its place in eviction orders
-                refused = old is None or old[:5] != sig[:5]
-                ordered = old is None or old[5] != sig[5]
+                if old is None:
+                    refused = ordered = True
+                else:  # old[:5] != sig[:5], without the slices
+                    refused = (
+                        old[0] != sig[0]
+                        or old[1] != sig[1]
+                        or old[2] != sig[2]
+                        or old[3] != sig[3]
+                        or old[4] != sig[4]
+                    )
+                    ordered = old[5] != sig[5]
                 if refused:
                     check: Iterable[int] = readers
                     if old is not None and only_key(old, sig):
