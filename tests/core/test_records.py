@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 from yard.core import BackendSpec, DeviceSpec, Scheduler, SchedulerConfig
 from yard.core.catalog import new_backend
 from yard.core.estimates import service_hi
 from yard.core.plans import NoRoom
+from yard.core.queue import Req, ReqState, RequestQueue
 from yard.core.records import SERVICE_WINDOW
 
 
@@ -52,3 +54,29 @@ def test_the_worst_drain_is_the_longest_high_service_estimate_of_the_others() ->
         for o in core.backends.values():
             others = [service_hi(x, config) for x in core.backends.values() if x is not o]
             assert core.worst_drain(o) == max(others, default=0.0)
+
+
+def test_a_queues_start_bys_follow_every_request_with_one_that_comes_or_goes() -> None:
+    """start_bys (and start_by_latest) are kept between changes that cannot move
+    them: a request without a start-by coming or going. Those with one always
+    count, whether they leave by dispatch or by a move to another queue."""
+    rng = random.Random(11)
+    queue = RequestQueue(boost=10.0)
+    waiting: list[Req] = []
+    for i in range(400):
+        if waiting and rng.random() < 0.45:
+            req = waiting.pop(rng.randrange(len(waiting)))
+            if rng.random() < 0.5:
+                req.state = ReqState.RUNNING  # dispatched (Core.unqueue)
+            else:
+                req.gen += 1  # moved to a sibling's queue (instances._move)
+            queue.removed(req)
+        else:
+            start_by = rng.uniform(0.0, 500.0) if rng.random() < 0.3 else None
+            req = Req(f"r{i}", "chat", 50, "", float(i), -float(i), start_by, True, False)
+            queue.push(req)
+            waiting.append(req)
+        expected = tuple(sorted(r.start_by for r in waiting if r.start_by is not None))
+        assert queue.start_bys() == expected
+        latest = min((sb - 5.0 - (k // 2) * 3.0 for k, sb in enumerate(expected)), default=math.inf)
+        assert queue.start_by_latest(2, 3.0, 5.0) == latest
