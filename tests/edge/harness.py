@@ -28,7 +28,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import h11
 import psutil
@@ -77,6 +76,8 @@ class Yard:
     proc: subprocess.Popen[bytes]
     work: Path
     started: set[int] = field(default_factory=set)
+    prober: Prober | None = field(default=None, repr=False)
+    """The /healthz prober, started by the first :func:`healthz_answers`."""
 
     @property
     def url(self) -> str:
@@ -95,6 +96,8 @@ class Yard:
 
     def stop(self) -> None:
         """SIGTERM yard, wait for it, and assert nothing it started lives on."""
+        if self.prober is not None:
+            self.prober.close()
         self.note_children()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -285,13 +288,74 @@ class Watch:
     failures: list[str] = field(default_factory=list)
 
 
-def _collect(lines: IO[str], watch: Watch) -> None:
-    for line in lines:
-        took_s, _, outcome = line.rstrip("\n").partition("\t")
-        took = float(took_s)
-        watch.latencies.append(took)
-        if outcome:
-            watch.failures.append(f"after {took * 1000:.0f} ms: {outcome}")
+class Prober:
+    """A yard's prober process (:mod:`tests.edge.prober`) and the thread that
+    reads its lines into the watch of the moment."""
+
+    def __init__(self, port: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.edge.prober", str(port)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.watch: Watch | None = None
+        self.stopped = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            if line == prober.STOPPED:
+                self.stopped.set()
+                continue
+            watch = self.watch
+            if watch is None:
+                continue
+            took_s, _, outcome = line.partition("\t")
+            took = float(took_s)
+            watch.latencies.append(took)
+            if outcome:
+                watch.failures.append(f"after {took * 1000:.0f} ms: {outcome}")
+
+    def _command(self, byte: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(byte.decode())
+        self.proc.stdin.flush()
+
+    def start(self, watch: Watch) -> None:
+        """Probe into ``watch`` until :meth:`end`."""
+        self.watch = watch
+        self.stopped.clear()
+        self._command(prober.START)
+
+    def wait_for(self, count: int) -> None:
+        """Wait until ``count`` probes have answered; the prober bounds each
+        probe by :data:`HEALTHZ_CAP_S`, so this only waits long if it died
+        (checked)."""
+        while self.watch is not None and len(self.watch.latencies) < count:
+            assert self.proc.poll() is None, "the /healthz prober died"
+            time.sleep(HEALTHZ_PROBE_EVERY_S / 2)
+
+    def end(self) -> None:
+        """Stop probing once the probe under way has answered."""
+        self._command(prober.END)
+        assert self.stopped.wait(timeout=30), "the /healthz prober did not stop"
+        self.watch = None
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout=5)
+        self.proc.stdout.close()
 
 
 @contextlib.contextmanager
@@ -305,39 +369,25 @@ def healthz_answers(yard: Yard, *, min_s: float = 0.3, min_probes: int = 3) -> I
     cap, which never passes; the 100 ms p99 target itself is measured by
     ``python -m bench.abuse``.
 
-    The probes run in a process of their own (:mod:`tests.edge.prober`), so
-    what holds this process's GIL meanwhile (building a 60 MiB request, a
-    descheduled thread) is not counted against yard; and the block is held
-    open until enough probes answered, not for a fixed time, so a loaded
-    machine makes the check slower, never red.
+    The probes run in a process of their own (:mod:`tests.edge.prober`, one
+    per yard), so what holds this process's GIL meanwhile (building a 60 MiB
+    request, a descheduled thread) is not counted against yard; and the
+    block is held open until enough probes answered, not for a fixed time,
+    so a loaded machine makes the check slower, never red.
     """
+    if yard.prober is None:
+        yard.prober = Prober(yard.port)
     watch = Watch()
-    probes = subprocess.Popen(
-        [sys.executable, "-m", "tests.edge.prober", str(yard.port)],
-        cwd=ROOT,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert probes.stdin is not None and probes.stdout is not None
-    reader = threading.Thread(target=_collect, args=(probes.stdout, watch), daemon=True)
-    reader.start()
+    yard.prober.start(watch)
     try:
         # The first probe's answer: the prober is watching before the attack.
-        _wait_for_probes(watch, 1, probes)
+        yard.prober.wait_for(1)
         started = time.monotonic()
         yield watch
         time.sleep(max(0.0, min_s - (time.monotonic() - started)))
-        _wait_for_probes(watch, min_probes, probes)
+        yard.prober.wait_for(min_probes)
     finally:
-        probes.stdin.close()
-        try:
-            probes.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            probes.kill()
-            probes.wait()
-        reader.join(timeout=5)
-        probes.stdout.close()
+        yard.prober.end()
         yard.note_children()
     assert not watch.failures, f"/healthz failed during the attack: {watch.failures}"
     assert len(watch.latencies) >= min_probes, "too few /healthz probes ran during the attack"
@@ -347,13 +397,6 @@ def healthz_answers(yard: Yard, *, min_s: float = 0.3, min_probes: int = 3) -> I
         f"/healthz over {HEALTHZ_WITHIN_S * 1000:.0f} ms in {len(slow)} of "
         f"{len(watch.latencies)} probes: {slow}"
     )
-
-
-def _wait_for_probes(watch: Watch, count: int, probes: subprocess.Popen[str]) -> None:
-    """Wait until ``count`` probes have answered; the prober bounds each probe
-    by :data:`HEALTHZ_CAP_S`, so this only waits long if it died (checked)."""
-    while len(watch.latencies) < count and probes.poll() is None:
-        time.sleep(HEALTHZ_PROBE_EVERY_S / 2)
 
 
 def error_shape_ok(answer: Answer) -> bool:

@@ -1,20 +1,24 @@
 """The /healthz prober of :func:`tests.edge.harness.healthz_answers`, run as
-its own process: ``python -m tests.edge.prober PORT``.
+its own process: ``python -m tests.edge.prober PORT``, one per yard.
 
-It probes ``GET /healthz`` on a fresh connection every
-:data:`PROBE_EVERY_S` and prints one line per probe, ``SECONDS\\tOUTCOME``
-(outcome empty for a 200), until its standard input closes.
+It waits for a command byte on its standard input: ``s`` starts probing
+``GET /healthz`` on a fresh connection every :data:`PROBE_EVERY_S`, one line
+per probe, ``SECONDS\\tOUTCOME`` (outcome empty for a 200); the next byte
+(``e``) ends that, and it prints :data:`STOPPED`. It exits when its standard
+input closes.
 
 Why a process of its own: a probe timed by a thread of the test process
 also times whatever holds that process's GIL meanwhile, such as building
 a 60 MiB request (~120 ms at a load average of 6 on two cores), and
-blamed it on yard. Only the standard library is imported, so it starts
-quickly.
+blamed it on yard. One per yard, because starting an interpreter for each
+watch costs a second and more on a loaded machine. Only the standard
+library is imported.
 """
 
 from __future__ import annotations
 
 import http.client
+import os
 import select
 import sys
 import time
@@ -22,6 +26,9 @@ import time
 PROBE_EVERY_S = 0.02
 CAP_S = 0.5
 """A probe gives up after this (the harness's ``HEALTHZ_CAP_S``)."""
+START = b"s"
+END = b"e"
+STOPPED = "stopped"
 
 
 def probe(port: int) -> str:
@@ -40,13 +47,19 @@ def probe(port: int) -> str:
 
 def main(argv: list[str]) -> int:
     port = int(argv[0])
-    while True:
-        start = time.monotonic()
-        outcome = probe(port)
-        print(f"{time.monotonic() - start:.6f}\t{outcome}", flush=True)
-        # Standard input becomes readable only when the harness closes it.
-        if select.select([sys.stdin], [], [], PROBE_EVERY_S)[0]:
-            return 0
+    stdin = sys.stdin.fileno()  # read unbuffered: select() must see every byte
+    while os.read(stdin, 1) == START:
+        while True:
+            start = time.monotonic()
+            outcome = probe(port)
+            print(f"{time.monotonic() - start:.6f}\t{outcome}", flush=True)
+            if select.select([stdin], [], [], PROBE_EVERY_S)[0]:
+                break
+        command = os.read(stdin, 1)
+        print(STOPPED, flush=True)
+        if command != END:
+            break
+    return 0
 
 
 if __name__ == "__main__":
