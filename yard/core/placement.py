@@ -106,7 +106,6 @@ def survey(devices: Iterable[str], backends: Iterable[Backend]) -> Room:
     held_by: dict[str, dict[str, int]] = {}
     heads: dict[str, Req | None] = {}
     occupying: list[Backend] = []
-    stopping, starting = BackendState.STOPPING, BackendState.STARTING
     for b in backends:
         state = b.state
         if state not in OCCUPYING:
@@ -116,16 +115,12 @@ def survey(devices: Iterable[str], backends: Iterable[Backend]) -> Room:
         held: dict[str, int] = {}
         reserved, live = b.reserved, b.live
         for d in b.devices:
-            x = reserved.get(d, 0)  # Backend.held, inline
-            y = live.get(d, 0)
-            if y > x:
-                x = y
-            held[d] = x
+            x = held[d] = max(reserved.get(d, 0), live.get(d, 0))  # Backend.held, inline
             occupants[d].append(b)
             used[d] += x
-            if state is stopping:
+            if state is BackendState.STOPPING:
                 freeing[d] += x
-            elif state is starting and d not in loading:
+            elif state is BackendState.STARTING and d not in loading:
                 loading[d] = b
         held_by[b.name] = held
     if len(occupying) > 1:
