@@ -1,6 +1,7 @@
-"""A stored file is read back a piece at a time, byte for byte: by the store
-(``content_pieces``, ``content``) and by ``GET /v1/files/ID/content``, which
-sends it as several writes, not one body of the whole file."""
+"""A stored file is written and read back a piece at a time, byte for byte:
+by the store (``content_pieces``, ``content``) and by ``GET
+/v1/files/ID/content``, which sends it as several writes, not one body of
+the whole file."""
 
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ async def test_a_file_of_several_pieces_reads_back_byte_identical(tmp_path: Path
         assert [len(piece) for piece in pieces] == [BLOB_PIECE, BLOB_PIECE, 7]
         assert hashlib.sha256(b"".join(pieces)).digest() == hashlib.sha256(content).digest()
         assert await store.content("file-big") == content
+        # Written a piece at a time too: the value as one SELECT reads it.
+        row = await jobs.database.fetchone(
+            "SELECT body FROM file_contents WHERE file_id = ?", ("file-big",)
+        )
+        assert row is not None and row[0] == content
         assert await store.content("file-empty") == b""
         assert await store.content_pieces("file-empty") == []
         assert await store.content("file-none") is None

@@ -518,5 +518,5 @@ def _insert_file(
         {**values, "bytes": len(content), "created_at": created_at},
         returning=FILE_COLUMNS,
     ).fetchall()[0]
-    insert(tx, "file_contents", {"file_id": file_id, "body": content})
+    tx.insert_blob("file_contents", {"file_id": file_id}, "body", content)
     return file_from_row(row)

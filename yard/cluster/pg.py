@@ -26,8 +26,9 @@ from __future__ import annotations
 import functools
 import math
 import select
+import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -61,6 +62,10 @@ def _statement(sql: str, params: Sequence[object]) -> tuple[str, Sequence[object
     return (_dialect(sql), params) if params else (sql, None)
 
 
+_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+"""The start of COPY's binary format (then flags and header extension: 0, 0)."""
+
+
 class _PgTx:
     for_update = " FOR UPDATE"
 
@@ -80,6 +85,31 @@ class _PgTx:
 
     def lock(self, key: str) -> None:
         self.conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (key,))
+
+    def insert_blob(
+        self, table: str, values: Mapping[str, object], column: str, blob: bytes
+    ) -> None:
+        # A bound value goes into libpq's buffer whole with the GIL held (55
+        # MB: the loop waited ~60 ms, text or binary). COPY's binary format
+        # takes the row as a stream: its head, then the value a piece at a
+        # time, each piece one copy of BLOB_PIECE.
+        names = ", ".join([*values, column])
+        # The other columns' binary form: text's is its UTF-8.
+        assert all(isinstance(value, str) for value in values.values()), values
+        fields = [str(value).encode() for value in values.values()]
+        head = bytearray(_COPY_SIGNATURE + struct.pack("!iih", 0, 0, len(fields) + 1))
+        for field in fields:
+            head += struct.pack("!i", len(field)) + field
+        head += struct.pack("!i", len(blob))
+        view = memoryview(blob)
+        with (
+            self.conn.cursor() as cursor,
+            cursor.copy(f"COPY {table} ({names}) FROM STDIN (FORMAT BINARY)") as copy,
+        ):
+            copy.write(head)
+            for start in range(0, len(blob), BLOB_PIECE):
+                copy.write(view[start : start + BLOB_PIECE])
+            copy.write(struct.pack("!h", -1))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
