@@ -52,6 +52,23 @@ with urllib.request.urlopen(request) as answer:
         size += len(piece)
 print(size, digest.hexdigest())
 """
+_UPLOAD = """
+import json, sys, urllib.request
+content = sys.stdin.buffer.read()
+head = (
+    b'--b\\r\\nContent-Disposition: form-data; name="purpose"\\r\\n\\r\\nbatch\\r\\n'
+    b'--b\\r\\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\\r\\n'
+    b'Content-Type: application/jsonl\\r\\n\\r\\n'
+)
+request = urllib.request.Request(
+    sys.argv[1],
+    data=head + content + b'\\r\\n--b--\\r\\n',
+    headers={"Authorization": "Bearer " + sys.argv[2],
+             "Content-Type": "multipart/form-data; boundary=b"},
+)
+with urllib.request.urlopen(request) as answer:
+    print(json.load(answer)["bytes"])
+"""
 
 
 class _Lateness:
@@ -77,7 +94,8 @@ def _config(root: Path) -> Path:
         f'[server]\nlisten = "127.0.0.1:0"\ndata_dir = "{root / "data"}"\nstop_grace_s = 2\n\n'
         f"[backends.llm]\ncommand = {json.dumps(backend_command())}\nmodels = "
         '["tiny"]\nslots = 1\nstartup_timeout_s = 30\n\n'
-        f'[apps.bench]\nkey = "{KEY}"\n'
+        f'[apps.bench]\nkey = "{KEY}"\n\n'
+        "[jobs]\nbatch_max_file_bytes = 60000000\n"
     )
     return path
 
@@ -133,8 +151,22 @@ async def _run(content: bytes) -> dict[str, float]:
             download = late.worst
             got = client.stdout.decode().strip()
             assert got == expected, f"the download differs: {got} != {expected}"
+
+            await trio.sleep(0.2)
+            late.reset()
+            began = time.perf_counter()
+            uploaded = await trio.run_process(
+                [sys.executable, "-c", _UPLOAD, f"{runtime.urls[0]}/v1/files", KEY],
+                stdin=content,
+                capture_stdout=True,
+            )
+            upload_s = time.perf_counter() - began
+            upload = late.worst
+            assert uploaded.stdout.decode().strip() == str(len(content)), uploaded.stdout
             nursery.cancel_scope.cancel()
     return {
+        "upload_ms": upload * 1000,
+        "upload_s": upload_s,
         "baseline_ms": baseline * 1000,
         "store_ms": stored * 1000,
         "store_s": store_s,
@@ -178,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"  while it is stored (durably, as a batch's output file is): {_figure(runs, 'store_ms')}"
-        f" (in {_figure(runs, 'store_s', '.2f')} s)"
+        f" (in {_figure(runs, 'store_s', '.2f')} s); while it is uploaded (POST /v1/files) "
+        f"{_figure(runs, 'upload_ms')} (in {_figure(runs, 'upload_s', '.2f')} s)"
     )
     return 0
 

@@ -6,6 +6,7 @@ the whole file."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any, cast
@@ -14,6 +15,7 @@ import trio
 
 from tests.batches.virtual import yard
 from yard.app.web import Parts, create_control_app
+from yard.batches.service import Batches
 from yard.batches.store import BatchStore
 from yard.db import BLOB_PIECE
 from yard.engine import Engine
@@ -61,54 +63,87 @@ async def test_a_file_of_several_pieces_reads_back_byte_identical(tmp_path: Path
         await jobs.close()
 
 
+async def _exchange(
+    app: ASGIApp, method: str, path: str, body: bytes = b"", content_type: bytes = b""
+) -> list[Message]:
+    """One request to ``app`` as app alice; the messages it sent back."""
+    sent: list[Message] = []
+    requested = False
+    answered = trio.Event()
+
+    async def receive() -> dict[str, Any]:
+        nonlocal requested
+        if not requested:
+            requested = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await answered.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            answered.set()
+
+    headers = [(b"host", b"127.0.0.1"), (b"authorization", b"Bearer sk-alice")]
+    if body:
+        headers += [(b"content-length", str(len(body)).encode())]
+    if content_type:
+        headers += [(b"content-type", content_type)]
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 1234),
+        "server": ("127.0.0.1", 8080),
+        "state": {},
+        "extensions": {},
+    }
+    await app(scope, receive, send)
+    return sent
+
+
+def _app(batches: Batches) -> ASGIApp:
+    engine = batches.jobs.engine
+    assert isinstance(engine, Engine)
+    parts = Parts(config=batches.config, engine=engine, batches=batches)
+    return cast(ASGIApp, create_control_app(parts))
+
+
 async def test_a_large_file_is_downloaded_in_several_writes(tmp_path: Path) -> None:
     content = os.urandom(SIZE)
     with trio.fail_after(30):
         async with yard(tmp_path, FakeUpstream()) as batches:
             await _store_file(batches.store, content)
-            engine = batches.jobs.engine
-            assert isinstance(engine, Engine)
-            app = cast(
-                ASGIApp,
-                create_control_app(Parts(config=batches.config, engine=engine, batches=batches)),
-            )
-            sent: list[Message] = []
-            requested = False
-            answered = trio.Event()
-
-            async def receive() -> dict[str, Any]:
-                nonlocal requested
-                if not requested:
-                    requested = True
-                    return {"type": "http.request", "body": b"", "more_body": False}
-                await answered.wait()
-                return {"type": "http.disconnect"}
-
-            async def send(message: Message) -> None:
-                sent.append(message)
-                if message["type"] == "http.response.body" and not message.get("more_body"):
-                    answered.set()
-
-            scope: dict[str, Any] = {
-                "type": "http",
-                "asgi": {"version": "3.0", "spec_version": "2.3"},
-                "http_version": "1.1",
-                "method": "GET",
-                "scheme": "http",
-                "path": "/v1/files/file-big/content",
-                "raw_path": b"/v1/files/file-big/content",
-                "query_string": b"",
-                "root_path": "",
-                "headers": [(b"host", b"127.0.0.1"), (b"authorization", b"Bearer sk-alice")],
-                "client": ("127.0.0.1", 1234),
-                "server": ("127.0.0.1", 8080),
-                "state": {},
-                "extensions": {},
-            }
-            await app(scope, receive, send)
+            sent = await _exchange(_app(batches), "GET", "/v1/files/file-big/content")
     start, *bodies = sent
     assert start["type"] == "http.response.start" and start["status"] == 200
     assert (b"content-length", str(SIZE).encode()) in start["headers"]
     pieces = [m["body"] for m in bodies if m["body"]]
     assert len(pieces) == 3, [len(piece) for piece in pieces]
     assert hashlib.sha256(b"".join(pieces)).digest() == hashlib.sha256(content).digest()
+
+
+async def test_a_large_upload_is_stored_byte_identical(tmp_path: Path) -> None:
+    content = b'{"custom_id": "x"}\n' + os.urandom(SIZE)
+    form = (
+        b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
+        b"Content-Type: application/jsonl\r\n\r\n" + content + b"\r\n--b--\r\n"
+    )
+    with trio.fail_after(30):
+        async with yard(tmp_path, FakeUpstream()) as batches:
+            sent = await _exchange(
+                _app(batches), "POST", "/v1/files", form, b"multipart/form-data; boundary=b"
+            )
+            assert sent[0]["status"] == 200, sent
+            file_id = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["id"]
+            stored = await batches.store.content(file_id)
+    assert stored is not None
+    assert hashlib.sha256(stored).digest() == hashlib.sha256(content).digest()
