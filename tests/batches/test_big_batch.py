@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,12 @@ async def test_a_big_input_file_is_checked_in_a_worker_while_the_loop_keeps_serv
         trio.from_thread.run_sync(checking.set)
         during.append(turns)
         result = validate.check_input(*args, **kwargs)
+        # A check this small can end within one switch of the GIL, before the
+        # loop had a turn (it failed so on a loaded machine). Still in the worker,
+        # wait for the loop to turn: a check that held the loop would never see it.
+        give_up = time.monotonic() + 30.0
+        while turns == during[0] and time.monotonic() < give_up:
+            time.sleep(0.001)
         during.append(turns)
         return result
 
