@@ -77,7 +77,7 @@ class Yard:
     work: Path
     started: set[int] = field(default_factory=set)
     prober: Prober | None = field(default=None, repr=False)
-    """The /healthz prober, started by the first :func:`healthz_answers`."""
+    """The /healthz prober of :func:`healthz_answers` (idle until a watch)."""
 
     @property
     def url(self) -> str:
@@ -180,6 +180,10 @@ def start_yard(work: Path, body: str, *, server: str = "", nofile: int | None = 
             raise RuntimeError(f"yard exited ({proc.returncode}):\n{yard.log()}")
         with contextlib.suppress(OSError, h11.ProtocolError):
             if get(yard, "/healthz", timeout=2).status == 200:
+                # Started now, so that a test's watch does not wait for an
+                # interpreter to start (seconds on a loaded machine) while
+                # it holds a connection open to yard's timeouts.
+                yard.prober = Prober(port)
                 return yard
         time.sleep(0.1)
     yard.stop()
