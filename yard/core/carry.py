@@ -6,7 +6,7 @@ transitions, with its reason.
 
 from __future__ import annotations
 
-from yard.core import reasons
+from yard.core import lending, reasons
 from yard.core.decisions import Decision
 from yard.core.lifecycle import BackendState, Move
 from yard.core.plans import Plan
@@ -14,14 +14,19 @@ from yard.core.queue import Req
 from yard.core.state import Core
 
 
-def carry_out(core: Core, plan: Plan, out: list[Decision]) -> None:
-    """Make room as an evicting plan says: stop the idle victims, drain the
-    busy ones, let the pending ones serve first."""
+def carry_out(
+    core: Core, plan: Plan, out: list[Decision], head: Req | None = None, now: float = 0.0
+) -> None:
+    """Make room as an evicting plan for ``head`` says: stop the idle victims
+    (lending their room where :func:`yard.core.lending.lend` says, at ``now``),
+    drain the busy ones, let the pending ones serve first. A plan carried out
+    again (no victim left to stop) needs no ``head``."""
     b = plan.backend
     for v in plan.stop:
         core.inflation = max(core.inflation, v.credit)
         moves = v.places > 1
-        core.stop(v, reasons.stopping_for_room(b.name, plan.room, core.load_s(v), moves), out)
+        stop_why = reasons.stopping_for_room(b.name, plan.room, core.load_s(v), moves)
+        core.stop(v, stop_why + lending.lend(core, v, b, head, now), out)
     for v in plan.drain:
         if v.state is BackendState.READY:
             held = plan.hold_until is not None and not v.busy()

@@ -68,6 +68,10 @@ class Shares:
         if tag > self.virtual:
             self.virtual = tag
 
+    def weight(self, app: str) -> float:
+        """``app``'s weight (1 where it has none)."""
+        return self.weights.get(app, 1.0)
+
     def lead_s(self, app: str) -> float:
         """How far ``app`` is ahead of its share now, in its weighted seconds."""
         return max(0.0, self._finish.get(app, 0.0) - self.virtual)

@@ -588,7 +588,7 @@ class Planner:
         if status is _BLOCKED:
             return step, room
         if plan.stop or plan.drain or plan.pending:
-            carry_out(core, plan, out)
+            carry_out(core, plan, out, head, now)
         step.after = frontier_after(plan, frontier)
         return step, None if plan.stop else room
 

@@ -332,6 +332,22 @@ def stopping_for_room(name: str, room: str, victim_load_s: float, moves: bool) -
     )
 
 
+def lent_room(app: str, victim: str, borrower: str) -> str:
+    """What a stop adds where it lends the room (:mod:`yard.core.lending`)."""
+    return (
+        f"; {app} is ahead of its share: {victim}'s room is lent, and {victim} is "
+        f"loaded back once {borrower} has nothing to do"
+    )
+
+
+def giving_back(name: str, borrower: str, app: str) -> str:
+    """Why a backend loads for no request where its lent room is given back."""
+    return (
+        f"giving {name} its room back: it was stopped for {borrower} for {app}, an app "
+        f"ahead of its share, and {borrower} has nothing to do"
+    )
+
+
 def draining_for_room(name: str, room: str) -> str:
     return f"draining to make room for {name} ({room})"
 

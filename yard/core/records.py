@@ -39,6 +39,16 @@ class Device:
         return self.spec.name
 
 
+@dataclass(slots=True)
+class Loan:
+    """The room of a stopped backend, lent to ``borrower``'s load for a request
+    of ``app``, an app ahead of its share (:mod:`yard.core.lending`)."""
+
+    borrower: str
+    app: str
+    wished: bool = False  # the core set the victim's want_load to give it back
+
+
 @dataclass(slots=True, eq=False)
 class Backend:
     """One backend: its lifecycle state, its current instance, what it learned."""
@@ -81,6 +91,7 @@ class Backend:
     # when its latest request came, and the recent gaps between its requests
     # (yard.core.estimates.idle_from: whether it will stay idle until a window)
     last_arrival: float = -math.inf
+    last_app: str = ""  # the app of its latest request (yard.core.lending)
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=ARRIVAL_GAPS))
     # log of its reload seconds per GiB held, as of its last start or dispatch
     reload_log: float = 0.0

@@ -128,6 +128,7 @@ def enter(core: Core, ev: RequestArrived, now: float, out: list[Decision]) -> No
     core.requests[rid] = req
     b.queue.push(req)
     b.note_arrival(now)  # its place in the eviction order (victims.demand)
+    b.last_app = req.app
     core.touched.add(b.name)
     core.queued += 1
 

@@ -195,7 +195,7 @@ def _carried(
         step.latest_start = estimates.swap_latest_start(b, config)
         step.victims = victim_sigs(reads.victims, core.backends, b, head, now, config)
     b.wait_reason = plan.reason
-    carry_out(core, plan, out)
+    carry_out(core, plan, out, head, now)
     last = prev.plan
     if (
         frontier is prev.before

@@ -111,6 +111,7 @@ from yard.core import (
     backend_events,
     catalog,
     estimates,
+    lending,
     placement,
     reasons,
     request_events,
@@ -342,11 +343,12 @@ class Scheduler:
             max_service_s = max(services)
         max_load_s = max(loads, default=0.0)
         spread = c.max_priority - c.min_priority + c.deadline_boost
-        if core.shares is not None:
-            spread += c.share_points
         t = spread / c.aging_rate
         served_first = c.queue_limit + c.batch_bound + 1
         bound = t + served_first * (max_load_s + max_service_s)
+        if core.shares is not None:
+            # the weights' term, and one load of room given back (yard.core.lending)
+            bound += c.share_points / c.aging_rate + max_load_s
         if announced_s is None:
             announced_s = self._announced_lengths()
         if held is None:
@@ -368,6 +370,8 @@ class Scheduler:
         # Backends leaving the configuration move on first: one that just
         # stopped takes its new spec before anything plans to start it.
         catalog.settle_touched(self._core, out)
+        if self._core.loans:
+            lending.give_back(self._core, now)
         self._planner.round(now, out)
         # Plan again only when an overtake used up a swap's allowance: its
         # victim must start draining now.

@@ -22,7 +22,7 @@ from yard.core.lifecycle import OCCUPYING, BackendState, Move, move
 from yard.core.placement import loading
 from yard.core.plans import Outcome, Plan, Reads, Room
 from yard.core.queue import Req, ReqState
-from yard.core.records import Backend, Device
+from yard.core.records import Backend, Device, Loan
 from yard.core.spec import HOST, SchedulerConfig
 from yard.core.timers import Timer, Timers
 from yard.core.window_state import Windows
@@ -86,6 +86,9 @@ class Core:
     windows: Windows = field(default_factory=Windows)
     retiring: set[str] = field(default_factory=set)  # leaving the configuration (catalog)
     drains: tuple[int, Backend | None, float, Backend | None, float] | None = None
+    # stopped backends whose room an app ahead of its share borrowed, by name
+    # (yard.core.lending)
+    loans: dict[str, Loan] = field(default_factory=dict)
 
     def unqueue(self, req: Req) -> None:
         req.state = ReqState.DONE
@@ -371,6 +374,10 @@ class Core:
         why = reasons.start_why(b.name, b.queue.size, next_up, b.pinned)
         if head is None and b.ahead is not None:
             why = b.ahead_load_why
+        elif head is None and not b.pinned:
+            loan = self.loans.get(b.name)
+            if loan is not None and loan.wished:
+                why = reasons.giving_back(b.name, loan.borrower, loan.app)
         self.transition(b, Move.START, f"loading: {why}")
         b.gpus = plan.gpus
         b.devices = (*plan.gpus, HOST)
