@@ -174,7 +174,7 @@ class Harness:
 
     def play(
         self,
-        arrivals: Sequence[tuple[float, RequestArrived]],
+        arrivals: Sequence[tuple[float, Event]],
         service_s: Mapping[str, float],
         until: float,
         stop_s: float = 1.0,

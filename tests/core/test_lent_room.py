@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from tests.core.harness import GIB, Harness, gpu, host
 from yard.core import (
+    AdminLoad,
+    AdminUnload,
     BackendSpec,
     ProfileMeasured,
     RequestArrived,
@@ -145,3 +147,52 @@ def test_a_give_back_that_fails_to_start_is_not_tried_again() -> None:
         (639.0, "news"),
         (800.0, "image"),
     ]
+
+
+def _stale_day(*operator: tuple[float, AdminLoad | AdminUnload]) -> Harness:
+    """news asked for at 0, stopped for the renders at 3,500, wished back at
+    3,538 (image idle); a voice request at 3,538.5 waits for a load, which
+    withdraws the wish; voice serves until 3,749, when news's demand (3,600 s
+    old at 3,600) is stale and the loan ends. ``operator`` acts meanwhile."""
+    h = harness({"render": 0.25}, {**PROFILES, "voice": (13.0, 10.0)})
+    arrivals = [
+        (0.0, asked("n1", "news", 90, "newsroom")),
+        (3500.0, asked("r1", "image", 10, "render")),
+        (3500.0, asked("r2", "image", 10, "render")),
+        *operator,
+        (3538.5, asked("v1", "voice", 50, "studio")),
+    ]
+    h.play(arrivals, {**SERVICE, "v1": 200.0}, until=4200.0)
+    return h
+
+
+def test_an_operators_load_outlives_the_room_given_back() -> None:
+    # Without the operator, news's stale demand gets nothing back.
+    assert [b for _, b, _ in starts(_stale_day())] == ["news", "image", "voice"]
+    # The operator's load at 3,538.2 waits for room (image is stopping). The
+    # give-back's wish, withdrawn for voice's request at 3,538.5, took it away
+    # with it (voice loaded at 3,539, news never). It is the operator's now:
+    # news loads when image has stopped, as asked before voice's request came.
+    h = _stale_day((3538.2, AdminLoad(backend="news")))
+    assert [(t, b) for t, b, _ in starts(h)] == [
+        (0.0, "news"),
+        (3501.0, "image"),
+        (3539.0, "news"),
+        (3580.0, "voice"),  # news idle, stopped for voice in 1 s
+    ]
+    assert "news was asked for" in starts(h)[2][2]
+
+
+def test_an_operators_unload_ends_the_loan() -> None:
+    # Unloading a stopped backend withdraws a load it waits for: the give-back's
+    # too, so news is not loaded back once voice is done (within the hour).
+    h = harness({"render": 0.25}, {**PROFILES, "voice": (13.0, 10.0)})
+    arrivals = [
+        (0.0, asked("n1", "news", 90, "newsroom")),
+        (600.0, asked("r1", "image", 10, "render")),
+        (600.0, asked("r2", "image", 10, "render")),
+        (638.2, AdminUnload(backend="news")),
+        (638.5, asked("v1", "voice", 50, "studio")),
+    ]
+    h.play(arrivals, {**SERVICE, "v1": 20.0}, until=1000.0)
+    assert [b for _, b, _ in starts(h)] == ["news", "image", "voice"]

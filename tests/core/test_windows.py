@@ -329,9 +329,9 @@ def test_nothing_is_dispatched_before_its_not_before(
         if withdrawn:
             events.append((float(t + 30), AnnouncementWithdrawn(announcement_id=aid)))
     events.sort(key=lambda e: e[0])
-    h.play(events, service, until=5_000)  # type: ignore[arg-type]  # any event plays
+    h.play(events, service, until=5_000)
     # Incremental planning decides exactly as planning everything afresh would.
-    ref.play(events, service, until=5_000)  # type: ignore[arg-type]
+    ref.play(events, service, until=5_000)
     assert ref.log == h.log
     for at, d in h.log:
         if isinstance(d, Dispatch):

@@ -336,6 +336,7 @@ def admin_load(core: Core, ev: AdminLoad, now: float, out: list[Decision]) -> No
             # Another load on its devices, or memory being freed: the
             # operator's load is kept, and made once it can be.
             b.want_load = True
+            core.loans.pop(b.name, None)  # the operator's wish now, not a give-back's
             core.room_version += 1
             kept = "; it loads once it can (POST .../unload withdraws it)"
         out.append(
@@ -354,6 +355,7 @@ def admin_unload(core: Core, ev: AdminUnload, out: list[Decision]) -> None:
         out.append(Flag(backend=b.name, reason=f"admin unload: {b.name} is pinned; unpin it"))
         return
     b.want_load = False
+    core.loans.pop(b.name, None)  # nor is its room given back
     if b.state is BackendState.STARTING:
         b.unload_requested = True
         return
@@ -391,6 +393,7 @@ def admin_pin(core: Core, ev: AdminPin, now: float, out: list[Decision]) -> None
         return
     b.pinned = ev.pinned
     b.want_load = ev.pinned and b.state not in OCCUPYING
+    core.loans.pop(b.name, None)  # the operator's say from now on
     if ev.pinned and b.state is BackendState.DRAINING and b.drain_reason == "admin":
         core.transition(b, Move.UNDRAIN, "pinned again")
         b.drain_reason = None

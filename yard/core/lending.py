@@ -20,7 +20,9 @@ Rules it keeps
   request waits for a load again.
 - A loan ends when the victim is loaded again (for a request or given back),
   or when its latest request is older than :data:`GIVE_BACK_WITHIN_S` (its
-  demand went stale: it is not loaded back).
+  demand went stale: it is not loaded back), and when an operator loads,
+  unloads, pins or unpins the victim: from then on the wish is the operator's,
+  and a withdrawn give-back does not take an operator's kept load with it.
 
 Why: a flood of low-priority renders from an app with a small weight finds the
 image model stopped and loads it; the backend that frees enough by itself is
