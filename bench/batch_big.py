@@ -234,7 +234,7 @@ async def _run(args: argparse.Namespace, steps: _Steps) -> dict[str, float]:
     }
 
 
-def _figure(runs: list[dict[str, float]], key: str, form: str) -> str:
+def figure(runs: list[dict[str, float]], key: str, form: str = ".1f") -> str:
     """The median of ``key`` over ``runs`` (and their range, if several)."""
     values = [run[key] for run in runs]
     median = format(statistics.median(values), form)
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()[0]
 
     def fig(key: str, form: str = ".1f") -> str:
-        return _figure(runs, key, form)
+        return figure(runs, key, form)
 
     print(
         f"batch of {args.lines} lines (+{args.pad} bytes each), one slot, "

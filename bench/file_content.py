@@ -28,7 +28,6 @@ import functools
 import hashlib
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import trio
 
+from bench.batch_big import figure
 from yard.app.serve import serve
 from yard.batches.service import Batches
 from yard.config import load_config
@@ -177,15 +177,6 @@ async def _run(content: bytes) -> dict[str, float]:
     }
 
 
-def _figure(runs: list[dict[str, float]], key: str, form: str = ".1f") -> str:
-    """The median of ``key`` over ``runs`` (and their range, if several)."""
-    values = [run[key] for run in runs]
-    median = format(statistics.median(values), form)
-    if len(values) == 1:
-        return median
-    return f"{median} [{format(min(values), form)}-{format(max(values), form)}]"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.file_content", description=__doc__)
     parser.add_argument("--mb", type=float, default=55.0, help="the file's size, MB")
@@ -204,14 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "  latest a 1 ms timer woke, ms: idle baseline "
-        f"{_figure(runs, 'baseline_ms')}; while the file is read as one value "
-        f"{_figure(runs, 'one_read_ms')} (in {_figure(runs, 'one_read_s', '.2f')} s); while it "
-        f"is downloaded {_figure(runs, 'download_ms')} (in {_figure(runs, 'download_s', '.2f')} s)"
+        f"{figure(runs, 'baseline_ms')}; while the file is read as one value "
+        f"{figure(runs, 'one_read_ms')} (in {figure(runs, 'one_read_s', '.2f')} s); while it "
+        f"is downloaded {figure(runs, 'download_ms')} (in {figure(runs, 'download_s', '.2f')} s)"
     )
     print(
-        f"  while it is stored (durably, as a batch's output file is): {_figure(runs, 'store_ms')}"
-        f" (in {_figure(runs, 'store_s', '.2f')} s); while it is uploaded (POST /v1/files) "
-        f"{_figure(runs, 'upload_ms')} (in {_figure(runs, 'upload_s', '.2f')} s)"
+        f"  while it is stored (durably, as a batch's output file is): {figure(runs, 'store_ms')}"
+        f" (in {figure(runs, 'store_s', '.2f')} s); while it is uploaded (POST /v1/files) "
+        f"{figure(runs, 'upload_ms')} (in {figure(runs, 'upload_s', '.2f')} s)"
     )
     return 0
 

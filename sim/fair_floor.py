@@ -27,7 +27,13 @@ import random
 from collections.abc import Mapping, Sequence
 
 from sim import scenarios, scenarios_ahead
-from sim.targets_ahead import _at, _busy_periods, _list_waits, _period_tail
+from sim.targets_ahead import (
+    _at,
+    _busy_periods,
+    _list_waits,
+    _period_tail,
+    nearest_rank_floor,
+)
 from sim.workload import Arrival
 
 FAIR_EXACT_UP_TO = 10
@@ -68,20 +74,6 @@ def fair_bound(arrivals: Sequence[Arrival], slots: Mapping[str, int]) -> float:
             else:
                 tails.append(_period_tail(period, count))
     return nearest_rank_floor(tails, sum(1 for a in arrivals if a.cls == "high"))
-
-
-def nearest_rank_floor(tails: Sequence[Sequence[float]], high: int) -> float:
-    """The smallest ``T`` with at most ``k - 1`` waits above it, where each period
-    ``P`` must have at least ``min{c: tail_P[c] <= T}`` and the p95 of ``high``
-    waits is the ``k``-th longest."""
-    if high == 0:
-        return 0.0
-    k = high - max(1, math.ceil(0.95 * high)) + 1
-    for t in sorted({0.0, *(g for tail in tails for g in tail)}):
-        longer = sum(next((c for c, g in enumerate(tail) if g <= t), len(tail)) for tail in tails)
-        if longer <= k - 1:
-            return t
-    raise AssertionError("unreachable: at the largest tail value no wait need be longer")
 
 
 State = tuple[tuple[float, ...], tuple[float, ...]]

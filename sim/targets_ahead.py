@@ -209,7 +209,13 @@ def counted_bound(arrivals: Sequence[Arrival], slots: Mapping[str, int]) -> floa
     for backend, count in slots.items():
         mine = sorted((a for a in arrivals if a.cls == "high" and a.backend == backend), key=_at)
         tails += [_period_tail(period, count) for period in _busy_periods(mine, count)]
-    high = sum(1 for a in arrivals if a.cls == "high")
+    return nearest_rank_floor(tails, sum(1 for a in arrivals if a.cls == "high"))
+
+
+def nearest_rank_floor(tails: Sequence[Sequence[float]], high: int) -> float:
+    """The smallest ``T`` with at most ``k - 1`` waits above it, where each period
+    ``P`` has at least ``min{c: tail_P[c] <= T}`` of them and the p95 of ``high``
+    waits is the ``k``-th longest (nearest rank)."""
     if high == 0:
         return 0.0
     k = high - max(1, math.ceil(0.95 * high)) + 1  # the p95 is the k-th longest wait
@@ -217,7 +223,7 @@ def counted_bound(arrivals: Sequence[Arrival], slots: Mapping[str, int]) -> floa
         longer = sum(next((c for c, g in enumerate(tail) if g <= t), len(tail)) for tail in tails)
         if longer <= k - 1:
             return t
-    raise AssertionError("unreachable: at the largest g_P(c) no wait need be longer")
+    raise AssertionError("unreachable: at the largest tail value no wait need be longer")
 
 
 def _period_tail(period: Sequence[Arrival], slots: int) -> list[float]:

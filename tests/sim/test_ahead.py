@@ -226,13 +226,9 @@ def test_a_long_busy_period_takes_the_bound_of_its_work() -> None:
 def _every_order_tail(period: Sequence[Arrival], slots: int) -> list[float]:
     """``g[c]`` the slow way: every order of ``period`` list-scheduled, the least
     ``(c+1)``-th longest wait."""
-    from sim.targets_ahead import _list_waits
+    from tests.sim.test_fair_floor import every_capped_order
 
-    best = [math.inf] * len(period)
-    for order in itertools.permutations(period):
-        for c, wait in enumerate(sorted(_list_waits(order, slots), reverse=True)):
-            best[c] = min(best[c], wait)
-    return best
+    return every_capped_order(period, slots, math.inf)
 
 
 @settings(max_examples=200, deadline=None)

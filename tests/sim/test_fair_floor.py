@@ -26,7 +26,7 @@ def _script(at: float, service_s: float) -> Arrival:
     )
 
 
-def _every_capped_order(period: Sequence[Arrival], slots: int, cap: float) -> list[float]:
+def every_capped_order(period: Sequence[Arrival], slots: int, cap: float) -> list[float]:
     """``g[c]`` the slow way: every order whose list schedule keeps each wait at
     most ``cap``, the least ``(c+1)``-th longest wait."""
     best = [math.inf] * len(period)
@@ -49,11 +49,11 @@ def _every_capped_order(period: Sequence[Arrival], slots: int, cap: float) -> li
     slots=st.integers(1, 3),
     cap=st.floats(0, 600, allow_subnormal=False),
 )
-def test_the_capped_pass_finds_what_every_capped_order_finds(
+def test_the_capped_pass_finds_whatevery_capped_order_finds(
     period: list[tuple[float, float]], slots: int, cap: float
 ) -> None:
     scripts = sorted((_script(at, service) for at, service in period), key=lambda a: a.at)
-    assert capped_tail(scripts, slots, cap) == _every_capped_order(scripts, slots, cap)
+    assert capped_tail(scripts, slots, cap) == every_capped_order(scripts, slots, cap)
     # With no cap it is the counted floor's tail, and a cap only raises it.
     assert capped_tail(scripts, slots, math.inf) == _period_tail(scripts, slots)
     uncapped, capped = _period_tail(scripts, slots), capped_tail(scripts, slots, cap)
