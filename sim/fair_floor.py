@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 
 from sim import scenarios, scenarios_ahead
 from sim.targets_ahead import (
+    _add_to_front,
     _at,
     _busy_periods,
     _list_waits,
@@ -112,24 +113,16 @@ def capped_tail(period: Sequence[Arrival], slots: int, cap: float) -> list[float
                         tuple(sorted((*top, wait), reverse=True)[: c + 1]),
                         tuple(sorted((start + a.service_s, *free[1:]))),
                     )
-                    _add(after, state)
+                    _add_to_front(after, state, _covers)
         tail.append(min((top[c] for top, _ in fronts[-1]), default=math.inf))
     return tail
 
 
-def _add(front: list[State], state: State) -> None:
-    """Put ``state`` in ``front`` unless a state there is as good in every way;
-    drop those it is as good as."""
-
-    def covers(x: State, y: State) -> bool:
-        return all(u <= v for u, v in zip(x[0], y[0], strict=True)) and all(
-            u <= v for u, v in zip(x[1], y[1], strict=True)
-        )
-
-    if any(covers(old, state) for old in front):
-        return
-    front[:] = [old for old in front if not covers(state, old)]
-    front.append(state)
+def _covers(x: State, y: State) -> bool:
+    """Whether ``x``'s longest waits and free times are each no later than ``y``'s."""
+    return all(u <= v for u, v in zip(x[0], y[0], strict=True)) and all(
+        u <= v for u, v in zip(x[1], y[1], strict=True)
+    )
 
 
 def instances_fair_bound(seed: int, gpus: int) -> float:

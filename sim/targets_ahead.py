@@ -33,12 +33,15 @@ import concurrent.futures
 import math
 import random
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from sim import scenarios, scenarios_ahead
 from sim.metrics import metrics, percentile
 from sim.runner import SimResult, run
 from sim.workload import Arrival
+
+S = TypeVar("S")
 
 Row = dict[str, float]
 
@@ -268,23 +271,22 @@ def _period_tail(period: Sequence[Arrival], slots: int) -> list[float]:
                     max(longest, start - a.at),
                     tuple(sorted((start + a.service_s, *free[1:]))),
                 )
-                _add_to_front(after, state)
+                _add_to_front(after, state, _covers)
     return [best[n - c] for c in range(n)]
 
 
-def _add_to_front(
-    front: list[tuple[float, tuple[float, ...]]], state: tuple[float, tuple[float, ...]]
-) -> None:
-    """Put ``state`` in ``front`` unless a state there is as good in every way;
-    drop those it is as good as."""
-
-    def covers(x: tuple[float, tuple[float, ...]], y: tuple[float, tuple[float, ...]]) -> bool:
-        return x[0] <= y[0] and all(u <= v for u, v in zip(x[1], y[1], strict=True))
-
+def _add_to_front(front: list[S], state: S, covers: Callable[[S, S], bool]) -> None:
+    """Put ``state`` in ``front`` unless a state there ``covers`` it (is as good in
+    every way); drop those it covers."""
     if any(covers(old, state) for old in front):
         return
     front[:] = [old for old in front if not covers(state, old)]
     front.append(state)
+
+
+def _covers(x: tuple[float, tuple[float, ...]], y: tuple[float, tuple[float, ...]]) -> bool:
+    """Whether ``x`` waited no longer than ``y`` and frees no slot later."""
+    return x[0] <= y[0] and all(u <= v for u, v in zip(x[1], y[1], strict=True))
 
 
 BLIND_ORDERS = (
