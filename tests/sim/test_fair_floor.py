@@ -8,6 +8,7 @@ import math
 import random
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,6 +59,65 @@ def test_the_capped_pass_finds_whatevery_capped_order_finds(
     assert capped_tail(scripts, slots, math.inf) == _period_tail(scripts, slots)
     uncapped, capped = _period_tail(scripts, slots), capped_tail(scripts, slots, cap)
     assert all(u <= c for u, c in zip(uncapped, capped, strict=True))
+
+
+def never_idle_while_waiting(order: Sequence[Arrival]) -> bool:
+    """Whether the one-slot list schedule of ``order`` never leaves the slot free
+    while a request that has come waits, checked by walking it."""
+    free = 0.0
+    for i, a in enumerate(order):
+        if a.at > free and any(b.at < a.at for b in order[i + 1 :]):
+            return False
+        free = max(a.at, free) + a.service_s
+    return True
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    period=st.lists(
+        st.tuples(st.floats(0, 300, allow_subnormal=False), st.floats(0.5, 150)),
+        min_size=1,
+        max_size=6,
+    ),
+    cap=st.floats(0, 600, allow_subnormal=False),
+)
+def test_the_pass_that_never_idles_finds_what_every_such_order_finds(
+    period: list[tuple[float, float]], cap: float
+) -> None:
+    scripts = sorted((_script(at, service) for at, service in period), key=lambda a: a.at)
+    best = [math.inf] * len(scripts)
+    for order in itertools.permutations(scripts):
+        waits = _list_waits(order, 1)
+        if max(waits) > cap or not never_idle_while_waiting(order):
+            continue
+        for c, wait in enumerate(sorted(waits, reverse=True)):
+            best[c] = min(best[c], wait)
+    assert capped_tail(scripts, 1, cap, idle_while_waiting=False) == best
+    # Holding the slot idle is one more way to order, so it can only help.
+    held = capped_tail(scripts, 1, cap)
+    assert all(h <= b for h, b in zip(held, best, strict=True))
+
+
+def test_holding_the_slot_idle_is_worked_out_for_one_slot_only() -> None:
+    with pytest.raises(ValueError, match="one slot only"):
+        capped_tail([_script(0.0, 1.0)], 2, 10.0, idle_while_waiting=False)
+
+
+def test_on_seed_2024_below_first_come_a_script_waits_on_an_idle_gpu() -> None:
+    # Never holding news-llm idle while a script waits, and never making one wait
+    # longer than first come's longest, no schedule, even one that knows every
+    # script's length, has a p95 below first come's own: 98.73 s, yard's. The
+    # fair floor's 84.75 s holds news-llm idle at 08:34 and 23:31 for the second
+    # of two scripts and serves the shorter first. The other seeds lose nothing.
+    floors = {}
+    for seed in (2024, 1, 2, 3):
+        day = scenarios.radio_day_workload(random.Random(seed))
+        busy = fair_bound(day, RADIO, idle_while_waiting=False)
+        assert fair_bound(day, RADIO) <= busy <= queueing_floor(day, RADIO)
+        floors[seed] = round(busy, 2)
+    assert floors == {2024: 98.73, 1: 103.99, 2: 70.62, 3: 107.1}
+    day = scenarios.radio_day_workload(random.Random(2024))
+    assert floors[2024] == round(queueing_floor(day, RADIO), 2)
 
 
 def test_the_fair_floor_refuses_to_sacrifice_one_script_for_the_p95() -> None:
