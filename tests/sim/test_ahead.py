@@ -23,6 +23,7 @@ from sim.scenarios_ahead import (
 )
 from sim.targets_ahead import ahead_metrics, queueing_floor
 from sim.workload import Arrival
+from tests.sim.test_fair_floor import PERIODS, every_capped_order
 from yard.core.decisions import AnnouncementEnded, StartBackend
 
 
@@ -226,20 +227,11 @@ def test_a_long_busy_period_takes_the_bound_of_its_work() -> None:
 def _every_order_tail(period: Sequence[Arrival], slots: int) -> list[float]:
     """``g[c]`` the slow way: every order of ``period`` list-scheduled, the least
     ``(c+1)``-th longest wait."""
-    from tests.sim.test_fair_floor import every_capped_order
-
     return every_capped_order(period, slots, math.inf)
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    period=st.lists(
-        st.tuples(st.floats(0, 300, allow_subnormal=False), st.floats(0.5, 150)),
-        min_size=1,
-        max_size=6,
-    ),
-    slots=st.integers(1, 3),
-)
+@given(period=PERIODS, slots=st.integers(1, 3))
 def test_the_pass_over_subsets_finds_what_every_order_finds(
     period: list[tuple[float, float]], slots: int
 ) -> None:
