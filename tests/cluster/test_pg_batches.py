@@ -107,6 +107,88 @@ async def test_a_file_of_several_pieces_is_read_back_a_piece_at_a_time(stores: S
     assert await b.content_pieces("file-none") is None
 
 
+def _jsonl(size: int) -> bytes:
+    """Batch request lines, as compressible as real ones (PostgreSQL would
+    store them in about a quarter of their size)."""
+    words = b"the a of to and in is it you that for on are with as they be at one have".split()
+    lines, total, i = [], 0, 0
+    while total < size:
+        text = b" ".join(words[(i * 7 + k * 3) % len(words)] for k in range(20 + i % 50))
+        line = b'{"custom_id": "r%d", "method": "POST", "url": "/v1/chat/completions", ' % i
+        line += b'"body": {"model": "m", "messages": [{"role": "user", "content": "%s"}]}}\n' % text
+        lines.append(line)
+        total += len(line)
+        i += 1
+    return b"".join(lines)[:size]
+
+
+async def _compressed(db: PgDatabase) -> set[str]:
+    """The files whose contents PostgreSQL keeps compressed."""
+    rows = await db.fetchall(
+        "SELECT file_id FROM file_contents WHERE pg_column_compression(body) IS NOT NULL"
+    )
+    return {str(row[0]) for row in rows}
+
+
+async def test_a_file_is_stored_uncompressed_so_a_piece_is_read_without_those_before(
+    stores: Stores,
+) -> None:
+    # substring() of a compressed value decompresses it from its start: each
+    # piece of a 200 MB JSONL file cost more than the one before (42 s for
+    # the file). Of an uncompressed one it fetches only that piece's chunks.
+    store = await stores("a")
+    content = _jsonl(2 * BLOB_PIECE + 100)
+    await store.add_file(
+        file_id="file-jsonl",
+        app="app",
+        purpose="batch",
+        filename="in.jsonl",
+        content=content,
+        created_at=5.0,
+    )
+    assert await _compressed(store.jobs.database) == set()
+    assert await store.content("file-jsonl") == content
+
+
+async def test_files_stored_compressed_by_an_older_yard_are_rewritten_and_read_identical(
+    postgres_dsn: str,
+) -> None:
+    old = [m for m in MIGRATIONS if m.version <= 5]  # the schema before files were uncompressed
+    contents = {
+        "file-big": _jsonl(3 * BLOB_PIECE + 5),
+        "file-small": b'{"a": 1}\n' * 300,  # compressed inline, under TOAST's threshold
+        "file-random": os.urandom(BLOB_PIECE + 1),  # not compressible: stored as it is
+        "file-empty": b"",
+    }
+    db = await PgDatabase.open(postgres_dsn, old, application_name="old")
+    try:
+        store = ClusterBatchStore(ClusterJobStore(db, node="old", aging_rate=AGING))
+        for file_id, content in contents.items():
+            await store.add_file(
+                file_id=file_id,
+                app="app",
+                purpose="batch",
+                filename="in.jsonl",
+                content=content,
+                created_at=5.0,
+            )
+        assert await _compressed(db) == {"file-big", "file-small"}
+    finally:
+        await db.close()
+
+    db = await PgDatabase.open(postgres_dsn, MIGRATIONS, application_name="new")
+    try:
+        store = ClusterBatchStore(ClusterJobStore(db, node="new", aging_rate=AGING))
+        assert await _compressed(db) == set()
+        for file_id, content in contents.items():
+            pieces = await store.content_pieces(file_id)
+            assert pieces is not None
+            assert hashlib.sha256(b"".join(pieces)).digest() == hashlib.sha256(content).digest()
+            assert [len(p) for p in pieces][:-1] == [BLOB_PIECE] * (len(pieces) - 1)
+    finally:
+        await db.close()
+
+
 async def test_a_file_uploaded_on_one_node_is_read_on_another(stores: Stores) -> None:
     a, b = await stores("a"), await stores("b")
     record = await a.add_file(
