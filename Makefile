@@ -76,11 +76,12 @@ unit: setup demo-setup browser postgresql
 
 test: lint typecheck unit
 
-bench: setup
+bench: setup postgresql
 	$(PY) -m sim bench
 	$(PY) -m bench
 	$(PY) -m bench.abuse
 	$(PY) -m bench.stops
+	$(PY) -m bench.file_content --postgres
 
 sim-report: setup
 	$(PY) -m sim report

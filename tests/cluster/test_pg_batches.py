@@ -19,6 +19,7 @@ from yard.cluster.registry import NodeState, Registry
 from yard.cluster.schema import MIGRATIONS
 from yard.db import BLOB_PIECE
 from yard.jobs.records import StoredResult
+from yard.testing.payloads import batch_jsonl
 
 Stores = Callable[[str], Awaitable[ClusterBatchStore]]
 AGING = 0.1
@@ -107,21 +108,6 @@ async def test_a_file_of_several_pieces_is_read_back_a_piece_at_a_time(stores: S
     assert await b.content_pieces("file-none") is None
 
 
-def _jsonl(size: int) -> bytes:
-    """Batch request lines, as compressible as real ones (PostgreSQL would
-    store them in about a quarter of their size)."""
-    words = b"the a of to and in is it you that for on are with as they be at one have".split()
-    lines, total, i = [], 0, 0
-    while total < size:
-        text = b" ".join(words[(i * 7 + k * 3) % len(words)] for k in range(20 + i % 50))
-        line = b'{"custom_id": "r%d", "method": "POST", "url": "/v1/chat/completions", ' % i
-        line += b'"body": {"model": "m", "messages": [{"role": "user", "content": "%s"}]}}\n' % text
-        lines.append(line)
-        total += len(line)
-        i += 1
-    return b"".join(lines)[:size]
-
-
 async def _compressed(db: PgDatabase) -> set[str]:
     """The files whose contents PostgreSQL keeps compressed."""
     rows = await db.fetchall(
@@ -137,7 +123,7 @@ async def test_a_file_is_stored_uncompressed_so_a_piece_is_read_without_those_be
     # piece of a 200 MB JSONL file cost more than the one before (42 s for
     # the file). Of an uncompressed one it fetches only that piece's chunks.
     store = await stores("a")
-    content = _jsonl(2 * BLOB_PIECE + 100)
+    content = batch_jsonl(2 * BLOB_PIECE + 100)
     await store.add_file(
         file_id="file-jsonl",
         app="app",
@@ -155,7 +141,7 @@ async def test_files_stored_compressed_by_an_older_yard_are_rewritten_and_read_i
 ) -> None:
     old = [m for m in MIGRATIONS if m.version <= 5]  # the schema before files were uncompressed
     contents = {
-        "file-big": _jsonl(3 * BLOB_PIECE + 5),
+        "file-big": batch_jsonl(3 * BLOB_PIECE + 5),
         "file-small": b'{"a": 1}\n' * 300,  # compressed inline, under TOAST's threshold
         "file-random": os.urandom(BLOB_PIECE + 1),  # not compressible: stored as it is
         "file-empty": b"",
