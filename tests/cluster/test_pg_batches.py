@@ -120,7 +120,7 @@ async def test_a_file_is_stored_uncompressed_so_a_piece_is_read_without_those_be
     stores: Stores,
 ) -> None:
     # substring() of a compressed value decompresses it from its start: each
-    # piece of a 200 MB JSONL file cost more than the one before (42 s for
+    # piece of a 200 MB JSONL file cost more than the one before (30 s for
     # the file). Of an uncompressed one it fetches only that piece's chunks.
     store = await stores("a")
     content = batch_jsonl(2 * BLOB_PIECE + 100)
