@@ -66,7 +66,6 @@ against a scheduler made with ``replan_everything=True``.
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
 
@@ -118,8 +117,6 @@ more, and the steps are indexed afresh (:meth:`Planner._keep`)."""
 _NOTHING: frozenset[str] = frozenset()
 
 _BLOCKED = Outcome.BLOCKED
-_LOWEST: Key = (-math.inf, -math.inf, "")
-"""Below every :func:`~yard.core.queue.order_key`."""
 
 
 def _last(a: set[int], b: set[int], c: set[int]) -> int:
@@ -169,6 +166,7 @@ class Planner:
         # this round's evicting steps of which a victim changed only in how it
         # makes room (:func:`~yard.core.plan_steps.evicting_changed`; see yard.core.reworks)
         self._resig: set[int] = set()
+        self.started = False  # the last round started a load (see Scheduler._plan_loads)
 
     def round(self, now: float, out: list[Decision]) -> None:
         """Plan the loads and carry out what the plans say."""
@@ -186,6 +184,7 @@ class Planner:
         self._told.clear()
         self._overtaken.clear()
         self._resig.clear()
+        self.started = False
         if full:
             self._seen.clear()
             # profiles may have changed: number the options afresh
@@ -583,6 +582,7 @@ class Planner:
         status = plan.status
         if status is Outcome.START:
             core.start(plan, now, out)
+            self.started = True
             step.after = frontier_after(plan, frontier)
             return step, None
         if status is _BLOCKED:

@@ -372,13 +372,25 @@ class Scheduler:
         catalog.settle_touched(self._core, out)
         if self._core.loans:
             lending.give_back(self._core, now)
-        self._planner.round(now, out)
+        self._plan_loads(now, out)
         # Plan again only when an overtake used up a swap's allowance: its
         # victim must start draining now.
         if self._dispatch_all(now, out):
-            self._planner.round(now, out)
+            self._plan_loads(now, out)
             self._dispatch_all(now, out)
         self._settle(now, out)
+
+    def _plan_loads(self, now: float, out: list[Decision]) -> None:
+        """A planning round, and another after each that started a load. The
+        started backend leaves the order, and the plans after it, made while it
+        claimed its devices, now read a load running there: the next round plans
+        them again. Done here, in the event that started the load, that work is
+        not left to whatever event comes next (mostly one that changes nothing
+        else: a tick, a reading, a load's progress)."""
+        planner = self._planner
+        planner.round(now, out)
+        while planner.started:
+            planner.round(now, out)
 
     def _dispatch_all(self, now: float, out: list[Decision]) -> bool:
         """Dispatch what can go; True if an overtake of a waiting swap happened
