@@ -528,6 +528,7 @@ def _evict(
     ``quiet``: without the sentences, see :func:`plan_on`)."""
     plan = Plan(b, gpus, Outcome.EVICT, "", need=need, slack=slack)
     parts: list[str] = []
+    batched: list[tuple[int, str]] = []  # parts that tell the overtakes left
     until = math.inf  # the latest time its batching (and early work) holds
     due = load_due(b, head, config)
     if due is not None and now < due:
@@ -563,6 +564,7 @@ def _evict(
         if o.queue.size > 0 and (fresh or batching or early):
             plan.pending.append(o)
             if batching and head is not None:
+                batched.append((len(parts), o.name))
                 parts.append(reasons.serves_more_first(o.name, config.batch_bound - head.overtakes))
             elif fresh or plan.hold_until is None:
                 parts.append(reasons.serves_first_since_loading(o.name))
@@ -591,6 +593,7 @@ def _evict(
             room = reasons.room_short(short, b.name, need[short], free_now[short])
     plan.room = room
     plan.reason = reasons.evicting(plan.room, parts)
+    plan.parts = (parts, batched)
     if reads is not None:
         reads.until = min(reads.until, until)
     return plan

@@ -58,6 +58,10 @@ class Plan:
     """For a blocked plan, or one that waits for another load: its reason told
     of another backend by name (one with the same options that, after the same
     frontier, meets the same checks and refusals; see :mod:`yard.core.planning`)."""
+    parts: tuple[list[str], list[tuple[int, str]]] | None = None
+    """An evicting plan's sentence parts, and which of them tell a victim that
+    serves more first by its swap head's overtakes (index, victim): what
+    :func:`~yard.core.reworks.overtaken_again` tells again as they change."""
 
     def key(self) -> tuple[int, bool, float, int, tuple[str, ...]]:
         busy = bool(self.drain or self.pending)
