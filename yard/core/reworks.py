@@ -17,7 +17,14 @@ from collections.abc import Collection
 from yard.core import estimates, failures, placement, reasons
 from yard.core.carry import carry_out
 from yard.core.decisions import Decision
-from yard.core.plan_steps import Frontier, Step, frontier_after, reads_same, victim_sigs
+from yard.core.plan_steps import (
+    Frontier,
+    Step,
+    frontier_after,
+    reads_same,
+    reuse_after,
+    victim_sigs,
+)
 from yard.core.plans import Outcome, Plan, Reads, Room
 from yard.core.queue import Req
 from yard.core.records import Backend
@@ -96,17 +103,23 @@ def overtaken_again(
         or not _may(core, told, known, prev, b, head, frontier, room)
     ):
         return None
-    again = _recounted(plan, b, head, config)
-    if again is None:
-        again = placement.evict_again(plan, head, core.devices, config, now)
-        if (
-            again.key() != plan.key()
-            or again.stop
-            or again.hold_until != plan.hold_until
-            or again.drain != plan.drain
-            or again.pending != plan.pending
-        ):
-            return None
+    if _recounted(plan, b, head, config):
+        # The same step, its sentence telling the overtakes left (see _recounted).
+        prev.overtakes = head.overtakes
+        b.wait_reason = plan.reason
+        carry_out(core, plan, out, head, now)
+        if frontier is not prev.before:
+            reuse_after(prev, frontier)
+        return prev, room
+    again = placement.evict_again(plan, head, core.devices, config, now)
+    if (
+        again.key() != plan.key()
+        or again.stop
+        or again.hold_until != plan.hold_until
+        or again.drain != plan.drain
+        or again.pending != plan.pending
+    ):
+        return None
     # Its victims read as they did (else it would be worked out again by
     # victims_again) and its latest start is as it was (else planned afresh:
     # plan_steps.evicting_changed): what it read of them stands.
@@ -114,39 +127,27 @@ def overtaken_again(
     return step, room
 
 
-def _recounted(plan: Plan, b: Backend, head: Req, config: SchedulerConfig) -> Plan | None:
-    """What :func:`placement.evict_again` gives for :func:`overtaken_again`
-    without working the victims out again, where no window's load is due: the
-    same plan with its sentence telling the overtakes left. Each victim makes
-    room as it did: the round plans it afresh where the clock ran out its
-    batching, its head or latest start changed, or works it out from its
-    victims where one changed in how it makes room
-    (:func:`~yard.core.plan_steps.evicting_changed`); the head may still be
-    overtaken. None where a window's load is due or the parts are not known."""
-    if plan.parts is None or plan.hold_until is not None or placement.load_due(b, head, config):
-        return None
+def _recounted(plan: Plan, b: Backend, head: Req, config: SchedulerConfig) -> bool:
+    """Whether ``plan``'s sentence was told again with its head's overtakes
+    left: what :func:`placement.evict_again` gives for :func:`overtaken_again`,
+    without working the victims out again. Each victim makes room as it did:
+    the round plans it afresh where the clock ran out its batching, its head or
+    latest start changed, or works it out from its victims where one changed in
+    how it makes room (:func:`~yard.core.plan_steps.evicting_changed`); the
+    head may still be overtaken. False (nothing changed) where a window's load
+    is or becomes due, or the sentence's parts are not known."""
+    if (
+        plan.parts is None
+        or plan.hold_until is not None
+        or placement.load_due(b, head, config) is not None
+    ):
+        return False
     parts, batched = plan.parts
-    parts = list(parts)
     more = config.batch_bound - head.overtakes
     for i, name in batched:
         parts[i] = reasons.serves_more_first(name, more)
-    again = Plan(
-        b,
-        plan.gpus,
-        plan.status,
-        reasons.evicting(plan.room, parts),
-        plan.need,
-        plan.stop,
-        plan.drain,
-        plan.pending,
-        plan.cost,
-        plan.slack,
-        plan.free_wait_s,
-        plan.room,
-        made_room=plan.made_room,
-    )
-    again.parts = (parts, batched)
-    return again
+    plan.reason = reasons.evicting(plan.room, parts)
+    return True
 
 
 def victims_again(

@@ -226,7 +226,8 @@ class Core:
     def note_use(self, b: Backend) -> None:
         """``b`` starts or serves: its GreedyDual-Size credit and its reload
         cost per GiB (:func:`yard.core.victims.demand`) as of now."""
-        need = self.need(b, b.gpus)
+        # (its placement's need counts only where it holds no reservation)
+        need = b.reserved if sum(b.reserved.values()) else self.need(b, b.gpus)
         per_gib = estimates.reload_per_gib(b, need, self.config)
         b.credit = self.inflation + per_gib
         b.reload_log = math.log(max(per_gib, 1e-9))
