@@ -8,23 +8,28 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tracemalloc
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
+import pytest
 import trio
 
 from tests.batches.virtual import yard
 from yard.app.web import Parts, create_control_app
 from yard.batches.service import Batches
-from yard.batches.store import BatchStore
+from yard.batches.store import STREAM_PIECES, BatchStore, FileGone
 from yard.db import BLOB_PIECE
 from yard.engine import Engine
 from yard.h1.asgi import ASGIApp, Message
+from yard.h1.server import serve
 from yard.jobs.store import JobStore
 from yard.testing.upstream import FakeUpstream
 
-SIZE = 2 * BLOB_PIECE + 7
-"""Three pieces, the last one short."""
+SIZE = STREAM_PIECES * BLOB_PIECE + 2 * BLOB_PIECE + 7
+"""More pieces than a download reads at once, the last one short."""
 
 
 async def _store_file(store: BatchStore, content: bytes, file_id: str = "file-big") -> None:
@@ -38,17 +43,28 @@ async def _store_file(store: BatchStore, content: bytes, file_id: str = "file-bi
     )
 
 
+async def _streamed(store: BatchStore, file_id: str, pieces_at_once: int) -> list[bytes] | None:
+    stream = await store.content_stream(file_id, pieces_at_once=pieces_at_once)
+    if stream is None:
+        return None
+    pieces = [piece async for piece in stream.pieces]
+    assert sum(len(piece) for piece in pieces) == stream.length
+    return pieces
+
+
 async def test_a_file_of_several_pieces_reads_back_byte_identical(tmp_path: Path) -> None:
-    content = os.urandom(SIZE)
+    content = os.urandom(3 * BLOB_PIECE + 7)
     jobs = await JobStore.open(tmp_path / "jobs.sqlite")
     try:
         store = BatchStore(jobs)
         await _store_file(store, content)
         await _store_file(store, b"", "file-empty")
-        pieces = await store.content_pieces("file-big")
-        assert pieces is not None
-        assert [len(piece) for piece in pieces] == [BLOB_PIECE, BLOB_PIECE, 7]
-        assert hashlib.sha256(b"".join(pieces)).digest() == hashlib.sha256(content).digest()
+        await _store_file(store, b"x" * BLOB_PIECE, "file-one")
+        for at_once in (1, 2, 4, STREAM_PIECES):
+            pieces = await _streamed(store, "file-big", at_once)
+            assert pieces is not None
+            assert [len(piece) for piece in pieces] == [BLOB_PIECE] * 3 + [7]
+            assert hashlib.sha256(b"".join(pieces)).digest() == hashlib.sha256(content).digest()
         assert await store.content("file-big") == content
         # Written a piece at a time too: the value as one SELECT reads it.
         row = await jobs.database.fetchone(
@@ -56,18 +72,74 @@ async def test_a_file_of_several_pieces_reads_back_byte_identical(tmp_path: Path
         )
         assert row is not None and row[0] == content
         assert await store.content("file-empty") == b""
-        assert await store.content_pieces("file-empty") == []
+        assert await _streamed(store, "file-empty", 1) == []
+        assert await store.content("file-one") == b"x" * BLOB_PIECE
+        assert await _streamed(store, "file-one", 1) == [b"x" * BLOB_PIECE]
         assert await store.content("file-none") is None
-        assert await store.content_pieces("file-none") is None
+        assert await _streamed(store, "file-none", 1) is None
     finally:
         await jobs.close()
 
 
+async def test_a_stream_reads_the_next_pieces_only_once_the_last_are_taken(
+    tmp_path: Path,
+) -> None:
+    # Deleting the file shows what was read already: those pieces still
+    # come; the next read finds the file gone.
+    content = os.urandom(3 * BLOB_PIECE + 7)
+    jobs = await JobStore.open(tmp_path / "jobs.sqlite")
+    try:
+        store = BatchStore(jobs)
+        await _store_file(store, content)
+        stream = await store.content_stream("file-big", pieces_at_once=2)
+        assert stream is not None and stream.length == len(content)
+        first = await anext(stream.pieces)
+        assert await store.delete_file("file-big")
+        second = await anext(stream.pieces)
+        assert first + second == content[: 2 * BLOB_PIECE]
+        with pytest.raises(FileGone, match="'file-big' was deleted while it was read"):
+            await anext(stream.pieces)
+    finally:
+        await jobs.close()
+
+
+async def test_a_stream_holds_one_read_of_pieces_at_a_time(tmp_path: Path) -> None:
+    # Each piece let go of once taken, the next read's pieces are all a
+    # stream holds: two pieces at most here, never the file's six.
+    jobs = await JobStore.open(tmp_path / "jobs.sqlite")
+    try:
+        store = BatchStore(jobs)
+        await _store_file(store, os.urandom(6 * BLOB_PIECE))
+        tracemalloc.start()
+        try:
+            stream = await store.content_stream("file-big", pieces_at_once=2)
+            assert stream is not None
+            taken = 0
+            async for piece in stream.pieces:
+                taken += len(piece)
+                del piece
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    finally:
+        await jobs.close()
+    assert taken == 6 * BLOB_PIECE
+    assert 2 * BLOB_PIECE <= peak < 2.5 * BLOB_PIECE
+
+
 async def _exchange(
-    app: ASGIApp, method: str, path: str, body: bytes = b"", content_type: bytes = b""
+    app: ASGIApp,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    content_type: bytes = b"",
+    sent: list[Message] | None = None,
+    on_body: Callable[[Message], Awaitable[None]] | None = None,
 ) -> list[Message]:
-    """One request to ``app`` as app alice; the messages it sent back."""
-    sent: list[Message] = []
+    """One request to ``app`` as app alice; the messages it sent back (into
+    ``sent`` as they come, if given). ``on_body`` is awaited on each body
+    message before it is taken."""
+    sent = [] if sent is None else sent
     requested = False
     answered = trio.Event()
 
@@ -81,6 +153,8 @@ async def _exchange(
 
     async def send(message: Message) -> None:
         sent.append(message)
+        if on_body is not None and message["type"] == "http.response.body":
+            await on_body(message)
         if message["type"] == "http.response.body" and not message.get("more_body"):
             answered.set()
 
@@ -116,7 +190,7 @@ def _app(batches: Batches) -> ASGIApp:
     return cast(ASGIApp, create_control_app(parts))
 
 
-async def test_a_large_file_is_downloaded_in_several_writes(tmp_path: Path) -> None:
+async def test_a_large_file_is_downloaded_a_piece_a_write(tmp_path: Path) -> None:
     content = os.urandom(SIZE)
     with trio.fail_after(30):
         async with yard(tmp_path, FakeUpstream()) as batches:
@@ -126,12 +200,47 @@ async def test_a_large_file_is_downloaded_in_several_writes(tmp_path: Path) -> N
     assert start["type"] == "http.response.start" and start["status"] == 200
     assert (b"content-length", str(SIZE).encode()) in start["headers"]
     pieces = [m["body"] for m in bodies if m["body"]]
-    assert len(pieces) == 3, [len(piece) for piece in pieces]
+    assert [len(piece) for piece in pieces] == [BLOB_PIECE] * (STREAM_PIECES + 2) + [7]
     assert hashlib.sha256(b"".join(pieces)).digest() == hashlib.sha256(content).digest()
+    assert not bodies[-1].get("more_body")
+
+
+async def test_a_download_starts_before_the_file_is_read_and_ends_short_if_it_is_deleted(
+    tmp_path: Path,
+) -> None:
+    # The file is deleted as its first piece goes out: a download that read
+    # the whole file first would still send it all. This one had read only
+    # its first pieces, so it raises out of the app, which the server turns
+    # into a connection closed short of the Content-Length (never an end of
+    # the body that would make the short file look complete).
+    content = os.urandom(SIZE)
+    sent: list[Message] = []
+    with trio.fail_after(30):
+        async with yard(tmp_path, FakeUpstream()) as batches:
+            await _store_file(batches.store, content)
+
+            async def delete_once(message: Message) -> None:
+                if len(sent) == 2:
+                    assert await batches.store.delete_file("file-big")
+
+            with pytest.RaisesGroup(FileGone, allow_unwrapped=True, flatten_subgroups=True):
+                await _exchange(
+                    _app(batches),
+                    "GET",
+                    "/v1/files/file-big/content",
+                    sent=sent,
+                    on_body=delete_once,
+                )
+    start, *bodies = sent
+    assert start["status"] == 200
+    assert (b"content-length", str(SIZE).encode()) in start["headers"]
+    received = b"".join(m["body"] for m in bodies)
+    assert received == content[: STREAM_PIECES * BLOB_PIECE]
+    assert all(m["more_body"] for m in bodies)
 
 
 async def test_a_large_upload_is_stored_byte_identical(tmp_path: Path) -> None:
-    content = b'{"custom_id": "x"}\n' + os.urandom(SIZE)
+    content = b'{"custom_id": "x"}\n' + os.urandom(2 * BLOB_PIECE + 7)
     form = (
         b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
         b'--b\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
@@ -147,3 +256,38 @@ async def test_a_large_upload_is_stored_byte_identical(tmp_path: Path) -> None:
             stored = await batches.store.content(file_id)
     assert stored is not None
     assert hashlib.sha256(stored).digest() == hashlib.sha256(content).digest()
+
+
+@pytest.mark.slow
+async def test_a_client_sees_a_download_cut_short_by_a_deletion_as_an_error(
+    tmp_path: Path,
+) -> None:
+    # On yard's HTTP server, over loopback, with httpx: the Content-Length
+    # went out first, so the connection closed early is an error to the
+    # client, not a complete file. Four reads' worth, more than the socket
+    # buffers hold, so the deletion comes while later pieces are unread.
+    content = os.urandom(4 * STREAM_PIECES * BLOB_PIECE + 7)
+    with trio.fail_after(60):
+        async with yard(tmp_path, FakeUpstream()) as batches, trio.open_nursery() as nursery:
+            await _store_file(batches.store, content)
+            (url,) = await nursery.start(serve, _app(batches), "127.0.0.1", 0)
+            received = bytearray()
+            async with (
+                httpx.AsyncClient(base_url=url) as client,
+                client.stream(
+                    "GET",
+                    "/v1/files/file-big/content",
+                    headers={"authorization": "Bearer sk-alice"},
+                ) as response,
+            ):
+                assert response.status_code == 200
+                assert response.headers["content-length"] == str(len(content))
+                chunks = response.aiter_raw()
+                received += await anext(chunks)
+                assert await batches.store.delete_file("file-big")
+                with pytest.raises(httpx.RemoteProtocolError, match="complete message body"):
+                    async for chunk in chunks:
+                        received += chunk
+            nursery.cancel_scope.cancel()
+    assert 0 < len(received) < len(content)
+    assert received == content[: len(received)]

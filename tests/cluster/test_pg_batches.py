@@ -11,7 +11,7 @@ import pytest
 
 from tests.batches.helpers import stored_lines
 from yard.batches.records import BatchError, ParsedLine
-from yard.batches.store import FileLimit
+from yard.batches.store import STREAM_PIECES, FileGone, FileLimit
 from yard.cluster.batches import ClusterBatchStore
 from yard.cluster.jobs import ClusterJobStore, rank_of
 from yard.cluster.pg import PgDatabase
@@ -86,26 +86,69 @@ async def _batch(store: ClusterBatchStore, batch_id: str = "batch_1", lines: int
     assert await store.start(batch_id, parsed, at=11.0)
 
 
+async def _streamed(
+    store: ClusterBatchStore, file_id: str, pieces_at_once: int = STREAM_PIECES
+) -> list[bytes] | None:
+    stream = await store.content_stream(file_id, pieces_at_once=pieces_at_once)
+    if stream is None:
+        return None
+    pieces = [piece async for piece in stream.pieces]
+    assert sum(len(piece) for piece in pieces) == stream.length
+    return pieces
+
+
 async def test_a_file_of_several_pieces_is_read_back_a_piece_at_a_time(stores: Stores) -> None:
     # Compressible and not: PostgreSQL compresses the one, slices the other.
     content = os.urandom(BLOB_PIECE) + b"line\n" * (BLOB_PIECE // 5) + b"end"
     a, b = await stores("a"), await stores("b")
-    for file_id in ("file-big", "file-empty"):
+    for file_id, stored in (("file-big", content), ("file-empty", b""), ("file-one", b"x")):
         await a.add_file(
             file_id=file_id,
             app="app",
             purpose="batch_output",
             filename="out.jsonl",
-            content=content if file_id == "file-big" else b"",
+            content=stored,
             created_at=5.0,
         )
-    pieces = await b.content_pieces("file-big")
-    assert pieces is not None
-    assert [len(piece) for piece in pieces] == [BLOB_PIECE, BLOB_PIECE, len(content) % BLOB_PIECE]
-    assert hashlib.sha256(b"".join(pieces)).digest() == hashlib.sha256(content).digest()
+    for at_once in (1, 2, STREAM_PIECES):
+        pieces = await _streamed(b, "file-big", at_once)
+        assert pieces is not None
+        assert [len(piece) for piece in pieces] == [
+            BLOB_PIECE,
+            BLOB_PIECE,
+            len(content) % BLOB_PIECE,
+        ]
+        assert hashlib.sha256(b"".join(pieces)).digest() == hashlib.sha256(content).digest()
     assert await b.content("file-big") == content
-    assert await b.content_pieces("file-empty") == [] and await b.content("file-empty") == b""
-    assert await b.content_pieces("file-none") is None
+    assert await _streamed(b, "file-empty") == [] and await b.content("file-empty") == b""
+    assert await _streamed(b, "file-one") == [b"x"] and await b.content("file-one") == b"x"
+    assert await _streamed(b, "file-none") is None and await b.content("file-none") is None
+
+
+async def test_a_stream_reads_each_few_pieces_in_a_transaction_of_its_own(
+    stores: Stores,
+) -> None:
+    # Between two reads the stream holds no transaction (a snapshot would
+    # still show the file): the file deleted on another node is gone for
+    # the next read, and the pieces read before it were the file's.
+    content = os.urandom(3 * BLOB_PIECE + 7)
+    a, b = await stores("a"), await stores("b")
+    await a.add_file(
+        file_id="file-big",
+        app="app",
+        purpose="batch_output",
+        filename="out.jsonl",
+        content=content,
+        created_at=5.0,
+    )
+    stream = await b.content_stream("file-big", pieces_at_once=2)
+    assert stream is not None and stream.length == len(content)
+    first = await anext(stream.pieces)
+    assert await a.delete_file("file-big")
+    second = await anext(stream.pieces)
+    assert first + second == content[: 2 * BLOB_PIECE]
+    with pytest.raises(FileGone, match="'file-big' was deleted while it was read"):
+        await anext(stream.pieces)
 
 
 async def _compressed(db: PgDatabase) -> set[str]:
@@ -167,7 +210,7 @@ async def test_files_stored_compressed_by_an_older_yard_are_rewritten_and_read_i
         store = ClusterBatchStore(ClusterJobStore(db, node="new", aging_rate=AGING))
         assert await _compressed(db) == set()
         for file_id, content in contents.items():
-            pieces = await store.content_pieces(file_id)
+            pieces = await _streamed(store, file_id)
             assert pieces is not None
             assert hashlib.sha256(b"".join(pieces)).digest() == hashlib.sha256(content).digest()
             assert [len(p) for p in pieces][:-1] == [BLOB_PIECE] * (len(pieces) - 1)

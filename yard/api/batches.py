@@ -17,7 +17,6 @@ nothing in. Errors are OpenAI's shape, with ``param`` where a field is wrong.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 
 import trio
 from quart import Blueprint, Quart, Response, current_app, request
@@ -152,18 +151,16 @@ async def get_file(file_id: str) -> dict[str, object]:
 async def file_content(file_id: str) -> Response:
     service, app = _caller()
     record = await service.file(file_id, app=None if app is None else app.name)
-    pieces = await service.store.content_pieces(record.id)
-    if pieces is None:  # pragma: no cover - deleted between the two reads
+    stream = await service.store.content_stream(record.id)
+    if stream is None:  # pragma: no cover - deleted between the two reads
         raise BadRequest(404, "file_not_found", f"no file {file_id!r} for this API key")
-
-    async def body() -> AsyncIterator[bytes]:
-        # A piece at a time: the server writes each and takes turns between
-        # them, where one body of 55 MB was a single write.
-        for piece in pieces:
-            yield piece
-
-    response = Response(body(), status=200, content_type="application/octet-stream")
-    response.content_length = sum(len(piece) for piece in pieces)
+    # The head goes out after the first read, the file a few MiB at a time
+    # after it (the server writes each piece and takes turns between them).
+    # A file deleted meanwhile raises FileGone out of the body: the server
+    # closes the connection short of the Content-Length, which HTTP clients
+    # report as an error rather than a complete file.
+    response = Response(stream.pieces, status=200, content_type="application/octet-stream")
+    response.content_length = stream.length
     return response
 
 
