@@ -37,6 +37,7 @@ their tables in one file (prefix names with the component: "jobs/1 ...").
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -273,6 +274,9 @@ class SqliteDatabase:
         self._conn: sqlite3.Connection | None = connection
         self._limiter = trio.CapacityLimiter(1)
         self._threaded = threaded
+        # read_blob's own connection, opened on first use (see there).
+        self._reader: sqlite3.Connection | None = None
+        self._reader_limiter = trio.CapacityLimiter(1)
 
     @property
     def path(self) -> Path:
@@ -356,9 +360,16 @@ class SqliteDatabase:
     ) -> Blob | None:
         """See :meth:`Database.read_blob`. SQLite's incremental blob I/O reads
         only the pages of each piece and lets go of the GIL while it does;
-        one open blob reads all the pieces of a call (a blob opened per
-        piece walks the value's overflow pages from its start again: for 200
-        MB read 1 MiB per call, 3.8 s instead of 0.12 s; 8 MiB per call, 0.5 s)."""
+        one open blob reads all the pieces of a call.
+
+        On a connection of its own (read only, beside the one every other
+        call shares): a download's reads neither wait for the other calls
+        nor hold them up, and WAL lets it read while they write. That
+        connection maps the file into memory (``mmap_size``): a blob opened
+        at an offset walks the value's overflow pages from its start, one
+        page read at a time; mapped, each step costs a pointer, not a copy.
+        200 MB read 1 MiB per call took 3.8 s unmapped, 0.30 s mapped; 8 MiB
+        per call 0.50 s and 0.06 s; one call for the whole 0.12 s and 0.10 s."""
 
         def _read(conn: sqlite3.Connection) -> Blob | None:
             row = conn.execute(
@@ -373,7 +384,14 @@ class SqliteDatabase:
                     blob.seek(starts[0])
                 return Blob(length=length, pieces=[blob.read(BLOB_PIECE) for _ in starts])
 
-        return await self._run(_read)
+        async with self._reader_limiter:
+            if self._conn is None:
+                raise DatabaseError(f"{self._path}: the database is closed")
+            reader = self._reader
+            if reader is None:
+                opening = functools.partial(_open_reader, self._path)
+                reader = self._reader = await self._thread(opening)
+            return await self._thread(functools.partial(_read, reader))
 
     async def transaction(self, fn: Callable[[Tx], T], *, durable: bool = False) -> T:
         """Run ``fn(tx)`` in a worker thread inside one transaction
@@ -405,6 +423,11 @@ class SqliteDatabase:
     async def close(self) -> None:
         """Close the connection (checkpointing the WAL). Idempotent; later
         calls of the other methods raise :class:`DatabaseError`."""
+        # The reader first: the last connection to close checkpoints the WAL.
+        async with self._reader_limiter:
+            reader, self._reader = self._reader, None
+            if reader is not None:
+                await self._call(lambda c: c.close(), reader)
         async with self._limiter:
             conn, self._conn = self._conn, None
             if conn is not None:
@@ -418,11 +441,32 @@ class SqliteDatabase:
             return await self._call(fn, conn)
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> T:
+        return await self._thread(functools.partial(fn, conn))
+
+    async def _thread(self, fn: Callable[[], T]) -> T:
         if not self._threaded:
             await trio.lowlevel.checkpoint()
-            return fn(conn)
+            return fn()
         # Not abandoned on cancel: a statement that has begun finishes.
-        return await trio.to_thread.run_sync(fn, conn)
+        return await trio.to_thread.run_sync(fn)
+
+
+_READER_MMAP = 1 << 30
+"""Bytes of the file that :meth:`SqliteDatabase.read_blob`'s connection maps
+(address space, not memory: the pages are the OS's file cache)."""
+
+
+def _open_reader(path: Path) -> sqlite3.Connection:
+    """A second connection to the database at ``path``, for reads only."""
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    try:
+        conn.execute("PRAGMA busy_timeout = 10000")
+        conn.execute("PRAGMA query_only = ON")
+        conn.execute(f"PRAGMA mmap_size = {_READER_MMAP}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _migrate(conn: sqlite3.Connection, path: Path, migrations: Sequence[Migration]) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
 import trio
 
-from yard.db import DatabaseError, SqliteDatabase, Tx
+from yard.db import BLOB_PIECE, Blob, DatabaseError, SqliteDatabase, Tx
 
 CREATE = ("t/1 create", "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL);")
 ADD_COLUMN = ("t/2 add size", "ALTER TABLE items ADD COLUMN size INTEGER NOT NULL DEFAULT 0;")
@@ -119,3 +120,60 @@ async def test_calls_after_close_raise_a_clear_error(tmp_path: Path) -> None:
     await db.close()
     with pytest.raises(DatabaseError, match="closed"):
         await db.fetchall("SELECT 1")
+    with pytest.raises(DatabaseError, match="closed"):
+        await db.read_blob("blobs", "body", "id", "a")
+
+
+BLOBS = ("t/1 blobs", "CREATE TABLE blobs (id TEXT PRIMARY KEY, body BLOB NOT NULL);")
+
+
+async def test_read_blob_reads_the_pieces_asked_for_and_the_whole_length(tmp_path: Path) -> None:
+    value = bytes(range(256)) * (3 * BLOB_PIECE // 256) + b"tail"
+    db = await SqliteDatabase.open(tmp_path / "x.sqlite", [BLOBS])
+    try:
+        await db.execute("INSERT INTO blobs VALUES ('a', ?), ('e', x'')", (value,))
+        whole = await db.read_blob("blobs", "body", "id", "a")
+        assert whole is not None and whole.length == len(value)
+        assert [len(p) for p in whole.pieces] == [BLOB_PIECE] * 3 + [4]
+        part = await db.read_blob("blobs", "body", "id", "a", start=BLOB_PIECE + 1, pieces=2)
+        assert part == Blob(
+            length=len(value),
+            pieces=[
+                value[BLOB_PIECE + 1 : 2 * BLOB_PIECE + 1],
+                value[2 * BLOB_PIECE + 1 : 3 * BLOB_PIECE + 1],
+            ],
+        )
+        past = await db.read_blob("blobs", "body", "id", "a", start=len(value), pieces=1)
+        assert past == Blob(length=len(value), pieces=[])
+        assert await db.read_blob("blobs", "body", "id", "e") == Blob(length=0, pieces=[])
+        assert await db.read_blob("blobs", "body", "id", "none") is None
+        with pytest.raises(ValueError, match="pieces 0"):
+            await db.read_blob("blobs", "body", "id", "a", pieces=0)
+    finally:
+        await db.close()
+
+
+async def test_read_blob_does_not_wait_for_a_transaction_in_progress(tmp_path: Path) -> None:
+    # Its own connection: a download's reads go on while a write holds the
+    # one every other call shares (and see only what was committed).
+    db = await SqliteDatabase.open(tmp_path / "x.sqlite", [BLOBS])
+    try:
+        await db.execute("INSERT INTO blobs VALUES ('a', x'0102')")
+        in_write, release = trio.Event(), threading.Event()
+        token = trio.lowlevel.current_trio_token()
+
+        def slow_write(tx: Tx) -> None:
+            tx.execute("UPDATE blobs SET body = x'03' WHERE id = 'a'")
+            trio.from_thread.run_sync(in_write.set, trio_token=token)
+            release.wait(10)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(db.transaction, slow_write)
+            await in_write.wait()
+            with trio.fail_after(5):
+                read = await db.read_blob("blobs", "body", "id", "a")
+            release.set()
+        assert read == Blob(length=2, pieces=[b"\x01\x02"])
+        assert await db.read_blob("blobs", "body", "id", "a") == Blob(length=1, pieces=[b"\x03"])
+    finally:
+        await db.close()
