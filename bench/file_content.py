@@ -16,7 +16,11 @@ each run measures, one after the other:
 2. one read: the file read back as one value, ``SELECT body`` (what yard did
    before it read files a piece at a time), for reference;
 3. download: the file downloaded by a client in another process (``urllib``),
-   checked by its SHA-256.
+   checked by its SHA-256, with the seconds to its first byte and to its
+   end; then downloaded again under ``tracemalloc``: the most of the file
+   the server held at once, beside what reading the whole file before the
+   first byte held (what yard did before downloads streamed), and the
+   server's first read (the download's first pieces) beside the whole read.
 
 ``--postgres`` does the same on a PostgreSQL of its own (a node of a
 cluster), and beside it, the file stored and read back a MiB at a time by
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import hashlib
 import json
 import os
@@ -40,6 +45,10 @@ import statistics
 import sys
 import tempfile
 import time
+import tracemalloc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -59,14 +68,18 @@ from yard.testing.postgres import PostgresServer, start_postgres
 
 KEY = "sk-bench"
 _CLIENT = """
-import hashlib, sys, urllib.request
+import hashlib, sys, time, urllib.request
 request = urllib.request.Request(sys.argv[1], headers={"Authorization": "Bearer " + sys.argv[2]})
 digest, size = hashlib.sha256(), 0
+began = time.perf_counter()
 with urllib.request.urlopen(request) as answer:
-    while piece := answer.read(1 << 20):
+    piece = answer.read1(1 << 20)
+    first = time.perf_counter() - began
+    while piece:
         digest.update(piece)
         size += len(piece)
-print(size, digest.hexdigest())
+        piece = answer.read(1 << 20)
+print(size, digest.hexdigest(), first, time.perf_counter() - began)
 """
 _UPLOAD = """
 import json, sys, urllib.request
@@ -132,6 +145,34 @@ async def _store(store: BatchStore, content: bytes) -> float:
     return time.perf_counter() - began
 
 
+async def _download(url: str) -> tuple[str, float, float]:
+    """The file downloaded by a client in another process: its size and
+    SHA-256, seconds to its first byte and to its end (from the request)."""
+    client = await trio.run_process([sys.executable, "-c", _CLIENT, url, KEY], capture_stdout=True)
+    size, digest, first_s, whole_s = client.stdout.decode().split()
+    return f"{size} {digest}", float(first_s), float(whole_s)
+
+
+@dataclass(slots=True)
+class _Held:
+    """The most memory of Python's allocations (``tracemalloc``: the file's
+    pieces are bytes objects) held at once, MB."""
+
+    mb: float = 0.0
+
+
+@contextmanager
+def _peak() -> Iterator[_Held]:
+    held = _Held()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        yield held
+        held.mb = tracemalloc.get_traced_memory()[1] / 1e6
+    finally:
+        tracemalloc.stop()
+
+
 async def _run(content: bytes, dsn: str | None = None) -> dict[str, float]:
     """One run of yard serve on SQLite, or on PostgreSQL at ``dsn``."""
     expected = f"{len(content)} {hashlib.sha256(content).hexdigest()}"
@@ -168,13 +209,32 @@ async def _run(content: bytes, dsn: str | None = None) -> dict[str, float]:
             late.reset()
             url = f"{runtime.urls[0]}/v1/files/file-bench/content"
             began = time.perf_counter()
-            client = await trio.run_process(
-                [sys.executable, "-c", _CLIENT, url, KEY], capture_stdout=True
-            )
+            got, first_s, whole_s = await _download(url)
             download_s = time.perf_counter() - began
             download = late.worst
-            got = client.stdout.decode().strip()
             assert got == expected, f"the download differs: {got} != {expected}"
+
+            # Memory, apart (tracing slows every allocation): what the
+            # server holds at most during a download, and beside it what
+            # reading the whole file before the first byte held (yard
+            # before downloads streamed: read_blob of the whole file).
+            await trio.sleep(0.2)
+            with _peak() as held:
+                got, _, _ = await _download(url)
+            assert got == expected, f"the download differs: {got} != {expected}"
+            began = time.perf_counter()
+            stream = await batches.store.content_stream("file-bench")
+            first_read_s = time.perf_counter() - began
+            assert stream is not None and stream.length == len(content)
+            del stream
+            with _peak() as whole:
+                began = time.perf_counter()
+                blob = await batches.store.jobs.database.read_blob(
+                    "file_contents", "body", "file_id", "file-bench"
+                )
+                whole_read_s = time.perf_counter() - began
+                assert blob is not None and blob.length == len(content)
+                del blob
 
             await trio.sleep(0.2)
             late.reset()
@@ -198,6 +258,12 @@ async def _run(content: bytes, dsn: str | None = None) -> dict[str, float]:
         "one_read_s": read_s,
         "download_ms": download * 1000,
         "download_s": download_s,
+        "first_byte_s": first_s,
+        "client_s": whole_s,
+        "held_mb": held.mb,
+        "whole_mb": whole.mb,
+        "whole_read_s": whole_read_s,
+        "first_read_s": first_read_s,
     }
 
 
@@ -315,6 +381,23 @@ def _print_serve(database: str, runs: list[dict[str, float]]) -> None:
         f" (in {figure(runs, 'store_s', '.2f')} s); while it is uploaded (POST /v1/files) "
         f"{figure(runs, 'upload_ms')} (in {figure(runs, 'upload_s', '.2f')} s)"
     )
+    print(
+        f"    a download: the server held {figure(runs, 'held_mb')} MB of it at most, where "
+        f"reading the whole file before the first byte (yard before) held "
+        f"{figure(runs, 'whole_mb')} MB ({_ratio(runs, 'whole_mb', 'held_mb')}x less)"
+    )
+    print(
+        f"      the server can answer after its first read, {figure(runs, 'first_read_s', '.3f')}"
+        f" s, where the whole read took {figure(runs, 'whole_read_s', '.3f')} s "
+        f"({_ratio(runs, 'whole_read_s', 'first_read_s')}x sooner); the client's first byte "
+        f"came after {figure(runs, 'first_byte_s', '.3f')} s, the whole file after "
+        f"{figure(runs, 'client_s', '.2f')} s"
+    )
+
+
+def _ratio(runs: list[dict[str, float]], before: str, now: str) -> str:
+    """The median over ``runs`` of ``before / now``."""
+    return f"{statistics.median(run[before] / max(run[now], 1e-9) for run in runs):.1f}"
 
 
 if __name__ == "__main__":

@@ -49,11 +49,13 @@ _INSERT_CHUNK = 500
 """Lines of a new batch inserted between two hand-overs of the GIL."""
 
 
-STREAM_PIECES = 8
+STREAM_PIECES = 4
 """Pieces of :data:`yard.db.BLOB_PIECE` a download reads at once
-(:meth:`BatchStore.content_stream`): each read of SQLite walks the file's
-pages from its start, so 8 MiB a read kept a 200 MB file's reads at 0.5 s in
-all (1 MiB a read: 3.8 s; the whole file at once: 0.12 s)."""
+(:meth:`BatchStore.content_stream`), each read one short transaction: what a
+download holds of its file. For a 200 MB file, 4 and 8 took as long (0.33 s
+on SQLite; ``python -m bench.file_content --mb 200``); SQLite opens the file
+at each read's offset and walks its pages from the start, cheap but not free
+(:meth:`yard.db.SqliteDatabase.read_blob`)."""
 
 
 class FileGone(Exception):
