@@ -10,7 +10,7 @@ import trio
 
 from yard.batches.records import LineRecord
 from yard.batches.rows import LINE_COLUMNS, line_from_row
-from yard.batches.store import BatchStore
+from yard.batches.store import STREAM_PIECES, BatchStore
 
 ENDPOINT = "/v1/chat/completions"
 
@@ -79,3 +79,16 @@ async def stored_lines(store: BatchStore, batch_id: str) -> list[LineRecord]:
         f"SELECT {LINE_COLUMNS} FROM batch_lines WHERE batch_id = ? ORDER BY idx", (batch_id,)
     )
     return [line_from_row(row) for row in rows]
+
+
+async def streamed(
+    store: BatchStore, file_id: str, pieces_at_once: int = STREAM_PIECES
+) -> list[bytes] | None:
+    """Every piece of a stored file as :meth:`BatchStore.content_stream`
+    gives them (None: no such file), checked against the stream's length."""
+    stream = await store.content_stream(file_id, pieces_at_once=pieces_at_once)
+    if stream is None:
+        return None
+    pieces = [piece async for piece in stream.pieces]
+    assert sum(len(piece) for piece in pieces) == stream.length
+    return pieces

@@ -17,6 +17,7 @@ import httpx
 import pytest
 import trio
 
+from tests.batches.helpers import streamed
 from tests.batches.virtual import yard
 from yard.app.web import Parts, create_control_app
 from yard.batches.service import Batches
@@ -43,15 +44,6 @@ async def _store_file(store: BatchStore, content: bytes, file_id: str = "file-bi
     )
 
 
-async def _streamed(store: BatchStore, file_id: str, pieces_at_once: int) -> list[bytes] | None:
-    stream = await store.content_stream(file_id, pieces_at_once=pieces_at_once)
-    if stream is None:
-        return None
-    pieces = [piece async for piece in stream.pieces]
-    assert sum(len(piece) for piece in pieces) == stream.length
-    return pieces
-
-
 async def test_a_file_of_several_pieces_reads_back_byte_identical(tmp_path: Path) -> None:
     content = os.urandom(3 * BLOB_PIECE + 7)
     jobs = await JobStore.open(tmp_path / "jobs.sqlite")
@@ -61,7 +53,7 @@ async def test_a_file_of_several_pieces_reads_back_byte_identical(tmp_path: Path
         await _store_file(store, b"", "file-empty")
         await _store_file(store, b"x" * BLOB_PIECE, "file-one")
         for at_once in (1, 2, 4, STREAM_PIECES):
-            pieces = await _streamed(store, "file-big", at_once)
+            pieces = await streamed(store, "file-big", at_once)
             assert pieces is not None
             assert [len(piece) for piece in pieces] == [BLOB_PIECE] * 3 + [7]
             assert hashlib.sha256(b"".join(pieces)).digest() == hashlib.sha256(content).digest()
@@ -72,11 +64,11 @@ async def test_a_file_of_several_pieces_reads_back_byte_identical(tmp_path: Path
         )
         assert row is not None and row[0] == content
         assert await store.content("file-empty") == b""
-        assert await _streamed(store, "file-empty", 1) == []
+        assert await streamed(store, "file-empty", 1) == []
         assert await store.content("file-one") == b"x" * BLOB_PIECE
-        assert await _streamed(store, "file-one", 1) == [b"x" * BLOB_PIECE]
+        assert await streamed(store, "file-one", 1) == [b"x" * BLOB_PIECE]
         assert await store.content("file-none") is None
-        assert await _streamed(store, "file-none", 1) is None
+        assert await streamed(store, "file-none", 1) is None
     finally:
         await jobs.close()
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from tests.batches.helpers import stored_lines
+from tests.batches.helpers import stored_lines, streamed
 from yard.batches.records import BatchError, ParsedLine
 from yard.batches.store import STREAM_PIECES, FileGone, FileLimit
 from yard.cluster.batches import ClusterBatchStore
@@ -86,17 +86,6 @@ async def _batch(store: ClusterBatchStore, batch_id: str = "batch_1", lines: int
     assert await store.start(batch_id, parsed, at=11.0)
 
 
-async def _streamed(
-    store: ClusterBatchStore, file_id: str, pieces_at_once: int = STREAM_PIECES
-) -> list[bytes] | None:
-    stream = await store.content_stream(file_id, pieces_at_once=pieces_at_once)
-    if stream is None:
-        return None
-    pieces = [piece async for piece in stream.pieces]
-    assert sum(len(piece) for piece in pieces) == stream.length
-    return pieces
-
-
 async def test_a_file_of_several_pieces_is_read_back_a_piece_at_a_time(stores: Stores) -> None:
     # Compressible and not: PostgreSQL compresses the one, slices the other.
     content = os.urandom(BLOB_PIECE) + b"line\n" * (BLOB_PIECE // 5) + b"end"
@@ -111,7 +100,7 @@ async def test_a_file_of_several_pieces_is_read_back_a_piece_at_a_time(stores: S
             created_at=5.0,
         )
     for at_once in (1, 2, STREAM_PIECES):
-        pieces = await _streamed(b, "file-big", at_once)
+        pieces = await streamed(b, "file-big", at_once)
         assert pieces is not None
         assert [len(piece) for piece in pieces] == [
             BLOB_PIECE,
@@ -120,9 +109,9 @@ async def test_a_file_of_several_pieces_is_read_back_a_piece_at_a_time(stores: S
         ]
         assert hashlib.sha256(b"".join(pieces)).digest() == hashlib.sha256(content).digest()
     assert await b.content("file-big") == content
-    assert await _streamed(b, "file-empty") == [] and await b.content("file-empty") == b""
-    assert await _streamed(b, "file-one") == [b"x"] and await b.content("file-one") == b"x"
-    assert await _streamed(b, "file-none") is None and await b.content("file-none") is None
+    assert await streamed(b, "file-empty") == [] and await b.content("file-empty") == b""
+    assert await streamed(b, "file-one") == [b"x"] and await b.content("file-one") == b"x"
+    assert await streamed(b, "file-none") is None and await b.content("file-none") is None
 
 
 async def test_a_stream_reads_each_few_pieces_in_a_transaction_of_its_own(
@@ -210,7 +199,7 @@ async def test_files_stored_compressed_by_an_older_yard_are_rewritten_and_read_i
         store = ClusterBatchStore(ClusterJobStore(db, node="new", aging_rate=AGING))
         assert await _compressed(db) == set()
         for file_id, content in contents.items():
-            pieces = await _streamed(store, file_id)
+            pieces = await streamed(store, file_id)
             assert pieces is not None
             assert hashlib.sha256(b"".join(pieces)).digest() == hashlib.sha256(content).digest()
             assert [len(p) for p in pieces][:-1] == [BLOB_PIECE] * (len(pieces) - 1)
