@@ -95,6 +95,27 @@ async def test_a_stream_reads_the_next_pieces_only_once_the_last_are_taken(
         await jobs.close()
 
 
+async def test_a_stream_half_read_keeps_no_snapshot_that_stops_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    # A client that stops reading must not pin the WAL: between two reads the
+    # stream holds no read transaction, so a full checkpoint completes.
+    jobs = await JobStore.open(tmp_path / "jobs.sqlite")
+    try:
+        store = BatchStore(jobs)
+        await _store_file(store, os.urandom(3 * BLOB_PIECE))
+        stream = await store.content_stream("file-big", pieces_at_once=1)
+        assert stream is not None
+        await anext(stream.pieces)
+        await _store_file(store, b"more", "file-other")
+        with trio.fail_after(5):
+            busy, _, _ = await jobs.database.fetchone("PRAGMA wal_checkpoint(TRUNCATE)") or (1,)
+        assert busy == 0
+        assert len(b"".join([piece async for piece in stream.pieces])) == 2 * BLOB_PIECE
+    finally:
+        await jobs.close()
+
+
 async def test_a_stream_holds_one_read_of_pieces_at_a_time(tmp_path: Path) -> None:
     # Each piece let go of once taken, the next read's pieces are all a
     # stream holds: two pieces at most here, never the file's six.
