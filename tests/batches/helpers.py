@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import httpx
 import trio
 
+from yard.app.web import Parts, create_control_app
 from yard.batches.records import LineRecord
 from yard.batches.rows import LINE_COLUMNS, line_from_row
+from yard.batches.service import Batches
 from yard.batches.store import STREAM_PIECES, BatchStore
+from yard.engine import Engine
+from yard.h1.asgi import ASGIApp, Message
 
 ENDPOINT = "/v1/chat/completions"
 
@@ -92,3 +97,70 @@ async def streamed(
     pieces = [piece async for piece in stream.pieces]
     assert sum(len(piece) for piece in pieces) == stream.length
     return pieces
+
+
+async def exchange(
+    app: ASGIApp,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    content_type: bytes = b"",
+    sent: list[Message] | None = None,
+    on_body: Callable[[Message], Awaitable[None]] | None = None,
+    key: str | None = "sk-alice",
+) -> list[Message]:
+    """One request to ``app`` with ``key`` (app alice's by default; None:
+    none) from 127.0.0.1; the messages it sent back (into ``sent`` as they
+    come, if given). ``on_body`` is awaited on each body message before it
+    is taken."""
+    sent = [] if sent is None else sent
+    requested = False
+    answered = trio.Event()
+
+    async def receive() -> dict[str, Any]:
+        nonlocal requested
+        if not requested:
+            requested = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await answered.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+        if on_body is not None and message["type"] == "http.response.body":
+            await on_body(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            answered.set()
+
+    headers = [(b"host", b"127.0.0.1")]
+    if key is not None:
+        headers += [(b"authorization", f"Bearer {key}".encode())]
+    if body:
+        headers += [(b"content-length", str(len(body)).encode())]
+    if content_type:
+        headers += [(b"content-type", content_type)]
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 1234),
+        "server": ("127.0.0.1", 8080),
+        "state": {},
+        "extensions": {},
+    }
+    await app(scope, receive, send)
+    return sent
+
+
+def control_app(batches: Batches) -> ASGIApp:
+    """The control plane's Quart app serving ``batches`` (its engine, real
+    or fake, only looked at)."""
+    parts = Parts(config=batches.config, engine=cast(Engine, batches.jobs.engine), batches=batches)
+    return cast(ASGIApp, create_control_app(parts))

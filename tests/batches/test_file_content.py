@@ -9,22 +9,17 @@ import hashlib
 import json
 import os
 import tracemalloc
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, cast
 
 import httpx
 import pytest
 import trio
 
-from tests.batches.helpers import streamed
+from tests.batches.helpers import control_app, exchange, streamed
 from tests.batches.virtual import yard
-from yard.app.web import Parts, create_control_app
-from yard.batches.service import Batches
 from yard.batches.store import STREAM_PIECES, BatchStore, FileGone
 from yard.db import BLOB_PIECE
-from yard.engine import Engine
-from yard.h1.asgi import ASGIApp, Message
+from yard.h1.asgi import Message
 from yard.h1.server import serve
 from yard.jobs.store import JobStore
 from yard.testing.upstream import FakeUpstream
@@ -140,75 +135,12 @@ async def test_a_stream_holds_one_read_of_pieces_at_a_time(tmp_path: Path) -> No
     assert 2 * BLOB_PIECE <= peak < 2.5 * BLOB_PIECE
 
 
-async def _exchange(
-    app: ASGIApp,
-    method: str,
-    path: str,
-    body: bytes = b"",
-    content_type: bytes = b"",
-    sent: list[Message] | None = None,
-    on_body: Callable[[Message], Awaitable[None]] | None = None,
-) -> list[Message]:
-    """One request to ``app`` as app alice; the messages it sent back (into
-    ``sent`` as they come, if given). ``on_body`` is awaited on each body
-    message before it is taken."""
-    sent = [] if sent is None else sent
-    requested = False
-    answered = trio.Event()
-
-    async def receive() -> dict[str, Any]:
-        nonlocal requested
-        if not requested:
-            requested = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await answered.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: Message) -> None:
-        sent.append(message)
-        if on_body is not None and message["type"] == "http.response.body":
-            await on_body(message)
-        if message["type"] == "http.response.body" and not message.get("more_body"):
-            answered.set()
-
-    headers = [(b"host", b"127.0.0.1"), (b"authorization", b"Bearer sk-alice")]
-    if body:
-        headers += [(b"content-length", str(len(body)).encode())]
-    if content_type:
-        headers += [(b"content-type", content_type)]
-    scope: dict[str, Any] = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": headers,
-        "client": ("127.0.0.1", 1234),
-        "server": ("127.0.0.1", 8080),
-        "state": {},
-        "extensions": {},
-    }
-    await app(scope, receive, send)
-    return sent
-
-
-def _app(batches: Batches) -> ASGIApp:
-    engine = batches.jobs.engine
-    assert isinstance(engine, Engine)
-    parts = Parts(config=batches.config, engine=engine, batches=batches)
-    return cast(ASGIApp, create_control_app(parts))
-
-
 async def test_a_large_file_is_downloaded_a_piece_a_write(tmp_path: Path) -> None:
     content = os.urandom(SIZE)
     with trio.fail_after(30):
         async with yard(tmp_path, FakeUpstream()) as batches:
             await _store_file(batches.store, content)
-            sent = await _exchange(_app(batches), "GET", "/v1/files/file-big/content")
+            sent = await exchange(control_app(batches), "GET", "/v1/files/file-big/content")
     start, *bodies = sent
     assert start["type"] == "http.response.start" and start["status"] == 200
     assert (b"content-length", str(SIZE).encode()) in start["headers"]
@@ -237,8 +169,8 @@ async def test_a_download_starts_before_the_file_is_read_and_ends_short_if_it_is
                     assert await batches.store.delete_file("file-big")
 
             with pytest.RaisesGroup(FileGone, allow_unwrapped=True, flatten_subgroups=True):
-                await _exchange(
-                    _app(batches),
+                await exchange(
+                    control_app(batches),
                     "GET",
                     "/v1/files/file-big/content",
                     sent=sent,
@@ -261,8 +193,8 @@ async def test_a_large_upload_is_stored_byte_identical(tmp_path: Path) -> None:
     )
     with trio.fail_after(30):
         async with yard(tmp_path, FakeUpstream()) as batches:
-            sent = await _exchange(
-                _app(batches), "POST", "/v1/files", form, b"multipart/form-data; boundary=b"
+            sent = await exchange(
+                control_app(batches), "POST", "/v1/files", form, b"multipart/form-data; boundary=b"
             )
             assert sent[0]["status"] == 200, sent
             file_id = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["id"]
@@ -283,7 +215,7 @@ async def test_a_client_sees_a_download_cut_short_by_a_deletion_as_an_error(
     with trio.fail_after(60):
         async with yard(tmp_path, FakeUpstream()) as batches, trio.open_nursery() as nursery:
             await _store_file(batches.store, content)
-            (url,) = await nursery.start(serve, _app(batches), "127.0.0.1", 0)
+            (url,) = await nursery.start(serve, control_app(batches), "127.0.0.1", 0)
             received = bytearray()
             async with (
                 httpx.AsyncClient(base_url=url) as client,

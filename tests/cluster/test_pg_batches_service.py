@@ -5,6 +5,8 @@ cancel made on the other node."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -13,15 +15,18 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.batches.helpers import chat_line, jsonl, stored_lines
+from tests.batches.helpers import chat_line, control_app, exchange, jsonl, stored_lines
 from yard.batches.records import BatchRecord
 from yard.batches.service import Batches
+from yard.batches.store import STREAM_PIECES
 from yard.cluster.batches import ClusterBatchStore
 from yard.cluster.jobs import ClusterJobStore, SharedQueue
 from yard.cluster.pg import PgDatabase
 from yard.cluster.registry import NodeState, Registry
 from yard.cluster.schema import MIGRATIONS
 from yard.config import load_config
+from yard.config.loader import local_app
+from yard.db import BLOB_PIECE
 from yard.jobs.records import StoredResult
 from yard.jobs.service import Jobs
 from yard.testing.engine import FakeEngine
@@ -185,3 +190,30 @@ async def test_a_node_that_stops_gives_its_batch_to_another_at_once(nodes: Start
     await _serve(b, second)
     ended = await _until(b, batch.id, "completed")
     assert (ended.total, ended.completed, ended.failed) == (2, 2, 0)
+
+
+async def test_a_file_stored_by_one_node_downloads_from_another_byte_identical(
+    nodes: Start,
+) -> None:
+    # GET /v1/files/ID/content on PostgreSQL: more reads than one, each its
+    # own transaction, the head with the whole length before the first.
+    a, b = await nodes("a"), await nodes("b")
+    content = os.urandom(2 * STREAM_PIECES * BLOB_PIECE + 5)
+    for file_id, stored in (("file-big", content), ("file-empty", b"")):
+        await a.store.add_file(
+            file_id=file_id,
+            app=local_app(a.config).name,
+            purpose="batch_output",
+            filename="out.jsonl",
+            content=stored,
+            created_at=1.0,
+        )
+    for file_id, stored in (("file-big", content), ("file-empty", b"")):
+        start, *bodies = await exchange(
+            control_app(b), "GET", f"/v1/files/{file_id}/content", key=None
+        )
+        assert start["status"] == 200, bodies
+        assert (b"content-length", str(len(stored)).encode()) in start["headers"]
+        received = b"".join(m["body"] for m in bodies)
+        assert hashlib.sha256(received).digest() == hashlib.sha256(stored).digest()
+        assert not bodies[-1]["more_body"]
