@@ -373,8 +373,9 @@ class Scheduler:
         if self._core.loans:
             lending.give_back(self._core, now)
         self._plan_loads(now, out)
-        # Plan again only when an overtake used up a swap's allowance: its
-        # victim must start draining now.
+        # Plan again after any overtake of a waiting swap, or a refused one:
+        # the swap's sentence or its victims change, and a victim whose swap
+        # used up its allowance must start draining now.
         if self._dispatch_all(now, out):
             self._plan_loads(now, out)
             self._dispatch_all(now, out)
