@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tracemalloc
 from pathlib import Path
@@ -19,7 +20,7 @@ from tests.batches.helpers import control_app, exchange, streamed
 from tests.batches.virtual import yard
 from yard.batches.store import STREAM_PIECES, BatchStore, FileGone
 from yard.db import BLOB_PIECE
-from yard.h1.asgi import Message
+from yard.h1.asgi import Message, ResponseCut
 from yard.h1.server import serve
 from yard.jobs.store import JobStore
 from yard.testing.upstream import FakeUpstream
@@ -155,7 +156,7 @@ async def test_a_download_starts_before_the_file_is_read_and_ends_short_if_it_is
 ) -> None:
     # The file is deleted as its first piece goes out: a download that read
     # the whole file first would still send it all. This one had read only
-    # its first pieces, so it raises out of the app, which the server turns
+    # its first pieces, so it raises ResponseCut out of the app, which the server turns
     # into a connection closed short of the Content-Length (never an end of
     # the body that would make the short file look complete).
     content = os.urandom(SIZE)
@@ -168,7 +169,11 @@ async def test_a_download_starts_before_the_file_is_read_and_ends_short_if_it_is
                 if len(sent) == 2:
                     assert await batches.store.delete_file("file-big")
 
-            with pytest.RaisesGroup(FileGone, allow_unwrapped=True, flatten_subgroups=True):
+            with pytest.RaisesGroup(
+                pytest.RaisesExc(ResponseCut, match="'file-big' was deleted while it was read"),
+                allow_unwrapped=True,
+                flatten_subgroups=True,
+            ):
                 await exchange(
                     control_app(batches),
                     "GET",
@@ -205,7 +210,7 @@ async def test_a_large_upload_is_stored_byte_identical(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 async def test_a_client_sees_a_download_cut_short_by_a_deletion_as_an_error(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # On yard's HTTP server, over loopback, with httpx: the Content-Length
     # went out first, so the connection closed early is an error to the
@@ -236,3 +241,8 @@ async def test_a_client_sees_a_download_cut_short_by_a_deletion_as_an_error(
             nursery.cancel_scope.cancel()
     assert 0 < len(received) < len(content)
     assert received == content[: len(received)]
+    # yard logs why, as one warning: the client's deletion is no fault of yard's.
+    cut = [r for r in caplog.records if "ended short" in r.getMessage()]
+    assert [(r.levelname, r.exc_info) for r in cut] == [("WARNING", None)]
+    assert "file 'file-big' was deleted while it was read" in cut[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

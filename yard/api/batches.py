@@ -17,6 +17,7 @@ nothing in. Errors are OpenAI's shape, with ``param`` where a field is wrong.
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 
 import trio
 from quart import Blueprint, Quart, Response, current_app, request
@@ -26,10 +27,12 @@ from yard.api.errors import answer
 from yard.api.keys import KeyCheck
 from yard.api.served import Served, page
 from yard.batches.service import Batches
+from yard.batches.store import FileGone
 from yard.batches.validate import BadRequest
 from yard.batches.views import batch_json, file_json
 from yard.config import AppConfig
 from yard.errors import Rejected
+from yard.h1.asgi import ResponseCut
 
 files = Blueprint("files", __name__)
 """Mounted at ``/v1/files``."""
@@ -156,12 +159,20 @@ async def file_content(file_id: str) -> Response:
         raise BadRequest(404, "file_not_found", f"no file {file_id!r} for this API key")
     # The head goes out after the first read, the file a few MiB at a time
     # after it (the server writes each piece and takes turns between them).
-    # A file deleted meanwhile raises FileGone out of the body: the server
-    # closes the connection short of the Content-Length, which HTTP clients
-    # report as an error rather than a complete file.
-    response = Response(stream.pieces, status=200, content_type="application/octet-stream")
+    # A file deleted meanwhile ends the body short of the Content-Length: the
+    # server closes the connection, which HTTP clients report as an error
+    # rather than a complete file, and logs one warning.
+    response = Response(_cut_if_gone(stream.pieces), content_type="application/octet-stream")
     response.content_length = stream.length
     return response
+
+
+async def _cut_if_gone(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        async for piece in pieces:
+            yield piece
+    except FileGone as gone:
+        raise ResponseCut(str(gone)) from None
 
 
 @files.delete("/<file_id>")

@@ -36,7 +36,7 @@ from urllib.parse import unquote
 import trio
 
 from yard.h1 import sockio, wire
-from yard.h1.asgi import ASGIApp, Scope
+from yard.h1.asgi import ASGIApp, ResponseCut, Scope
 from yard.h1.errors import error_body, error_headers
 from yard.h1.exchange import Exchange, protocol_failure
 from yard.h1.limits import Limits
@@ -530,7 +530,13 @@ class Connection:
         exchange = Exchange(self, request.method == b"HEAD")
         try:
             await server.app(scope, exchange.receive, exchange.send)
-        except Exception:
+        except Exception as exc:
+            cut = _only_cut(exc)
+            if cut is not None:
+                log.warning("%s %s ended short: %s", scope["method"], scope["path"], cut)
+                if not exchange.started:
+                    await self.error(500, "internal_error", str(cut))
+                return False
             log.exception("error while serving %s %s", scope["method"], scope["path"])
             if not exchange.started:
                 await self.error(500, "internal_error", "yard failed on this request (see its log)")
@@ -547,3 +553,15 @@ class Connection:
         elif exchange.held is not None:
             await self.write(exchange.held)
         return True
+
+
+def _only_cut(exc: Exception) -> ResponseCut | None:
+    """The :class:`ResponseCut` that ``exc`` is, or is all of (an app's nursery
+    wraps what its tasks raise in a group); None if anything else went wrong."""
+    if isinstance(exc, ResponseCut):
+        return exc
+    if isinstance(exc, ExceptionGroup):
+        cuts, rest = exc.split(ResponseCut)
+        if cuts is not None and rest is None:
+            return _only_cut(cuts.exceptions[0])
+    return None
