@@ -338,11 +338,13 @@ def evicting_changed(
         return PLAN_AGAIN if not touched.isdisjoint(st.reads.victims) else STANDS
     if touched.isdisjoint(victims):
         return STANDS
-    # _batch_latest, with the latest start asked above where it was
+    # _batch_latest, with the latest start asked above where it was; where the
+    # swap is not touched its latest start is the one its victims were read with
+    # (it reads only the swap's queue and figures: a change there touches it)
     head = st.head
     latest: float | None = _NO_BATCH
     if head is not None and not head.urgent and head.overtakes < config.batch_bound:
-        latest = start if asked else estimates.swap_latest_start(swap, config)
+        latest = start if asked else st.latest_start
     for name, sig in victims.items():
         if name in touched and _victim_sig(backends[name], latest, now, config) != sig:
             return VICTIMS_AGAIN

@@ -301,17 +301,17 @@ class Planner:
         )
         old = self._steps
         self._steps = steps
-        if reindex:
-            self._order = list(order)
-            names = [b.name for b in order]
-            self._index = dict(zip(names, range(len(names)), strict=True))
-            self._rank_list = list(map(self._ranks.__getitem__, names))
-            readers, orderers, weighers, self._evicting, self._effects = index_reads(steps)
-            self._readers, self._orderers, self._weighers = readers, orderers, weighers
+        if not reindex:  # the same order: only the fresh steps are indexed again
+            indexes = (self._readers, self._orderers, self._weighers, self._evicting)
+            if fresh and reindex_fresh(old, steps, fresh, *indexes):
+                self._effects = [k for k, st in enumerate(steps) if st.after is not None]
             return
-        indexes = (self._readers, self._orderers, self._weighers, self._evicting)
-        if reindex_fresh(old, steps, fresh, *indexes):
-            self._effects = [k for k, st in enumerate(steps) if st.after is not None]
+        self._order = list(order)
+        names = [b.name for b in order]
+        self._index = dict(zip(names, range(len(names)), strict=True))
+        self._rank_list = list(map(self._ranks.__getitem__, names))
+        readers, orderers, weighers, self._evicting, self._effects = index_reads(steps)
+        self._readers, self._orderers, self._weighers = readers, orderers, weighers
 
     def _ordered(self, cands: list[Backend], touched: set[str] | None) -> list[Backend]:
         """``cands`` best first: those wanted loaded or with no head (by name),

@@ -164,6 +164,8 @@ def reindex_fresh(
     effects_changed = False
     for k in fresh:
         before, now = old[k], steps[k]
+        if before is now:
+            continue  # the same step kept (its sentence told again): indexed as it is
         if before.names != now.names:
             for name in before.names - now.names:
                 readers[name].discard(k)
