@@ -122,8 +122,9 @@ def _finish(core: Core, b: Backend, out: list[Decision]) -> None:
     if spec is None:
         _end_queued(core, b, out)
         del core.backends[b.name]
-        for names in (core.touched, core.unsettled, core.draining, core.ready, core.occupying):
+        for names in (core.touched, core.overtaken, core.unsettled, core.draining, core.ready):
             names.discard(b.name)
+        core.occupying.discard(b.name)
         core.forget_fit(b)
         core.victim_of.pop(b.name, None)
     else:

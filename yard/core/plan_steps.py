@@ -351,6 +351,16 @@ def evicting_changed(
     return STANDS
 
 
+def last_of(a: set[int], b: set[int], c: set[int]) -> int:
+    """The last step in any of the three sets (-1: none)."""
+    last = max(a) if a else -1
+    if b:
+        last = max(last, max(b))
+    if c:
+        last = max(last, max(c))
+    return last
+
+
 def head_moved(b: Backend, step: Step) -> bool:
     """Whether ``b``'s own step is stale: its state, its head or the head's
     urgency changed. Where only the overtakes changed (a request for

@@ -86,6 +86,7 @@ from yard.core.plan_steps import (
     evicting_changed,
     frontier_after,
     head_moved,
+    last_of,
     only_key,
     quiet_from,
     ranks_no_higher,
@@ -117,16 +118,6 @@ more, and the steps are indexed afresh (:meth:`Planner._keep`)."""
 _NOTHING: frozenset[str] = frozenset()
 
 _BLOCKED = Outcome.BLOCKED
-
-
-def _last(a: set[int], b: set[int], c: set[int]) -> int:
-    """The last step in any of the three sets (-1: none)."""
-    last = max(a) if a else -1
-    if b:
-        last = max(last, max(b))
-    if c:
-        last = max(last, max(c))
-    return last
 
 
 class Planner:
@@ -196,6 +187,7 @@ class Planner:
         core.unsettled |= touched
         touched.clear()
         core.touched_devices.clear()
+        core.overtaken.clear()
         index = {} if full else self._index
         steps: list[Step] = []
         fresh: list[int] = []
@@ -203,7 +195,7 @@ class Planner:
         room: Room | None = None
         overtaken_, resig = self._overtaken, self._resig
         told, known = self._told, self._devices
-        last_dirty = _last(dirty, overtaken_, resig)
+        last_dirty = last_of(dirty, overtaken_, resig)
         seen = core.transitions
         order = self._order
         common = -1  # how many backends cands and the old order end with alike (-1: not counted)
@@ -219,7 +211,7 @@ class Planner:
                 self._dirty(touched, now, settled=False, dirty=dirty)
                 for device in core.touched_devices:
                     dirty.update(self._weighers.get(device, ()))
-                last_dirty = _last(dirty, overtaken_, resig)
+                last_dirty = last_of(dirty, overtaken_, resig)
             k = index.get(b.name)
             prev = old[k] if k is not None and k not in dirty else None
             if prev is not None and (k in resig or k in overtaken_):
@@ -461,6 +453,13 @@ class Planner:
                     dirty.add(own)
                 elif st.head is not None and st.head.overtakes != st.overtakes:
                     self._overtaken.add(own)  # only its head's overtakes changed
+        for name in self._core.overtaken if settled else ():
+            # a request for a victim went first: nothing else of the swap changed
+            own = self._index.get(name)
+            if own is not None and name not in touched:
+                st = steps[own]
+                if st.head is not None and st.head.overtakes != st.overtakes:
+                    self._overtaken.add(own)
         return dirty
 
     def _plan(

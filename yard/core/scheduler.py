@@ -434,7 +434,8 @@ class Scheduler:
                         break
                     else:
                         head.overtakes += 1
-                        core.touched.add(head.backend)
+                        core.overtaken.add(head.backend)  # nothing else of it changed
+                        core.unsettled.add(head.backend)
                 else:
                     head = None
                 core.unqueue(req)

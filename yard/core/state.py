@@ -50,6 +50,9 @@ class Core:
         a device's name for its memory figures (held, freed, foreign, who holds
         it), :func:`~yard.core.placement.loading` of it for whether a load runs
         there.
+    overtaken: the swaps whose head a request for a victim went ahead of since
+        the last planning round (its overtakes, all that changed of them: the
+        round tells their plans' sentences again, :mod:`yard.core.reworks`).
     unsettled: the backends touched since the scheduler last settled them
         (idle timers, operator unloads), besides those in ``touched``.
     draining: the backends in the draining state.
@@ -76,6 +79,7 @@ class Core:
     transitions: int = 0
     touched: set[str] = field(default_factory=set)
     touched_devices: set[str] = field(default_factory=set)
+    overtaken: set[str] = field(default_factory=set)
     unsettled: set[str] = field(default_factory=set)
     draining: set[str] = field(default_factory=set)
     ready: set[str] = field(default_factory=set)
